@@ -1,0 +1,37 @@
+# Two entry points (see README): `make demo` and `make test`. Everything else is a step of those.
+SHELL := /bin/bash
+# Build cache under the machine's home, never in the repo: a fresh clone builds warm.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/asya-rs/target
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: demo test deps lint unit services e2e validate-examples crds
+
+demo: deps
+	./scripts/demo.sh
+
+test: deps lint services unit e2e
+
+deps:
+	./scripts/deps.sh
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# Real servers the tests talk to (RabbitMQ, the SQS server, the test cluster).
+services:
+	./tests/services/up
+
+unit:
+	source tests/services/env && cargo test --workspace --locked
+	python3 -m pytest -q sidecar/runtime/tests
+
+e2e:
+	./tests/e2e/run
+
+validate-examples:
+	cargo run -q -p asya-webhook -- validate -f deploy/examples/
+
+# Regenerates deploy/crds from the Rust types (a test fails when they differ).
+crds:
+	cargo run -q -p asya-api --bin asya-crdgen -- deploy/crds
