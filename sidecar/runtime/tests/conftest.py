@@ -1,0 +1,127 @@
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+RUNTIME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "asya_runtime.py")
+
+HANDLERS = '''
+import os, time
+
+def echo(payload):
+    return payload
+
+def double(payload):
+    return {"value": payload["value"] * 2}
+
+def split(payload):
+    return [{"part": i} for i in range(payload["n"])]
+
+def gen(payload):
+    for i in range(payload["n"]):
+        yield i
+
+def nothing(payload):
+    return None
+
+def boom(payload):
+    raise ValueError("bad input: %s" % payload)
+
+def sleepy(payload):
+    time.sleep(payload["seconds"])
+    return payload
+
+def errorish(payload):
+    return {"error": "not really", "details": {}}
+
+def unserializable(payload):
+    return {"x": object()}
+
+def reroute(envelope):
+    envelope["route"]["actors"].append("extra")
+    envelope["headers"]["seen"] = True
+    return envelope
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+    def process(self, payload):
+        self.n += 1
+        return {"count": self.n}
+
+class NeedsArg:
+    def __init__(self, model):
+        self.model = model
+    def process(self, payload):
+        return payload
+
+not_callable = 42
+'''
+
+
+class Client:
+    def __init__(self, path):
+        self.path = path
+
+    def call(self, envelope, timeout=10):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        s.connect(self.path)
+        data = json.dumps(envelope).encode()
+        s.sendall(struct.pack(">I", len(data)) + data)
+        head = b""
+        while len(head) < 4:
+            chunk = s.recv(4 - len(head))
+            assert chunk, "runtime closed the connection"
+            head += chunk
+        (n,) = struct.unpack(">I", head)
+        body = b""
+        while len(body) < n:
+            chunk = s.recv(n - len(body))
+            assert chunk
+            body += chunk
+        s.close()
+        return json.loads(body)
+
+
+def envelope(payload, actors=("a", "b"), current=0):
+    return {"id": "e1", "route": {"actors": list(actors), "current": current}, "headers": {}, "payload": payload}
+
+
+@pytest.fixture
+def handler_dir(tmp_path):
+    (tmp_path / "handlers_mod.py").write_text(HANDLERS)
+    return tmp_path
+
+
+@pytest.fixture
+def start_runtime(handler_dir, tmp_path):
+    procs = []
+
+    def start(handler, mode="payload", wait=True):
+        sock_dir = tmp_path / ("sock%d" % len(procs))
+        sock_dir.mkdir()
+        env = dict(os.environ, ASYA_HANDLER=handler, ASYA_HANDLER_MODE=mode, ASYA_SOCKET_DIR=str(sock_dir))
+        proc = subprocess.Popen(
+            [sys.executable, RUNTIME], cwd=str(handler_dir), env=env, stderr=subprocess.PIPE, text=True
+        )
+        procs.append(proc)
+        path = str(sock_dir / "asya-runtime.sock")
+        if wait:
+            deadline = time.monotonic() + 10
+            while not os.path.exists(path):
+                assert proc.poll() is None, proc.stderr.read()
+                assert time.monotonic() < deadline, "runtime did not create its socket"
+                time.sleep(0.02)
+        return proc, Client(path)
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()

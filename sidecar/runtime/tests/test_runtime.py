@@ -1,0 +1,136 @@
+import signal
+import subprocess
+
+from conftest import envelope
+
+
+def test_payload_mode_returns_new_payload(start_runtime):
+    _, client = start_runtime("handlers_mod.double")
+    assert client.call(envelope({"value": 21})) == {"value": 42}
+
+
+def test_connection_per_envelope_many_calls(start_runtime):
+    _, client = start_runtime("handlers_mod.echo")
+    for i in range(50):
+        assert client.call(envelope({"i": i})) == {"i": i}
+
+
+def test_list_fan_out(start_runtime):
+    _, client = start_runtime("handlers_mod.split")
+    assert client.call(envelope({"n": 3})) == [{"part": 0}, {"part": 1}, {"part": 2}]
+
+
+def test_generator_fan_out(start_runtime):
+    _, client = start_runtime("handlers_mod.gen")
+    assert client.call(envelope({"n": 4})) == [0, 1, 2, 3]
+
+
+def test_none_result(start_runtime):
+    _, client = start_runtime("handlers_mod.nothing")
+    assert client.call(envelope({})) is None
+
+
+def test_exception_becomes_error_object_with_traceback(start_runtime):
+    _, client = start_runtime("handlers_mod.boom")
+    answer = client.call(envelope({"k": 1}))
+    assert answer["error"] == "handler_error"
+    assert answer["details"]["type"] == "ValueError"
+    assert "bad input" in answer["details"]["message"]
+    assert "Traceback" in answer["details"]["traceback"]
+    assert "boom" in answer["details"]["traceback"]
+
+
+def test_result_shaped_like_error_is_wrapped(start_runtime):
+    _, client = start_runtime("handlers_mod.errorish")
+    assert client.call(envelope({})) == [{"error": "not really", "details": {}}]
+
+
+def test_unserializable_result_is_error(start_runtime):
+    _, client = start_runtime("handlers_mod.unserializable")
+    answer = client.call(envelope({}))
+    assert answer["error"] == "bad_result"
+    assert answer["details"]["type"] == "TypeError"
+
+
+def test_class_handler_instantiated_once(start_runtime):
+    _, client = start_runtime("handlers_mod.Counter.process")
+    assert client.call(envelope({})) == {"count": 1}
+    assert client.call(envelope({})) == {"count": 2}
+
+
+def test_envelope_mode_passes_whole_envelope(start_runtime):
+    _, client = start_runtime("handlers_mod.reroute", mode="envelope")
+    out = client.call(envelope({"x": 1}))
+    assert out["route"]["actors"] == ["a", "b", "extra"]
+    assert out["headers"] == {"seen": True}
+    assert out["payload"] == {"x": 1}
+
+
+def test_large_payload(start_runtime):
+    _, client = start_runtime("handlers_mod.echo")
+    big = "x" * (5 * 1024 * 1024)
+    assert client.call(envelope({"blob": big}), timeout=30) == {"blob": big}
+
+
+def _refused(start_runtime, handler, mode="payload"):
+    proc, _ = start_runtime(handler, mode=mode, wait=False)
+    assert proc.wait(timeout=10) == 2
+    return proc.stderr.read()
+
+
+def test_bad_handler_refused_at_start(start_runtime):
+    assert "no importable module" in _refused(start_runtime, "nosuchmodule.fn")
+    assert "has no attribute 'missing'" in _refused(start_runtime, "handlers_mod.missing")
+    assert "not a handler path" in _refused(start_runtime, "justone")
+    assert "not callable" in _refused(start_runtime, "handlers_mod.not_callable")
+    assert "ASYA_HANDLER is not set" in _refused(start_runtime, "")
+    assert "ASYA_HANDLER_MODE" in _refused(start_runtime, "handlers_mod.echo", mode="bogus")
+
+
+def test_class_needing_arguments_refused_clearly(start_runtime):
+    err = _refused(start_runtime, "handlers_mod.NeedsArg.process")
+    assert "requires model" in err
+
+
+def test_sigterm_exits_cleanly(start_runtime):
+    proc, client = start_runtime("handlers_mod.echo")
+    assert client.call(envelope(1)) == 1
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+
+
+def test_sigterm_during_handler_finishes_it(start_runtime):
+    import socket as s_
+    import struct
+    import json
+    import time
+
+    proc, client = start_runtime("handlers_mod.sleepy")
+    conn = s_.socket(s_.AF_UNIX, s_.SOCK_STREAM)
+    conn.connect(client.path)
+    data = json.dumps(envelope({"seconds": 0.5})).encode()
+    conn.sendall(struct.pack(">I", len(data)) + data)
+    time.sleep(0.1)  # let the handler start; the assertion below does not depend on timing
+    proc.send_signal(signal.SIGTERM)
+    conn.settimeout(10)
+    head = conn.recv(4)
+    assert len(head) == 4
+    assert proc.wait(timeout=10) == 0
+
+
+def test_abandoned_call_exits_for_restart(start_runtime):
+    import socket as s_
+    import struct
+    import json
+
+    proc, client = start_runtime("handlers_mod.sleepy")
+    conn = s_.socket(s_.AF_UNIX, s_.SOCK_STREAM)
+    conn.connect(client.path)
+    data = json.dumps(envelope({"seconds": 30})).encode()
+    conn.sendall(struct.pack(">I", len(data)) + data)
+    conn.close()
+    assert proc.wait(timeout=10) == 3
+    try:
+        proc.wait(timeout=0)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("still running")
