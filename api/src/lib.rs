@@ -1,1 +1,22 @@
-//! asya-api
+//! The `AsyncActor` API of Asya: one implementation of the types, defaulting, validation,
+//! flavor merge, naming and cluster configuration, shared by the admission webhook, the queue
+//! provisioner, the sidecar and the offline CLI.
+//!
+//! Everything here is pure: no I/O, no clocks. Callers bring the objects (from a reflector
+//! cache, a file, an AdmissionReview) and get back decisions they can act on.
+
+pub mod config;
+pub mod crd;
+pub mod duration;
+pub mod error;
+pub mod flavor;
+pub mod labels;
+pub mod naming;
+pub mod normalize;
+pub mod schema;
+pub mod types;
+
+pub use config::ClusterConfig;
+pub use error::{FieldError, FieldErrors};
+pub use flavor::{FlavorCatalog, FlavorDef, FlavorSource};
+pub use types::{AsyncActor, AsyncActorSpec, AsyncActorStatus, Flavor, FlavorSpec};

@@ -1,0 +1,446 @@
+//! The cluster configuration (DESIGN.md §7): transports, the sidecar, and platform policy.
+//! Rendered by the Helm chart into the `asya-config` ConfigMap (key `config.yaml`) and read
+//! by the webhook and the provisioner; the CLI uses [`ClusterConfig::default`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{FieldError, FieldErrors};
+
+pub const TRANSPORT_RABBITMQ: &str = "rabbitmq";
+pub const TRANSPORT_SQS: &str = "sqs";
+/// The sidecar image the chart ships when none is configured.
+pub const DEFAULT_SIDECAR_IMAGE: &str = "ghcr.io/asya-rs/asya-sidecar:0.1.0";
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cluster configuration is not valid YAML: {0}")]
+    Parse(String),
+    #[error("cluster configuration is invalid: {0}")]
+    Invalid(FieldErrors),
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Transport of actors that name none.
+    #[serde(default = "default_transport")]
+    pub default_transport: String,
+    /// Transports by name. The name is what `spec.transport` refers to.
+    #[serde(default = "default_transports")]
+    pub transports: BTreeMap<String, Transport>,
+    #[serde(default)]
+    pub sidecar: SidecarConfig,
+    #[serde(default)]
+    pub policy: Policy,
+    /// ServiceAccount settings for actors (IRSA role annotation).
+    #[serde(default)]
+    pub service_account: ServiceAccountConfig,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Transport {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// `rabbitmq` or `sqs`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub config: TransportSettings,
+}
+
+/// Settings of either transport type; which apply depends on `type` (seed 001's values).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TransportSettings {
+    // RabbitMQ
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<SecretKeySelector>,
+    /// AMQPS. On by default for any host but loopback (security by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<bool>,
+    /// Port of the management API, for queue depth in status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub management_port: Option<u16>,
+    // SQS
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Endpoint override for local SQS-compatible servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "accountId")]
+    pub account_id: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "queueBaseURL"
+    )]
+    pub queue_base_url: Option<String>,
+    /// Static credentials (local emulators); IRSA is used when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<CredentialsSecretRef>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeySelector {
+    pub name: String,
+    pub key: String,
+}
+
+/// A secret with AWS access keys (keys `accessKeyId` / `secretAccessKey` unless renamed).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CredentialsSecretRef {
+    pub name: String,
+    #[serde(default = "access_key_key")]
+    pub access_key_id_key: String,
+    #[serde(default = "secret_key_key")]
+    pub secret_access_key_key: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SidecarConfig {
+    #[serde(default = "default_sidecar_image")]
+    pub image: String,
+    #[serde(default = "default_pull_policy")]
+    pub image_pull_policy: String,
+    #[serde(default = "default_sidecar_resources")]
+    pub resources: ResourceRequirements,
+    #[serde(default = "default_metrics_port")]
+    pub metrics_port: u16,
+    /// Inject as a native sidecar (init container with restartPolicy Always) when the API
+    /// server supports it (1.29+). The webhook checks the server version at start.
+    #[serde(default = "yes")]
+    pub native: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceAccountConfig {
+    /// IAM role ARN for actors' ServiceAccounts; `{namespace}` and `{actor}` are substituted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor_role_arn: Option<String>,
+}
+
+/// Platform policy enforced at admission. Every rejection names the policy and how to change it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Policy {
+    /// Image prefixes actors may use (`ghcr.io/myorg/`); empty allows any.
+    #[serde(default)]
+    pub allowed_registries: Vec<String>,
+    /// Let `secretRefs` name secrets in other namespaces. Off by default.
+    #[serde(default)]
+    pub allow_cross_namespace_secret_refs: bool,
+    /// Require cpu and memory limits on the runtime container.
+    #[serde(default)]
+    pub require_resource_limits: bool,
+    /// Ceiling for `maxReplicaCount` and `replicas`.
+    #[serde(default = "default_max_replicas")]
+    pub max_replicas: i32,
+    /// Top-level spec fields that namespaced (ConfigMap) flavors may set.
+    #[serde(default = "default_namespaced_flavor_fields")]
+    pub namespaced_flavor_fields: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_transport() -> String {
+    TRANSPORT_RABBITMQ.into()
+}
+fn default_sidecar_image() -> String {
+    DEFAULT_SIDECAR_IMAGE.into()
+}
+fn default_pull_policy() -> String {
+    "IfNotPresent".into()
+}
+fn default_metrics_port() -> u16 {
+    8080
+}
+fn default_max_replicas() -> i32 {
+    100
+}
+fn access_key_key() -> String {
+    "accessKeyId".into()
+}
+fn secret_key_key() -> String {
+    "secretAccessKey".into()
+}
+fn default_namespaced_flavor_fields() -> Vec<String> {
+    [
+        "env",
+        "resources",
+        "scaling",
+        "resiliency",
+        "tolerations",
+        "nodeSelector",
+        "volumes",
+        "volumeMounts",
+        "secretRefs",
+        "handlerMode",
+        "pythonExecutable",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+fn default_sidecar_resources() -> ResourceRequirements {
+    let q = |s: &str| Quantity(s.to_string());
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".into(), q("50m")),
+            ("memory".into(), q("32Mi")),
+        ])),
+        limits: Some(BTreeMap::from([("memory".into(), q("128Mi"))])),
+        ..Default::default()
+    }
+}
+fn default_transports() -> BTreeMap<String, Transport> {
+    BTreeMap::from([
+        (
+            TRANSPORT_RABBITMQ.to_string(),
+            Transport {
+                enabled: true,
+                kind: TRANSPORT_RABBITMQ.into(),
+                config: TransportSettings {
+                    host: Some("rabbitmq".into()),
+                    port: Some(5672),
+                    vhost: Some("/".into()),
+                    username: Some("guest".into()),
+                    password_secret_ref: Some(SecretKeySelector {
+                        name: "rabbitmq-secret".into(),
+                        key: "password".into(),
+                    }),
+                    ..Default::default()
+                },
+            },
+        ),
+        (
+            TRANSPORT_SQS.to_string(),
+            Transport {
+                enabled: true,
+                kind: TRANSPORT_SQS.into(),
+                config: TransportSettings {
+                    region: Some("us-east-1".into()),
+                    ..Default::default()
+                },
+            },
+        ),
+    ])
+}
+
+impl Default for SidecarConfig {
+    fn default() -> Self {
+        Self {
+            image: default_sidecar_image(),
+            image_pull_policy: default_pull_policy(),
+            resources: default_sidecar_resources(),
+            metrics_port: default_metrics_port(),
+            native: true,
+        }
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            allowed_registries: Vec::new(),
+            allow_cross_namespace_secret_refs: false,
+            require_resource_limits: false,
+            max_replicas: default_max_replicas(),
+            namespaced_flavor_fields: default_namespaced_flavor_fields(),
+        }
+    }
+}
+
+/// The documented defaults: both transports enabled, rabbitmq the default.
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            default_transport: default_transport(),
+            transports: default_transports(),
+            sidecar: SidecarConfig::default(),
+            policy: Policy::default(),
+            service_account: ServiceAccountConfig::default(),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Parses and validates a configuration; unknown keys are errors (a typo must not
+    /// silently disable a policy).
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        let cfg: ClusterConfig = serde_path_to_error::deserialize(de)
+            .map_err(|e| ConfigError::Parse(format!("{}: {}", e.path(), e.inner())))?;
+        cfg.validate().map_err(ConfigError::Invalid)?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), FieldErrors> {
+        let mut errs = FieldErrors::default();
+        for (name, t) in &self.transports {
+            let path = format!("transports.{name}");
+            match t.kind.as_str() {
+                TRANSPORT_RABBITMQ => {
+                    if t.config.host.as_deref().is_none_or(str::is_empty) && t.enabled {
+                        errs.push(FieldError::required(
+                            format!("{path}.config.host"),
+                            "a rabbitmq transport needs a host",
+                        ));
+                    }
+                }
+                TRANSPORT_SQS => {
+                    if t.config.region.as_deref().is_none_or(str::is_empty) && t.enabled {
+                        errs.push(FieldError::required(
+                            format!("{path}.config.region"),
+                            "an sqs transport needs a region",
+                        ));
+                    }
+                }
+                other => errs.push(FieldError::unsupported(
+                    format!("{path}.type"),
+                    other,
+                    &[TRANSPORT_RABBITMQ, TRANSPORT_SQS],
+                )),
+            }
+        }
+        match self.transports.get(&self.default_transport) {
+            Some(t) if t.enabled => {}
+            Some(_) => errs.push(FieldError::invalid(
+                "defaultTransport",
+                self.default_transport.as_str(),
+                "names a transport that is not enabled",
+            )),
+            None => errs.push(FieldError::invalid(
+                "defaultTransport",
+                self.default_transport.as_str(),
+                format!(
+                    "no such transport; configured: {}",
+                    self.transport_names().join(", ")
+                ),
+            )),
+        }
+        if self.sidecar.image.is_empty() {
+            errs.push(FieldError::required(
+                "sidecar.image",
+                "the sidecar image must be set",
+            ));
+        }
+        if self.policy.max_replicas < 1 {
+            errs.push(FieldError::invalid(
+                "policy.maxReplicas",
+                self.policy.max_replicas,
+                "must be >= 1",
+            ));
+        }
+        errs.into_result()
+    }
+
+    pub fn transport_names(&self) -> Vec<String> {
+        self.transports.keys().cloned().collect()
+    }
+
+    pub fn enabled_transports(&self) -> Vec<&str> {
+        self.transports
+            .iter()
+            .filter(|(_, t)| t.enabled)
+            .map(|(n, _)| n.as_str())
+            .collect()
+    }
+
+    /// The enabled transport called `name`.
+    pub fn transport(&self, name: &str) -> Option<&Transport> {
+        self.transports.get(name).filter(|t| t.enabled)
+    }
+}
+
+impl Transport {
+    pub fn is_sqs(&self) -> bool {
+        self.kind == TRANSPORT_SQS
+    }
+    pub fn is_rabbitmq(&self) -> bool {
+        self.kind == TRANSPORT_RABBITMQ
+    }
+    /// Whether AMQP should use TLS: explicit setting, else on for non-loopback hosts.
+    pub fn rabbitmq_tls(&self) -> bool {
+        self.config.tls.unwrap_or_else(|| {
+            !matches!(
+                self.config.host.as_deref(),
+                Some("127.0.0.1" | "localhost" | "::1")
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_enable_both_transports_with_rabbitmq_default() {
+        let c = ClusterConfig::default();
+        assert_eq!(c.default_transport, "rabbitmq");
+        assert_eq!(c.enabled_transports(), vec!["rabbitmq", "sqs"]);
+        assert!(c.validate().is_ok());
+        assert!(!c.policy.allow_cross_namespace_secret_refs);
+        // An empty document means the defaults.
+        assert_eq!(ClusterConfig::from_yaml("{}").unwrap(), c);
+    }
+
+    #[test]
+    fn parses_seed_001_operator_values() {
+        let c = ClusterConfig::from_yaml(
+            r#"
+defaultTransport: sqs
+transports:
+  rabbitmq:
+    enabled: false
+    type: rabbitmq
+    config: {host: rabbitmq.default.svc.cluster.local, port: 5672, username: guest,
+             passwordSecretRef: {name: rabbitmq-secret, key: password}}
+  sqs:
+    enabled: true
+    type: sqs
+    config: {region: us-east-1, queueBaseURL: ""}
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.enabled_transports(), vec!["sqs"]);
+        assert!(c.transport("rabbitmq").is_none());
+    }
+
+    #[test]
+    fn rejects_typos_and_bad_defaults() {
+        let err = ClusterConfig::from_yaml("policy: {alowedRegistries: []}").unwrap_err();
+        assert!(err.to_string().contains("policy"), "{err}");
+        assert!(err.to_string().contains("alowedRegistries"), "{err}");
+        let err = ClusterConfig::from_yaml("defaultTransport: kafka").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"cluster configuration is invalid: defaultTransport: Invalid value: "kafka": no such transport; configured: rabbitmq, sqs"#
+        );
+        let err = ClusterConfig::from_yaml("transports: {x: {type: kafka}}\ndefaultTransport: x")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(r#"transports.x.type: Unsupported value: "kafka""#),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,851 @@
+//! Flavors (DESIGN.md §3, seed 002): where they come from, how they merge, and how an actor's
+//! list of flavors resolves into one effective spec.
+//!
+//! Merge rules: lists append across flavors in flavor order; maps merge recursively; the same
+//! leaf (or the same named list item, e.g. two `env` entries called `X`) set by two flavors is
+//! a conflict naming both flavors and the key path; the actor's inline spec wins over every
+//! flavor. The merge works on JSON so it is one rule for every field, present and future.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde_json::{Map, Value};
+
+use crate::config::Policy;
+use crate::error::{FieldError, FieldErrors};
+use crate::labels;
+use crate::normalize::normalize_spec;
+use crate::types::{AsyncActorSpec, Flavor};
+
+/// Fields only the actor itself may set.
+pub const ACTOR_ONLY_FIELDS: [&str; 3] = ["actor", "transport", "flavors"];
+pub const MAX_FLAVORS: usize = 8;
+pub const MIN_FLAVOR_NAME_LEN: usize = 3;
+
+/// Where a flavor was defined.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FlavorSource {
+    /// `Flavor` (asya.sh/v1alpha1), cluster-scoped.
+    Flavor,
+    /// Crossplane `EnvironmentConfig`, cluster-scoped.
+    EnvironmentConfig,
+    /// A ConfigMap labelled `asya.sh/flavor` in the actor's namespace.
+    ConfigMap { namespace: String, name: String },
+}
+
+impl std::fmt::Display for FlavorSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FlavorSource::Flavor => f.write_str("Flavor"),
+            FlavorSource::EnvironmentConfig => f.write_str("EnvironmentConfig"),
+            FlavorSource::ConfigMap { namespace, name } => {
+                write!(f, "ConfigMap {namespace}/{name}")
+            }
+        }
+    }
+}
+
+/// One flavor, read into the common form: its partial spec as normalised JSON.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlavorDef {
+    pub name: String,
+    pub source: FlavorSource,
+    /// The partial spec, aliases normalised. Empty object when `problem` is set.
+    pub data: Map<String, Value>,
+    /// The deprecation message, when the flavor is labelled deprecated.
+    pub deprecated: Option<String>,
+    /// Why the flavor cannot be used (unparseable data); actors using it are rejected with it.
+    pub problem: Option<String>,
+    /// Notes on the flavor itself (aliases rewritten, unknown fields dropped).
+    pub warnings: Vec<String>,
+}
+
+impl FlavorDef {
+    /// Reads a partial spec from any JSON value; `origin` names it in messages.
+    pub fn from_data(name: &str, source: FlavorSource, data: &Value) -> Self {
+        let mut def = FlavorDef {
+            name: name.to_string(),
+            source,
+            data: Map::new(),
+            deprecated: None,
+            problem: None,
+            warnings: Vec::new(),
+        };
+        let obj = match data {
+            Value::Object(_) => data.clone(),
+            Value::Null => Value::Object(Map::new()),
+            other => {
+                def.problem = Some(format!("flavor data must be an object, got {other}"));
+                return def;
+            }
+        };
+        let mut unknown = Vec::new();
+        let parsed: Result<AsyncActorSpec, _> =
+            serde_ignored::deserialize(obj, |p| unknown.push(p.to_string()));
+        match parsed {
+            Ok(mut spec) => {
+                for u in unknown {
+                    def.warnings
+                        .push(format!("flavor {name:?}: unknown field {u} ignored"));
+                }
+                let n = normalize_spec(&mut spec, "");
+                def.warnings.extend(
+                    n.warnings
+                        .into_iter()
+                        .map(|w| format!("flavor {name:?}: {w}")),
+                );
+                if !n.errors.is_empty() {
+                    def.problem = Some(n.errors.to_string());
+                    return def;
+                }
+                // Reading through the typed spec drops nothing known and writes canonical names.
+                if let Ok(Value::Object(m)) = serde_json::to_value(&spec) {
+                    def.data = m;
+                }
+                // The typed spec cannot hold these; look at the raw data so they are reported.
+                if let Value::Object(raw) = data {
+                    for f in ACTOR_ONLY_FIELDS {
+                        if raw.contains_key(f) {
+                            def.data.insert(f.to_string(), raw[f].clone());
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                def.problem = Some(format!(
+                    "flavor data does not parse as a partial AsyncActor spec: {e}"
+                ))
+            }
+        }
+        def
+    }
+
+    pub fn from_flavor(f: &Flavor) -> Self {
+        let name = f.metadata.name.clone().unwrap_or_default();
+        let data = serde_json::to_value(&f.spec).unwrap_or(Value::Null);
+        let mut def = Self::from_data(&name, FlavorSource::Flavor, &data);
+        def.deprecated = deprecation(f.metadata.labels.as_ref(), f.metadata.annotations.as_ref());
+        def
+    }
+
+    /// A Crossplane `EnvironmentConfig` (any JSON shape with `metadata` and `data`).
+    pub fn from_environment_config(obj: &Value) -> Option<Self> {
+        let meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta =
+            serde_json::from_value(obj.get("metadata")?.clone()).ok()?;
+        let name = meta.name.clone()?;
+        let mut def = Self::from_data(
+            &name,
+            FlavorSource::EnvironmentConfig,
+            obj.get("data").unwrap_or(&Value::Null),
+        );
+        def.deprecated = deprecation(meta.labels.as_ref(), meta.annotations.as_ref());
+        Some(def)
+    }
+
+    /// A ConfigMap labelled `asya.sh/flavor: NAME` with the partial spec under `flavor.yaml`.
+    pub fn from_config_map(cm: &ConfigMap) -> Option<Self> {
+        let labels_map = cm.metadata.labels.as_ref()?;
+        let name = labels_map.get(labels::FLAVOR)?.clone();
+        let source = FlavorSource::ConfigMap {
+            namespace: cm
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: cm.metadata.name.clone().unwrap_or_default(),
+        };
+        let text = cm
+            .data
+            .as_ref()
+            .and_then(|d| d.get(labels::FLAVOR_CONFIGMAP_KEY));
+        let mut def = match text {
+            None => {
+                let mut d = Self::from_data(&name, source, &Value::Null);
+                d.problem = Some(format!(
+                    "ConfigMap has no key {:?}",
+                    labels::FLAVOR_CONFIGMAP_KEY
+                ));
+                d
+            }
+            Some(t) => match serde_yaml::from_str::<Value>(t) {
+                Ok(v) => Self::from_data(&name, source, &v),
+                Err(e) => {
+                    let mut d = Self::from_data(&name, source, &Value::Null);
+                    d.problem = Some(format!(
+                        "{} is not valid YAML: {e}",
+                        labels::FLAVOR_CONFIGMAP_KEY
+                    ));
+                    d
+                }
+            },
+        };
+        def.deprecated = deprecation(Some(labels_map), cm.metadata.annotations.as_ref());
+        Some(def)
+    }
+
+    /// Problems of the flavor on its own (for `asya-webhook validate` and the flavor's author).
+    pub fn validate(&self) -> FieldErrors {
+        let mut errs = FieldErrors::default();
+        if self.name.len() < MIN_FLAVOR_NAME_LEN {
+            errs.push(FieldError::invalid(
+                "metadata.name",
+                self.name.as_str(),
+                "flavor names must be at least 3 characters",
+            ));
+        }
+        if let Some(p) = &self.problem {
+            errs.push(FieldError::invalid(
+                self.data_path(),
+                self.name.as_str(),
+                p.clone(),
+            ));
+        }
+        for f in ACTOR_ONLY_FIELDS {
+            if self.data.contains_key(f) {
+                errs.push(FieldError::forbidden(
+                    format!("{}.{f}", self.data_path()),
+                    format!("{f} cannot come from a flavor; only the actor may set it"),
+                ));
+            }
+        }
+        errs
+    }
+
+    fn data_path(&self) -> &'static str {
+        match self.source {
+            FlavorSource::Flavor => "spec",
+            FlavorSource::EnvironmentConfig => "data",
+            FlavorSource::ConfigMap { .. } => "data.flavor.yaml",
+        }
+    }
+}
+
+fn deprecation(
+    labels_map: Option<&BTreeMap<String, String>>,
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Option<String> {
+    let flagged = labels_map
+        .and_then(|l| l.get(labels::DEPRECATED))
+        .is_some_and(|v| v == "true");
+    flagged.then(|| {
+        annotations
+            .and_then(|a| a.get(labels::DEPRECATION_MESSAGE))
+            .cloned()
+            .unwrap_or_default()
+    })
+}
+
+/// Every known flavor: cluster-scoped ones by name, namespaced ones by namespace and name.
+#[derive(Clone, Debug, Default)]
+pub struct FlavorCatalog {
+    cluster: BTreeMap<String, FlavorDef>,
+    namespaced: BTreeMap<String, BTreeMap<String, FlavorDef>>,
+}
+
+impl FlavorCatalog {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a flavor. A native `Flavor` takes precedence over an `EnvironmentConfig` of the
+    /// same name, so a team migrating off Crossplane can shadow the old definition.
+    pub fn insert(&mut self, def: FlavorDef) {
+        match &def.source {
+            FlavorSource::ConfigMap { namespace, .. } => {
+                self.namespaced
+                    .entry(namespace.clone())
+                    .or_default()
+                    .insert(def.name.clone(), def);
+            }
+            source => {
+                let keep_existing = matches!(self.cluster.get(&def.name), Some(e) if e.source == FlavorSource::Flavor)
+                    && *source == FlavorSource::EnvironmentConfig;
+                if !keep_existing {
+                    self.cluster.insert(def.name.clone(), def);
+                }
+            }
+        }
+    }
+
+    /// The flavor `name` as seen from `namespace`: a namespaced flavor shadows a cluster one.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<&FlavorDef> {
+        self.namespaced
+            .get(namespace)
+            .and_then(|m| m.get(name))
+            .or_else(|| self.cluster.get(name))
+    }
+
+    pub fn len(&self) -> usize {
+        self.cluster.len() + self.namespaced.values().map(BTreeMap::len).sum::<usize>()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Which flavor set each part of a merged spec: path prefix (`scaling.minReplicaCount`,
+/// `env[MODEL_PATH]`) → flavor name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Origins(BTreeMap<String, String>);
+
+impl Origins {
+    /// The flavor that set `path` (a dotted spec path without the `spec.` prefix), if any.
+    pub fn flavor_of(&self, path: &str) -> Option<&str> {
+        let path = path.strip_prefix("spec.").unwrap_or(path);
+        // The most specific recorded prefix decides; the map is small (one entry per key a flavor introduced).
+        self.0
+            .iter()
+            .filter(|(p, _)| is_prefix_path(p, path))
+            .max_by_key(|(p, _)| p.len())
+            .map(|(_, f)| f.as_str())
+    }
+}
+
+fn is_prefix_path(prefix: &str, path: &str) -> bool {
+    path == prefix
+        || (path.starts_with(prefix)
+            && matches!(path.as_bytes().get(prefix.len()), Some(b'.' | b'[')))
+}
+
+/// The identity of a list item for merging, if the list is keyed (env by name, volume
+/// mounts by mountPath, …). Unkeyed lists (tolerations) simply append.
+fn item_key(list_field: &str, item: &Value) -> Option<String> {
+    let key_field = match list_field {
+        "env" | "volumes" | "stateProxy" | "secretRefs" | "policies" => "name",
+        "volumeMounts" => "mountPath",
+        _ => return None,
+    };
+    item.get(key_field)
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+/// Merges flavor data in order. Distinct keys at any depth merge; the same leaf from two
+/// flavors is a conflict (all conflicts are reported, not only the first).
+pub fn merge_flavors(
+    layers: &[(&str, &Map<String, Value>)],
+) -> Result<(Map<String, Value>, Origins), FieldErrors> {
+    let mut acc = Map::new();
+    let mut origins = Origins::default();
+    let mut errs = FieldErrors::default();
+    for (flavor, data) in layers {
+        merge_map(&mut acc, data, flavor, "", &mut origins, &mut errs);
+    }
+    if errs.is_empty() {
+        Ok((acc, origins))
+    } else {
+        Err(errs)
+    }
+}
+
+fn merge_map(
+    acc: &mut Map<String, Value>,
+    src: &Map<String, Value>,
+    flavor: &str,
+    prefix: &str,
+    origins: &mut Origins,
+    errs: &mut FieldErrors,
+) {
+    for (key, value) in src {
+        let path = join(prefix, key);
+        match (acc.get_mut(key), value) {
+            (None, _) => {
+                acc.insert(key.clone(), value.clone());
+                origins.0.insert(path, flavor.to_string());
+            }
+            (Some(Value::Object(a)), Value::Object(b)) => {
+                merge_map(a, b, flavor, &path, origins, errs)
+            }
+            (Some(Value::Array(a)), Value::Array(b)) => {
+                for item in b {
+                    let keyed = item_key(key, item);
+                    if let Some(k) = &keyed {
+                        let item_path = format!("{path}[{k}]");
+                        if a.iter().any(|x| item_key(key, x).as_ref() == Some(k)) {
+                            let first = origins.flavor_of(&item_path).unwrap_or("?").to_string();
+                            errs.push(FieldError::flavor_conflict(&first, flavor, &item_path));
+                            continue;
+                        }
+                        origins.0.insert(item_path, flavor.to_string());
+                    }
+                    a.push(item.clone());
+                }
+            }
+            (Some(_), _) => {
+                let first = origins.flavor_of(&path).unwrap_or("?").to_string();
+                errs.push(FieldError::flavor_conflict(&first, flavor, &path));
+            }
+        }
+    }
+}
+
+/// Lays the actor's inline spec over the merged flavors: inline leaves win, inline maps merge
+/// key by key, inline list items replace flavor items with the same key and append otherwise.
+/// Whatever the inline spec sets stops being attributed to a flavor.
+pub fn overlay_inline(
+    base: &mut Map<String, Value>,
+    inline: &Map<String, Value>,
+    origins: &mut Origins,
+) {
+    overlay_map(base, inline, "", origins);
+}
+
+fn overlay_map(
+    base: &mut Map<String, Value>,
+    inline: &Map<String, Value>,
+    prefix: &str,
+    origins: &mut Origins,
+) {
+    for (key, value) in inline {
+        let path = join(prefix, key);
+        match (base.get_mut(key), value) {
+            (Some(Value::Object(a)), Value::Object(b)) => {
+                push_down(origins, &path, a.keys().map(|k| join(&path, k)));
+                overlay_map(a, b, &path, origins);
+            }
+            (Some(Value::Array(a)), Value::Array(b)) => {
+                let keys: Vec<String> = a
+                    .iter()
+                    .filter_map(|x| item_key(key, x))
+                    .map(|k| format!("{path}[{k}]"))
+                    .collect();
+                push_down(origins, &path, keys.into_iter());
+                for item in b {
+                    match item_key(key, item) {
+                        Some(k) => {
+                            origins.0.remove(&format!("{path}[{k}]"));
+                            match a.iter_mut().find(|x| item_key(key, x).as_ref() == Some(&k)) {
+                                Some(slot) => *slot = item.clone(),
+                                None => a.push(item.clone()),
+                            }
+                        }
+                        None if a.contains(item) => {}
+                        None => a.push(item.clone()),
+                    }
+                }
+            }
+            _ => {
+                let stale: Vec<String> = origins
+                    .0
+                    .keys()
+                    .filter(|p| is_prefix_path(&path, p))
+                    .cloned()
+                    .collect();
+                for p in stale {
+                    origins.0.remove(&p);
+                }
+                base.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// Moves an origin recorded for a whole subtree down to its children, so that overriding one
+/// child inline leaves the others attributed to their flavor.
+fn push_down(origins: &mut Origins, path: &str, children: impl Iterator<Item = String>) {
+    if let Some(flavor) = origins.0.remove(path) {
+        for child in children {
+            origins.0.entry(child).or_insert_with(|| flavor.clone());
+        }
+    }
+}
+
+/// A flavor an actor resolved, in the order listed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedFlavor {
+    pub name: String,
+    pub source: FlavorSource,
+}
+
+/// The outcome of resolving an actor's flavors.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Resolution {
+    /// The effective spec: flavors merged in order, inline spec over them. No defaults yet.
+    pub spec: AsyncActorSpec,
+    pub flavors: Vec<ResolvedFlavor>,
+    /// Listed flavors that do not exist (yet): the actor waits for them.
+    pub missing: Vec<String>,
+    pub warnings: Vec<String>,
+    pub origins: Origins,
+}
+
+/// Resolves `spec.flavors` for an actor in `namespace`. `spec` is the normalised inline spec.
+pub fn resolve(
+    spec: &AsyncActorSpec,
+    namespace: &str,
+    catalog: &FlavorCatalog,
+    policy: &Policy,
+) -> Result<Resolution, FieldErrors> {
+    let mut errs = FieldErrors::default();
+    let mut res = Resolution::default();
+    let mut layers: Vec<(&str, &Map<String, Value>)> = Vec::new();
+
+    for (i, name) in spec.flavors.iter().enumerate() {
+        let path = format!("spec.flavors[{i}]");
+        let Some(def) = catalog.get(namespace, name) else {
+            res.missing.push(name.clone());
+            continue;
+        };
+        if let Some(problem) = &def.problem {
+            errs.push(FieldError::invalid(
+                path.clone(),
+                name.as_str(),
+                format!("flavor from {} is unusable: {problem}", def.source),
+            ));
+            continue;
+        }
+        for f in ACTOR_ONLY_FIELDS {
+            if def.data.contains_key(f) {
+                errs.push(FieldError::invalid(
+                    path.clone(),
+                    name.as_str(),
+                    format!("flavor sets {f}, which only the actor may set"),
+                ));
+            }
+        }
+        if let FlavorSource::ConfigMap { .. } = &def.source {
+            errs.extend(check_namespaced_flavor(def, &path, namespace, policy));
+        }
+        if let Some(msg) = &def.deprecated {
+            let tail = if msg.is_empty() {
+                String::new()
+            } else {
+                format!(": {msg}")
+            };
+            res.warnings
+                .push(format!("flavor {name:?} is deprecated{tail}"));
+        }
+        res.warnings.extend(def.warnings.iter().cloned());
+        res.flavors.push(ResolvedFlavor {
+            name: name.clone(),
+            source: def.source.clone(),
+        });
+        layers.push((name.as_str(), &def.data));
+    }
+    if !res.missing.is_empty() {
+        let list: Vec<String> = res.missing.iter().map(|m| format!("{m:?}")).collect();
+        res.warnings.push(format!(
+            "flavor {} not found: the actor waits in phase Waiting until it exists",
+            list.join(", ")
+        ));
+    }
+    if !errs.is_empty() {
+        return Err(errs);
+    }
+
+    let (mut merged, mut origins) = merge_flavors(&layers)?;
+    for f in ACTOR_ONLY_FIELDS {
+        merged.remove(f);
+    }
+    let inline = match serde_json::to_value(spec) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    overlay_inline(&mut merged, &inline, &mut origins);
+    res.spec = serde_json::from_value(Value::Object(merged)).map_err(|e| {
+        FieldErrors(vec![FieldError::invalid(
+            "spec.flavors",
+            serde_json::to_value(&spec.flavors).unwrap_or_default(),
+            format!("merged spec does not parse: {e}"),
+        )])
+    })?;
+    res.origins = origins;
+    Ok(res)
+}
+
+/// Namespaced flavors are written by namespace users, so they may only set the fields the
+/// cluster policy lets them, never `image`, and never secrets of other namespaces.
+fn check_namespaced_flavor(
+    def: &FlavorDef,
+    path: &str,
+    namespace: &str,
+    policy: &Policy,
+) -> FieldErrors {
+    let mut errs = FieldErrors::default();
+    let name = def.name.as_str();
+    for key in def.data.keys() {
+        if ACTOR_ONLY_FIELDS.contains(&key.as_str()) {
+            continue;
+        }
+        if key == "image" {
+            errs.push(FieldError::invalid(
+                path,
+                name,
+                "namespaced flavors may not set image (policy: only cluster flavors choose images)",
+            ));
+        } else if !policy.namespaced_flavor_fields.iter().any(|f| f == key) {
+            errs.push(FieldError::invalid(
+                path,
+                name,
+                format!(
+                    "namespaced flavor sets {key}, which policy namespacedFlavorFields does not allow (allowed: {}); ask a cluster admin to extend it or use a cluster Flavor",
+                    policy.namespaced_flavor_fields.join(", ")
+                ),
+            ));
+        }
+    }
+    if let Some(Value::Array(refs)) = def.data.get("secretRefs") {
+        for r in refs {
+            if let Some(ns) = r.get("namespace").and_then(Value::as_str)
+                && ns != namespace
+            {
+                errs.push(FieldError::invalid(path, name, format!("namespaced flavor references a secret in namespace {ns:?}; namespaced flavors may only use secrets of their own namespace")));
+            }
+        }
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => panic!("not an object"),
+        }
+    }
+
+    fn cluster(name: &str, data: Value) -> FlavorDef {
+        FlavorDef::from_data(name, FlavorSource::Flavor, &data)
+    }
+
+    fn spec(v: Value) -> AsyncActorSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn seed_conflict_message() {
+        let a = obj(json!({"scaling": {"minReplicaCount": 1}}));
+        let b = obj(json!({"scaling": {"minReplicaCount": 5}}));
+        let err = merge_flavors(&[("flavor-a", &a), ("flavor-b", &b)]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"flavor merge conflict: flavors "flavor-a" and "flavor-b" conflict on scaling.minReplicaCount"#
+        );
+    }
+
+    #[test]
+    fn distinct_leaves_merge_and_lists_append() {
+        let a =
+            obj(json!({"resources": {"limits": {"cpu": "2"}}, "tolerations": [{"key": "gpu"}]}));
+        let b = obj(
+            json!({"resources": {"limits": {"memory": "4Gi"}}, "tolerations": [{"key": "spot"}]}),
+        );
+        let (m, origins) = merge_flavors(&[("cpu", &a), ("mem", &b)]).unwrap();
+        assert_eq!(
+            Value::Object(m),
+            json!({"resources": {"limits": {"cpu": "2", "memory": "4Gi"}}, "tolerations": [{"key": "gpu"}, {"key": "spot"}]})
+        );
+        assert_eq!(
+            origins.flavor_of("spec.resources.limits.memory"),
+            Some("mem")
+        );
+        assert_eq!(origins.flavor_of("resources.limits.cpu"), Some("cpu"));
+    }
+
+    #[test]
+    fn same_named_env_from_two_flavors_conflicts() {
+        let a = obj(json!({"env": [{"name": "X", "value": "1"}]}));
+        let b = obj(json!({"env": [{"name": "Y", "value": "2"}, {"name": "X", "value": "3"}]}));
+        let err = merge_flavors(&[("aaa", &a), ("bbb", &b)]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"flavor merge conflict: flavors "aaa" and "bbb" conflict on env[X]"#
+        );
+    }
+
+    #[test]
+    fn scalar_against_map_conflicts() {
+        let a = obj(json!({"scaling": {"enabled": true}}));
+        let b = obj(json!({"scaling": 3}));
+        assert!(merge_flavors(&[("aaa", &a), ("bbb", &b)]).is_err());
+    }
+
+    #[test]
+    fn inline_wins_and_clears_origin() {
+        let mut cat = FlavorCatalog::new();
+        cat.insert(cluster("gpu", json!({"scaling": {"minReplicaCount": 1, "maxReplicaCount": 4}, "env": [{"name": "A", "value": "f"}]})));
+        let s = spec(
+            json!({"flavors": ["gpu"], "scaling": {"minReplicaCount": 0}, "env": [{"name": "A", "value": "inline"}, {"name": "B", "value": "b"}]}),
+        );
+        let r = resolve(&s, "ns", &cat, &Policy::default()).unwrap();
+        let sc = r.spec.scaling.clone().unwrap();
+        assert_eq!(sc.min_replica_count, Some(0));
+        assert_eq!(sc.max_replica_count, Some(4));
+        assert_eq!(r.origins.flavor_of("spec.scaling.minReplicaCount"), None);
+        assert_eq!(
+            r.origins.flavor_of("spec.scaling.maxReplicaCount"),
+            Some("gpu")
+        );
+        let env: Vec<_> = r
+            .spec
+            .env
+            .iter()
+            .map(|e| (e.name.as_str(), e.value.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(
+            env,
+            vec![("A", "inline".to_string()), ("B", "b".to_string())]
+        );
+        assert_eq!(r.spec.flavors, vec!["gpu".to_string()]);
+    }
+
+    #[test]
+    fn missing_and_deprecated_flavors_warn() {
+        let mut cat = FlavorCatalog::new();
+        let mut old = cluster("gpu-t4", json!({"nodeSelector": {"a": "b"}}));
+        old.deprecated = Some("Use gpu-a100 instead".into());
+        cat.insert(old);
+        let s = spec(json!({"flavors": ["gpu-t4", "nope-flavor"]}));
+        let r = resolve(&s, "ns", &cat, &Policy::default()).unwrap();
+        assert_eq!(r.missing, vec!["nope-flavor".to_string()]);
+        assert_eq!(
+            r.warnings,
+            vec![
+                r#"flavor "gpu-t4" is deprecated: Use gpu-a100 instead"#.to_string(),
+                r#"flavor "nope-flavor" not found: the actor waits in phase Waiting until it exists"#.to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn flavor_may_not_set_actor_only_fields() {
+        let mut cat = FlavorCatalog::new();
+        let def = cluster("sneaky", json!({"transport": "sqs", "replicas": 2}));
+        assert_eq!(
+            def.validate().to_string(),
+            "spec.transport: Forbidden: transport cannot come from a flavor; only the actor may set it"
+        );
+        cat.insert(def);
+        let err = resolve(
+            &spec(json!({"flavors": ["sneaky"]})),
+            "ns",
+            &cat,
+            &Policy::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"spec.flavors[0]: Invalid value: "sneaky": flavor sets transport, which only the actor may set"#
+        );
+    }
+
+    fn config_map(ns: &str, flavor: &str, yaml: &str) -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("cm-{flavor}"), "namespace": ns, "labels": {"asya.sh/flavor": flavor}},
+            "data": {"flavor.yaml": yaml}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn namespaced_flavor_shadows_cluster_flavor_in_its_namespace_only() {
+        let mut cat = FlavorCatalog::new();
+        cat.insert(cluster(
+            "team",
+            json!({"env": [{"name": "WHO", "value": "cluster"}]}),
+        ));
+        cat.insert(
+            FlavorDef::from_config_map(&config_map("ml", "team", "env: [{name: WHO, value: ns}]"))
+                .unwrap(),
+        );
+        let s = spec(json!({"flavors": ["team"]}));
+        let in_ml = resolve(&s, "ml", &cat, &Policy::default()).unwrap();
+        assert_eq!(in_ml.spec.env[0].value.as_deref(), Some("ns"));
+        let elsewhere = resolve(&s, "other", &cat, &Policy::default()).unwrap();
+        assert_eq!(elsewhere.spec.env[0].value.as_deref(), Some("cluster"));
+    }
+
+    #[test]
+    fn namespaced_flavor_restrictions() {
+        let mut cat = FlavorCatalog::new();
+        cat.insert(FlavorDef::from_config_map(&config_map("ml", "bad", "image: evil:1\nsidecar: {image: x}\nsecretRefs: [{name: s, namespace: kube-system}]")).unwrap());
+        let err = resolve(
+            &spec(json!({"flavors": ["bad"]})),
+            "ml",
+            &cat,
+            &Policy::default(),
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("namespaced flavors may not set image"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "namespaced flavor sets sidecar, which policy namespacedFlavorFields does not allow"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"references a secret in namespace "kube-system""#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn broken_configmap_flavor_is_reported() {
+        let def =
+            FlavorDef::from_config_map(&config_map("ml", "broken", "scaling: [1, 2")).unwrap();
+        assert!(
+            def.problem
+                .as_deref()
+                .unwrap_or("")
+                .contains("flavor.yaml is not valid YAML")
+        );
+        let def = FlavorDef::from_config_map(&config_map("ml", "typed", "replicas: many")).unwrap();
+        assert!(
+            def.problem
+                .as_deref()
+                .unwrap_or("")
+                .contains("does not parse"),
+            "{:?}",
+            def.problem
+        );
+    }
+
+    #[test]
+    fn environment_config_and_flavor_precedence() {
+        let ec = json!({"apiVersion": "apiextensions.crossplane.io/v1beta1", "kind": "EnvironmentConfig",
+            "metadata": {"name": "gpu", "labels": {"asya.sh/flavor": "gpu", "asya.sh/deprecated": "true"}},
+            "data": {"nodeSelector": {"from": "crossplane"}}});
+        let ec = FlavorDef::from_environment_config(&ec).unwrap();
+        assert_eq!(ec.deprecated.as_deref(), Some(""));
+        let native = cluster("gpu", json!({"nodeSelector": {"from": "native"}}));
+        let mut cat = FlavorCatalog::new();
+        cat.insert(native.clone());
+        cat.insert(ec.clone());
+        assert_eq!(cat.get("x", "gpu").unwrap().source, FlavorSource::Flavor);
+        let mut cat = FlavorCatalog::new();
+        cat.insert(ec);
+        cat.insert(native);
+        assert_eq!(cat.get("x", "gpu").unwrap().source, FlavorSource::Flavor);
+    }
+
+    #[test]
+    fn flavor_aliases_are_normalised() {
+        let def = cluster(
+            "aggressive-retries",
+            json!({"resiliency": {"policies": {"transient": {"initialDelay": "1s"}}, "rules": [{"errors": ["A", "B"], "policy": "transient"}]}}),
+        );
+        assert!(def.problem.is_none());
+        assert_eq!(
+            Value::Object(def.data.clone()),
+            json!({"resiliency": {"policies": {"transient": {"initialInterval": "1s"}}, "rules": [{"match": "A", "policy": "transient"}, {"match": "B", "policy": "transient"}]}})
+        );
+        assert_eq!(def.warnings.len(), 2);
+    }
+}

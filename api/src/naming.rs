@@ -1,0 +1,90 @@
+//! Names of queues and of the objects owned by an actor (DESIGN.md §4, §6). One rule for every
+//! component, so the sidecar publishes where the provisioner created.
+
+/// The pseudo-actor that receives finished envelopes.
+pub const SINK_ACTOR: &str = "x-sink";
+/// The pseudo-actor that receives failed envelopes.
+pub const SUMP_ACTOR: &str = "x-sump";
+/// The durable RabbitMQ exchange every actor queue is bound to.
+pub const RABBITMQ_EXCHANGE: &str = "asya";
+/// SQS's own limit on queue names.
+pub const SQS_QUEUE_NAME_MAX: usize = 80;
+/// RabbitMQ's limit on queue names (bytes).
+pub const RABBITMQ_QUEUE_NAME_MAX: usize = 255;
+
+/// Queue of actor `actor` in namespace `namespace`: `asya-{namespace}-{actor}`.
+pub fn actor_queue(namespace: &str, actor: &str) -> String {
+    format!("asya-{namespace}-{actor}")
+}
+
+/// The namespace's end queue for finished envelopes.
+pub fn sink_queue(namespace: &str) -> String {
+    actor_queue(namespace, SINK_ACTOR)
+}
+
+/// The namespace's end queue for failed envelopes.
+pub fn sump_queue(namespace: &str) -> String {
+    actor_queue(namespace, SUMP_ACTOR)
+}
+
+/// Whether `actor` is one of the namespace's end pseudo-actors.
+pub fn is_end_actor(actor: &str) -> bool {
+    actor == SINK_ACTOR || actor == SUMP_ACTOR
+}
+
+/// Owned objects (Deployment/StatefulSet, ScaledObject, TriggerAuthentication) share the
+/// actor object's name, as the seeds' `kubectl get scaledobject my-actor` expects.
+pub fn workload_name(object_name: &str) -> String {
+    object_name.to_string()
+}
+
+pub fn scaled_object_name(object_name: &str) -> String {
+    object_name.to_string()
+}
+
+pub fn trigger_authentication_name(object_name: &str) -> String {
+    format!("{object_name}-trigger-auth")
+}
+
+/// The actor's ServiceAccount (`asya-{actor}`, as seed 001's pod-identity example names it).
+pub fn service_account_name(object_name: &str) -> String {
+    format!("asya-{object_name}")
+}
+
+/// Where the transport credentials the sidecar and KEDA need are copied in the actor's namespace.
+pub fn transport_secret_name(transport: &str) -> String {
+    format!("asya-transport-{transport}")
+}
+
+/// Characters SQS allows in a queue name.
+pub fn is_sqs_queue_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= SQS_QUEUE_NAME_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_names_follow_design() {
+        assert_eq!(
+            actor_queue("prod", "text-analyzer"),
+            "asya-prod-text-analyzer"
+        );
+        assert_eq!(sink_queue("dev"), "asya-dev-x-sink");
+        assert_eq!(sump_queue("dev"), "asya-dev-x-sump");
+        assert!(is_end_actor("x-sink") && is_end_actor("x-sump") && !is_end_actor("x"));
+    }
+
+    #[test]
+    fn sqs_names() {
+        assert!(is_sqs_queue_name("asya-prod-a_b"));
+        assert!(!is_sqs_queue_name("asya.prod"));
+        assert!(!is_sqs_queue_name(&"a".repeat(81)));
+        assert!(is_sqs_queue_name(&"a".repeat(80)));
+    }
+}
