@@ -1,1 +1,6 @@
-//! asya-webhook
+//! asya-webhook: AdmissionReview handling for AsyncActors and Pods, sidecar injection, and
+//! the TLS server around them.
+
+pub mod inject_cmd;
+pub mod serve;
+pub mod telemetry;

@@ -1,0 +1,3 @@
+fn main() {
+    eprintln!("asya-webhook-bench: not yet implemented");
+}
