@@ -1,0 +1,334 @@
+//! Settings from the environment (DESIGN.md §5 gives these to the sidecar). Every bad or
+//! missing setting stops the sidecar at start with a message naming the variable.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::resiliency::{Plan, parse_duration};
+use crate::routing::HandlerMode;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TransportConfig {
+    RabbitMq {
+        url: String,
+        exchange: String,
+        prefetch: u16,
+    },
+    Sqs {
+        region: String,
+        endpoint: Option<String>,
+        wait_seconds: i32,
+        /// Visibility timeout for queues this sidecar creates (auto-create).
+        visibility_timeout: Duration,
+        max_message_bytes: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub actor: String,
+    pub namespace: String,
+    pub transport: TransportConfig,
+    pub socket_path: PathBuf,
+    pub runtime_timeout: Duration,
+    /// How long a message waits for an unreachable runtime before it counts as a failure.
+    pub runtime_wait: Duration,
+    pub handler_mode: HandlerMode,
+    pub resiliency: Plan,
+    pub is_end_actor: bool,
+    pub queue_auto_create: bool,
+    pub metrics_addr: SocketAddr,
+    pub max_redeliveries: u32,
+    pub shutdown_timeout: Duration,
+    pub log_json: bool,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{var}: {message}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub message: String,
+}
+
+fn err(var: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        var,
+        message: message.into(),
+    }
+}
+
+/// Reads settings from a variable lookup (the process env in production, a map in tests).
+pub struct Vars<'a>(pub &'a dyn Fn(&str) -> Option<String>);
+
+impl Vars<'_> {
+    fn get(&self, var: &str) -> Option<String> {
+        (self.0)(var)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+    fn required(&self, var: &'static str, what: &str) -> Result<String, ConfigError> {
+        self.get(var)
+            .ok_or_else(|| err(var, format!("is required ({what})")))
+    }
+    fn duration(&self, var: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+        match self.get(var) {
+            None => Ok(default),
+            Some(v) => parse_duration(&v).map_err(|e| err(var, e)),
+        }
+    }
+    fn boolean(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
+        match self.get(var).map(|v| v.to_ascii_lowercase()) {
+            None => Ok(default),
+            Some(v) => match v.as_str() {
+                "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                _ => Err(err(var, format!("{v:?} is not a boolean (true or false)"))),
+            },
+        }
+    }
+    fn number<T: std::str::FromStr>(
+        &self,
+        var: &'static str,
+        default: T,
+        min: T,
+        max: T,
+    ) -> Result<T, ConfigError>
+    where
+        T: PartialOrd + std::fmt::Display + Copy,
+    {
+        match self.get(var) {
+            None => Ok(default),
+            Some(v) => {
+                let n: T = v
+                    .parse()
+                    .map_err(|_| err(var, format!("{v:?} is not a number")))?;
+                if n < min || n > max {
+                    return Err(err(var, format!("{n} is outside {min}..={max}")));
+                }
+                Ok(n)
+            }
+        }
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl Config {
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let lookup = |k: &str| std::env::var(k).ok();
+        Config::from_vars(&Vars(&lookup))
+    }
+
+    pub fn from_map(map: &HashMap<&str, &str>) -> Result<Config, ConfigError> {
+        let lookup = |k: &str| map.get(k).map(|v| v.to_string());
+        Config::from_vars(&Vars(&lookup))
+    }
+
+    pub fn from_vars(v: &Vars) -> Result<Config, ConfigError> {
+        let actor = v.required("ASYA_ACTOR_NAME", "the actor this sidecar serves")?;
+        if !is_dns_label(&actor) {
+            return Err(err(
+                "ASYA_ACTOR_NAME",
+                format!("{actor:?} is not a DNS label (lowercase letters, digits, '-')"),
+            ));
+        }
+        let namespace = v.get("ASYA_NAMESPACE").unwrap_or_else(|| "default".into());
+        if !is_dns_label(&namespace) {
+            return Err(err(
+                "ASYA_NAMESPACE",
+                format!("{namespace:?} is not a DNS label"),
+            ));
+        }
+        let resiliency = match v.get("ASYA_RESILIENCY") {
+            None => Plan::default(),
+            Some(json) => {
+                Plan::from_json(&json).map_err(|e| err("ASYA_RESILIENCY", e.to_string()))?
+            }
+        };
+        // An explicit ASYA_RUNTIME_TIMEOUT wins; else the resiliency's actorTimeout; else 5m.
+        let runtime_timeout = match v.get("ASYA_RUNTIME_TIMEOUT") {
+            Some(_) => v.duration("ASYA_RUNTIME_TIMEOUT", Duration::from_secs(300))?,
+            None => resiliency.actor_timeout.unwrap_or(Duration::from_secs(300)),
+        };
+        if runtime_timeout.is_zero() {
+            return Err(err("ASYA_RUNTIME_TIMEOUT", "must be greater than zero"));
+        }
+        let transport = match v.required("ASYA_TRANSPORT", "rabbitmq or sqs")?.as_str() {
+            "rabbitmq" => TransportConfig::RabbitMq {
+                url: v.required("ASYA_RABBITMQ_URL", "amqp://user:pass@host:5672/vhost")?,
+                exchange: v
+                    .get("ASYA_RABBITMQ_EXCHANGE")
+                    .unwrap_or_else(|| "asya".into()),
+                prefetch: v.number("ASYA_RABBITMQ_PREFETCH", 64u16, 1, 10_000)?,
+            },
+            "sqs" => TransportConfig::Sqs {
+                region: v
+                    .get("ASYA_SQS_REGION")
+                    .or_else(|| v.get("AWS_REGION"))
+                    .or_else(|| v.get("AWS_DEFAULT_REGION"))
+                    .ok_or_else(|| err("ASYA_SQS_REGION", "is required for the sqs transport"))?,
+                endpoint: v.get("ASYA_SQS_ENDPOINT"),
+                wait_seconds: v.number("ASYA_SQS_WAIT_SECONDS", 20i32, 0, 20)?,
+                visibility_timeout: v.duration(
+                    "ASYA_SQS_VISIBILITY_TIMEOUT",
+                    runtime_timeout + Duration::from_secs(30),
+                )?,
+                // SQS's limit since 2025 (and moto's); older deployments may need 262144.
+                max_message_bytes: v.number(
+                    "ASYA_SQS_MAX_MESSAGE_BYTES",
+                    1_048_576usize,
+                    1024,
+                    1_048_576,
+                )?,
+            },
+            other => {
+                return Err(err(
+                    "ASYA_TRANSPORT",
+                    format!("{other:?} is not a transport (rabbitmq or sqs)"),
+                ));
+            }
+        };
+        let handler_mode = match v.get("ASYA_HANDLER_MODE").as_deref() {
+            None | Some("payload") => HandlerMode::Payload,
+            Some("envelope") => HandlerMode::Envelope,
+            Some(other) => {
+                return Err(err(
+                    "ASYA_HANDLER_MODE",
+                    format!("{other:?} is not payload or envelope"),
+                ));
+            }
+        };
+        let metrics_addr = v
+            .get("ASYA_METRICS_ADDR")
+            .unwrap_or_else(|| "0.0.0.0:8080".into());
+        let metrics_addr: SocketAddr = metrics_addr.parse().map_err(|_| {
+            err(
+                "ASYA_METRICS_ADDR",
+                format!("{metrics_addr:?} is not host:port"),
+            )
+        })?;
+        let socket_dir = v
+            .get("ASYA_SOCKET_DIR")
+            .unwrap_or_else(|| "/var/run/asya".into());
+        let log_json = match v.get("ASYA_LOG_FORMAT").as_deref() {
+            None | Some("json") => true,
+            Some("text") => false,
+            Some(other) => {
+                return Err(err(
+                    "ASYA_LOG_FORMAT",
+                    format!("{other:?} is not json or text"),
+                ));
+            }
+        };
+        Ok(Config {
+            is_end_actor: v.boolean("ASYA_IS_END_ACTOR", actor == "x-sink" || actor == "x-sump")?,
+            actor,
+            namespace,
+            transport,
+            socket_path: PathBuf::from(socket_dir).join("asya-runtime.sock"),
+            runtime_timeout,
+            runtime_wait: v.duration("ASYA_RUNTIME_WAIT", Duration::from_secs(30))?,
+            handler_mode,
+            resiliency,
+            queue_auto_create: v.boolean("ASYA_QUEUE_AUTO_CREATE", false)?,
+            metrics_addr,
+            max_redeliveries: v.number("ASYA_MAX_REDELIVERIES", 5u32, 0, 1_000)?,
+            shutdown_timeout: v.duration("ASYA_SHUTDOWN_TIMEOUT", Duration::from_secs(25))?,
+            log_json,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> HashMap<&'static str, &'static str> {
+        HashMap::from([
+            ("ASYA_ACTOR_NAME", "doubler"),
+            ("ASYA_TRANSPORT", "rabbitmq"),
+            ("ASYA_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+        ])
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::from_map(&base()).unwrap();
+        assert_eq!(c.namespace, "default");
+        assert_eq!(c.runtime_timeout, Duration::from_secs(300));
+        assert_eq!(
+            c.socket_path,
+            PathBuf::from("/var/run/asya/asya-runtime.sock")
+        );
+        assert!(!c.queue_auto_create && !c.is_end_actor);
+        assert_eq!(c.metrics_addr.port(), 8080);
+        assert_eq!(c.handler_mode, HandlerMode::Payload);
+    }
+
+    #[test]
+    fn each_bad_setting_names_its_variable() {
+        let cases: &[(&str, &str)] = &[
+            ("ASYA_TRANSPORT", "kafka"),
+            ("ASYA_RUNTIME_TIMEOUT", "soon"),
+            ("ASYA_RESILIENCY", "{not json"),
+            ("ASYA_IS_END_ACTOR", "maybe"),
+            ("ASYA_QUEUE_AUTO_CREATE", "2"),
+            ("ASYA_METRICS_ADDR", "8080"),
+            ("ASYA_ACTOR_NAME", "Bad_Name"),
+            ("ASYA_NAMESPACE", "-x"),
+            ("ASYA_RABBITMQ_PREFETCH", "0"),
+            ("ASYA_HANDLER_MODE", "both"),
+        ];
+        for (var, value) in cases {
+            let mut m = base();
+            m.insert(var, value);
+            let e = Config::from_map(&m).unwrap_err();
+            assert_eq!(e.var, *var, "{e}");
+        }
+        let mut m = base();
+        m.remove("ASYA_RABBITMQ_URL");
+        assert_eq!(Config::from_map(&m).unwrap_err().var, "ASYA_RABBITMQ_URL");
+        let mut m = base();
+        m.remove("ASYA_ACTOR_NAME");
+        assert_eq!(Config::from_map(&m).unwrap_err().var, "ASYA_ACTOR_NAME");
+    }
+
+    #[test]
+    fn actor_timeout_from_resiliency_unless_explicit() {
+        let mut m = base();
+        m.insert("ASYA_RESILIENCY", r#"{"actorTimeout":"90s"}"#);
+        assert_eq!(
+            Config::from_map(&m).unwrap().runtime_timeout,
+            Duration::from_secs(90)
+        );
+        m.insert("ASYA_RUNTIME_TIMEOUT", "2s");
+        assert_eq!(
+            Config::from_map(&m).unwrap().runtime_timeout,
+            Duration::from_secs(2)
+        );
+    }
+
+    #[test]
+    fn sqs_settings_and_end_actor_by_name() {
+        let m = HashMap::from([
+            ("ASYA_ACTOR_NAME", "x-sink"),
+            ("ASYA_TRANSPORT", "sqs"),
+            ("ASYA_SQS_REGION", "us-east-1"),
+            ("ASYA_SQS_ENDPOINT", "http://127.0.0.1:4566"),
+        ]);
+        let c = Config::from_map(&m).unwrap();
+        assert!(c.is_end_actor);
+        assert!(
+            matches!(c.transport, TransportConfig::Sqs { ref endpoint, .. } if endpoint.is_some())
+        );
+    }
+}

@@ -1,0 +1,87 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Asya sidecar: bridges an actor's queue and its Python runtime. Configured by ASYA_*
+/// environment variables (see the crate README).
+#[derive(Parser)]
+#[command(name = "asya-sidecar", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the sidecar (the default).
+    Run,
+    /// Write DIR/asya_runtime.py (used by the injected init container).
+    InstallRuntime { dir: PathBuf },
+}
+
+fn init_logs(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ASYA_LOG_LEVEL")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lapin=warn,aws=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::InstallRuntime { dir } => match asya_sidecar::install_runtime(&dir) {
+            Ok(path) => {
+                println!("{}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "asya-sidecar: cannot write the runtime into {}: {e}",
+                    dir.display()
+                );
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run => {
+            let cfg = match asya_sidecar::config::Config::from_env() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("asya-sidecar: configuration error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            init_logs(cfg.log_json);
+            // Two worker threads: the sidecar shares a small CPU budget with the runtime.
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("asya-sidecar: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(asya_sidecar::service::run(cfg)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %e, "sidecar failed");
+                    eprintln!("asya-sidecar: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

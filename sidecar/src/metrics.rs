@@ -1,0 +1,256 @@
+//! Prometheus metrics. Names follow seed 001 (`asya_actor_*` with a `queue` label), plus
+//! runtime, queue and broker health.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabel {
+    pub queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub queue: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub queue: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorTypeLabel {
+    pub queue: String,
+    pub error_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DestinationLabel {
+    pub queue: String,
+    pub destination: String,
+}
+
+type HistogramFamily = Family<QueueLabel, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms .. ~4.5 h: handlers range from trivial to long model calls.
+    Histogram::new(exponential_buckets(0.0005, 2.5, 20))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    queue: QueueLabel,
+    processing: HistogramFamily,
+    runtime: HistogramFamily,
+    processed: Family<StatusLabel, Counter>,
+    failed: Family<ReasonLabel, Counter>,
+    runtime_errors: Family<ErrorTypeLabel, Counter>,
+    received: Family<QueueLabel, Counter>,
+    sent: Family<DestinationLabel, Counter>,
+    transport_up: Family<QueueLabel, Gauge>,
+    runtime_up: Family<QueueLabel, Gauge>,
+    reconnects: Family<QueueLabel, Counter>,
+    queue_depth: Family<QueueLabel, Gauge>,
+    in_flight: Family<QueueLabel, Gauge>,
+}
+
+impl Metrics {
+    pub fn new(queue: &str) -> Metrics {
+        let mut registry = Registry::with_prefix("asya_actor");
+        let m = Metrics {
+            queue: QueueLabel {
+                queue: queue.to_string(),
+            },
+            processing: Family::new_with_constructor(latency_histogram),
+            runtime: Family::new_with_constructor(latency_histogram),
+            processed: Family::default(),
+            failed: Family::default(),
+            runtime_errors: Family::default(),
+            received: Family::default(),
+            sent: Family::default(),
+            transport_up: Family::default(),
+            runtime_up: Family::default(),
+            reconnects: Family::default(),
+            queue_depth: Family::default(),
+            in_flight: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "processing_duration_seconds",
+            "Time from taking a message to acknowledging it",
+            m.processing.clone(),
+        );
+        registry.register(
+            "runtime_duration_seconds",
+            "Time the runtime (the handler) took per call",
+            m.runtime.clone(),
+        );
+        registry.register(
+            "messages_processed",
+            "Messages finished, by outcome",
+            m.processed.clone(),
+        );
+        registry.register(
+            "messages_failed",
+            "Messages sent to x-sump, by reason",
+            m.failed.clone(),
+        );
+        registry.register(
+            "runtime_errors",
+            "Failed runtime calls, by error type",
+            m.runtime_errors.clone(),
+        );
+        registry.register(
+            "messages_received",
+            "Messages taken from the queue",
+            m.received.clone(),
+        );
+        registry.register(
+            "messages_sent",
+            "Messages sent, by destination queue",
+            m.sent.clone(),
+        );
+        registry.register(
+            "transport_up",
+            "1 when connected to the broker",
+            m.transport_up.clone(),
+        );
+        registry.register(
+            "runtime_up",
+            "1 when the runtime accepts connections",
+            m.runtime_up.clone(),
+        );
+        registry.register(
+            "transport_reconnects",
+            "Broker (re)connections",
+            m.reconnects.clone(),
+        );
+        registry.register(
+            "queue_messages",
+            "Messages waiting in the actor's queue",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "messages_in_flight",
+            "Messages taken but not yet acknowledged",
+            m.in_flight.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    fn q(&self) -> String {
+        self.queue.queue.clone()
+    }
+
+    pub fn received(&self) {
+        self.received.get_or_create(&self.queue).inc();
+        self.in_flight.get_or_create(&self.queue).inc();
+    }
+
+    pub fn finished(&self, status: &str, seconds: f64) {
+        self.in_flight.get_or_create(&self.queue).dec();
+        self.processing.get_or_create(&self.queue).observe(seconds);
+        self.processed
+            .get_or_create(&StatusLabel {
+                queue: self.q(),
+                status: status.to_string(),
+            })
+            .inc();
+    }
+
+    /// A message that was received but will come back (not acknowledged).
+    pub fn abandoned(&self) {
+        self.in_flight.get_or_create(&self.queue).dec();
+    }
+
+    pub fn failed(&self, reason: &str) {
+        self.failed
+            .get_or_create(&ReasonLabel {
+                queue: self.q(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn runtime_call(&self, seconds: f64) {
+        self.runtime.get_or_create(&self.queue).observe(seconds);
+    }
+
+    pub fn runtime_error(&self, error_type: &str) {
+        self.runtime_errors
+            .get_or_create(&ErrorTypeLabel {
+                queue: self.q(),
+                error_type: error_type.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn sent(&self, destination: &str) {
+        self.sent
+            .get_or_create(&DestinationLabel {
+                queue: self.q(),
+                destination: destination.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn set_transport_up(&self, up: bool) {
+        self.transport_up
+            .get_or_create(&self.queue)
+            .set(i64::from(up));
+    }
+
+    pub fn set_runtime_up(&self, up: bool) {
+        self.runtime_up
+            .get_or_create(&self.queue)
+            .set(i64::from(up));
+    }
+
+    pub fn reconnected(&self) {
+        self.reconnects.get_or_create(&self.queue).inc();
+    }
+
+    pub fn set_queue_depth(&self, n: u64) {
+        self.queue_depth
+            .get_or_create(&self.queue)
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_metric_names_are_exported() {
+        let m = Metrics::new("asya-default-a");
+        m.received();
+        m.finished("success", 0.01);
+        m.failed("timeout");
+        m.runtime_error("ActorTimeout");
+        m.runtime_call(0.002);
+        let text = m.encode();
+        for name in [
+            "asya_actor_processing_duration_seconds_bucket",
+            "asya_actor_messages_processed_total{queue=\"asya-default-a\",status=\"success\"} 1",
+            "asya_actor_messages_failed_total{queue=\"asya-default-a\",reason=\"timeout\"} 1",
+            "asya_actor_runtime_errors_total{queue=\"asya-default-a\",error_type=\"ActorTimeout\"} 1",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! The consume loop: one message at a time through the runtime, then routing. Sending the
+//! results and acknowledging run in the background, so the next handler call overlaps the
+//! broker round trips; a message is acknowledged only after all its sends are confirmed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use crate::config::Config;
+use crate::envelope::{self, Envelope};
+use crate::metrics::Metrics;
+use crate::resiliency::{self, Decision, Failure};
+use crate::routing::{self, Answer, Queues};
+use crate::runtime_client::RuntimeClient;
+use crate::transport::{Outgoing, Received, Transport, TransportError};
+
+/// What to do with one message once the handler (if any) has run.
+#[derive(Debug)]
+pub struct Disposition {
+    pub outgoing: Vec<Outgoing>,
+    /// For `asya_actor_messages_processed_total{status}`.
+    pub status: &'static str,
+    /// For `asya_actor_messages_failed_total{reason}` when it went to x-sump.
+    pub failure_reason: Option<String>,
+    pub id: String,
+}
+
+pub struct Processor<T: Transport> {
+    cfg: Arc<Config>,
+    transport: Arc<T>,
+    runtime: RuntimeClient,
+    metrics: Arc<Metrics>,
+    queues: Queues,
+    own_queue: String,
+    /// Bounds messages whose sends are still awaiting confirmation.
+    in_flight: Arc<Semaphore>,
+    seq: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn to_body(env: &Envelope) -> Vec<u8> {
+    // Serialising a Value-backed struct cannot fail.
+    serde_json::to_vec(env).unwrap_or_default()
+}
+
+impl<T: Transport> Processor<T> {
+    pub fn new(
+        cfg: Arc<Config>,
+        transport: Arc<T>,
+        metrics: Arc<Metrics>,
+        max_in_flight: usize,
+    ) -> Self {
+        let queues = Queues {
+            namespace: cfg.namespace.clone(),
+        };
+        let own_queue = queues.actor(&cfg.actor);
+        Processor {
+            runtime: RuntimeClient::new(cfg.socket_path.clone()),
+            cfg,
+            transport,
+            metrics,
+            queues,
+            own_queue,
+            in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    pub fn own_queue(&self) -> &str {
+        &self.own_queue
+    }
+
+    /// Consumes until `shutdown` turns true, then waits for pending acknowledgements.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut tasks = JoinSet::new();
+        'outer: loop {
+            while tasks.try_join_next().is_some() {}
+            let batch = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|s| *s) => break,
+                r = self.transport.receive() => r,
+            };
+            let batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, "receive failed");
+                    continue;
+                }
+            };
+            let mut batch = batch.into_iter();
+            while let Some(msg) = batch.next() {
+                if *shutdown.borrow() {
+                    // Not started: give it and the rest of the batch back right away.
+                    for m in std::iter::once(msg).chain(batch.by_ref()) {
+                        let _ = self.transport.release(&m.handle).await;
+                    }
+                    break 'outer;
+                }
+                self.clone().handle(msg, &mut tasks).await;
+            }
+        }
+        self.transport.stop_consuming().await;
+        while tasks.join_next().await.is_some() {}
+    }
+
+    async fn handle(self: Arc<Self>, msg: Received<T::Handle>, tasks: &mut JoinSet<()>) {
+        let started = Instant::now();
+        self.metrics.received();
+        self.transport.hold(&msg.handle);
+        let disposition = self.dispose(&msg.body, msg.redeliveries).await;
+        self.transport.unhold(&msg.handle);
+        let permit = self.in_flight.clone().acquire_owned().await;
+        let this = self.clone();
+        let span = tracing::info_span!("envelope", actor = %self.cfg.actor, id = %disposition.id);
+        tasks.spawn(
+            async move {
+                let _permit = permit;
+                this.finish(msg, disposition, started).await;
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Sends, then acknowledges; on a send that can never succeed, sends to x-sump instead.
+    async fn finish(&self, msg: Received<T::Handle>, d: Disposition, started: Instant) {
+        let mut result = self.transport.send(&d.outgoing).await;
+        let mut status = d.status;
+        if let Err(e) = &result
+            && e.is_permanent()
+            && !d.outgoing.iter().any(|o| o.queue == self.queues.sump())
+        {
+            tracing::warn!(error = %e, "cannot deliver the result; sending the input to x-sump");
+            let sump = self.sump_for_send_error(&msg.body, e);
+            let reason = match e {
+                TransportError::TooLarge { .. } => "too_large",
+                _ => "no_such_queue",
+            };
+            result = self.transport.send(std::slice::from_ref(&sump)).await;
+            if result.is_ok() {
+                status = "failed";
+                self.metrics.failed(reason);
+            }
+        } else if let Some(reason) = &d.failure_reason {
+            if result.is_ok() {
+                self.metrics.failed(reason);
+            }
+        }
+        match result {
+            Ok(()) => {
+                for o in &d.outgoing {
+                    self.metrics.sent(&o.queue);
+                }
+                match self.transport.ack(&msg.handle).await {
+                    Ok(()) => {
+                        self.metrics
+                            .finished(status, started.elapsed().as_secs_f64());
+                        tracing::debug!(status, "done");
+                    }
+                    Err(e) => {
+                        // The broker will redeliver: a duplicate, never a loss.
+                        self.metrics.abandoned();
+                        tracing::warn!(error = %e, "ack failed; the message will be redelivered");
+                    }
+                }
+            }
+            Err(e) => {
+                self.metrics.abandoned();
+                tracing::warn!(error = %e, "send failed; returning the message for redelivery");
+                if let Err(e) = self.transport.release(&msg.handle).await {
+                    tracing::debug!(error = %e, "release failed (redelivered after reconnect or visibility timeout)");
+                }
+            }
+        }
+    }
+
+    fn fallback_id(&self) -> String {
+        format!(
+            "malformed-{}-{}",
+            now_ms(),
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn sump_for_send_error(&self, body: &[u8], e: &TransportError) -> Outgoing {
+        let reason = format!("result could not be delivered: {e}");
+        let mut env = match envelope::parse(body, None) {
+            Ok(env) => routing::to_sump(&env, &self.cfg.actor, &reason, None),
+            Err(m) => {
+                routing::malformed_to_sump(body, &self.cfg.actor, &m, self.fallback_id(), 4096)
+            }
+        };
+        if matches!(e, TransportError::TooLarge { .. }) {
+            env.payload = serde_json::Value::Null;
+        }
+        self.outgoing(self.queues.sump(), &env, None)
+    }
+
+    fn outgoing(&self, queue: String, env: &Envelope, delay: Option<Duration>) -> Outgoing {
+        Outgoing {
+            queue,
+            body: to_body(env),
+            delay,
+        }
+    }
+
+    /// Decides where a message goes. Calls the runtime; no broker I/O.
+    pub async fn dispose(&self, body: &[u8], redeliveries: u32) -> Disposition {
+        let actor = self.cfg.actor.as_str();
+        let is_sump_consumer = self.own_queue == self.queues.sump();
+        let check_actor = if self.cfg.is_end_actor {
+            None
+        } else {
+            Some(actor)
+        };
+        let env = match envelope::parse(body, check_actor) {
+            Ok(env) => env,
+            Err(why) => {
+                let sump =
+                    routing::malformed_to_sump(body, actor, &why, self.fallback_id(), 64 * 1024);
+                tracing::warn!(actor, id = %sump.id, reason = %why, "malformed message");
+                if is_sump_consumer {
+                    // Sending it to x-sump again would loop: drop it, loudly.
+                    return self.done(Vec::new(), "malformed", None, sump.id);
+                }
+                let out = vec![self.outgoing(self.queues.sump(), &sump, None)];
+                return self.done(out, "malformed", Some(why.code().to_string()), sump.id);
+            }
+        };
+        let id = env.id.clone();
+        let span = tracing::info_span!("envelope", actor, id = %id);
+        self.dispose_envelope(env, body, redeliveries)
+            .instrument(span)
+            .await
+    }
+
+    async fn dispose_envelope(&self, env: Envelope, body: &[u8], redeliveries: u32) -> Disposition {
+        if redeliveries > self.cfg.max_redeliveries {
+            let reason = format!(
+                "poison message: delivered {} times without finishing (limit {})",
+                redeliveries + 1,
+                self.cfg.max_redeliveries + 1
+            );
+            tracing::warn!(%reason, "to x-sump");
+            return self.to_sump(&env, &reason, None, "poison", "poison");
+        }
+        let started = Instant::now();
+        let call = self
+            .runtime
+            .call(body, self.cfg.runtime_timeout, self.cfg.runtime_wait)
+            .await;
+        self.metrics.runtime_call(started.elapsed().as_secs_f64());
+        let answer = match call {
+            Ok(v) => routing::interpret(v),
+            Err(e) => {
+                let (code, error_type) = e.kind();
+                tracing::warn!(error = %e, "runtime call failed");
+                Answer::Failure(Failure {
+                    code: code.into(),
+                    error_type: error_type.into(),
+                    message: e.to_string(),
+                    traceback: None,
+                })
+            }
+        };
+        match answer {
+            Answer::Results(items) => self.on_results(env, items),
+            Answer::Failure(f) => {
+                self.metrics.runtime_error(&f.error_type);
+                self.on_failure(env, f)
+            }
+        }
+    }
+
+    fn done(
+        &self,
+        outgoing: Vec<Outgoing>,
+        status: &'static str,
+        failure_reason: Option<String>,
+        id: String,
+    ) -> Disposition {
+        Disposition {
+            outgoing,
+            status,
+            failure_reason,
+            id,
+        }
+    }
+
+    fn to_sump(
+        &self,
+        env: &Envelope,
+        reason: &str,
+        failure: Option<&Failure>,
+        status: &'static str,
+        metric_reason: &str,
+    ) -> Disposition {
+        let id = env.id.clone();
+        if self.own_queue == self.queues.sump() {
+            tracing::error!(reason, "end actor on x-sump failed; dropping the envelope");
+            return self.done(Vec::new(), status, None, id);
+        }
+        let mut sump = routing::to_sump(env, &self.cfg.actor, reason, failure);
+        if let Some(limit) = self.transport.max_message_bytes()
+            && to_body(&sump).len() > limit
+        {
+            // The reason must arrive even when the envelope itself is too big to carry.
+            sump.payload = serde_json::Value::Null;
+        }
+        let out = vec![self.outgoing(self.queues.sump(), &sump, None)];
+        self.done(out, status, Some(metric_reason.to_string()), id)
+    }
+
+    fn on_results(&self, env: Envelope, items: Vec<serde_json::Value>) -> Disposition {
+        if self.cfg.is_end_actor {
+            return self.done(Vec::new(), "success", None, env.id);
+        }
+        match routing::route_results(&env, items, self.cfg.handler_mode, &self.queues) {
+            Ok(routed) => {
+                let out: Vec<Outgoing> = routed
+                    .iter()
+                    .map(|(q, e)| self.outgoing(q.clone(), e, None))
+                    .collect();
+                if let Some(limit) = self.transport.max_message_bytes()
+                    && let Some(big) = out.iter().find(|o| o.body.len() > limit)
+                {
+                    let reason = format!(
+                        "result too large: {} bytes for {} exceeds the transport limit of {limit} bytes",
+                        big.body.len(),
+                        big.queue
+                    );
+                    return self.to_sump(&env, &reason, None, "failed", "too_large");
+                }
+                tracing::debug!(count = out.len(), "routed");
+                self.done(out, "success", None, env.id)
+            }
+            Err(v) => {
+                tracing::warn!(violation = %v, "handler broke the routing rules");
+                self.to_sump(&env, &v.to_string(), None, "failed", "route_violation")
+            }
+        }
+    }
+
+    fn on_failure(&self, mut env: Envelope, f: Failure) -> Disposition {
+        let actor = self.cfg.actor.clone();
+        let attempt = routing::failed_attempts(&env, &actor) + 1;
+        let decision = resiliency::decide(&self.cfg.resiliency, &f, attempt);
+        routing::record_attempt(&mut env, &actor, attempt, &f, now_ms());
+        match decision {
+            Decision::Retry { delay, policy, .. } => {
+                tracing::info!(attempt, ?delay, policy, error = %f.message, "retrying later");
+                let out = vec![self.outgoing(
+                    self.own_queue.clone(),
+                    &env,
+                    (!delay.is_zero()).then_some(delay),
+                )];
+                self.done(out, "retried", None, env.id)
+            }
+            Decision::Fail { reason } => {
+                tracing::warn!(attempt, error_type = %f.error_type, error = %f.message, %reason, "to x-sump");
+                let metric = if reason.starts_with("retries exhausted") {
+                    "retries_exhausted".to_string()
+                } else if reason.starts_with("action fail") {
+                    "action_fail".to_string()
+                } else {
+                    f.code.clone()
+                };
+                self.to_sump(&env, &reason, Some(&f), "failed", &metric)
+            }
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! Retry decisions (DESIGN.md §4, seed 000): pure functions over the actor's `resiliency`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// `resiliency` as the AsyncActor spells it (camelCase JSON in `ASYA_RESILIENCY`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResiliencySpec {
+    #[serde(default)]
+    pub actor_timeout: Option<String>,
+    #[serde(default)]
+    pub policies: BTreeMap<String, PolicySpec>,
+    #[serde(default)]
+    pub rules: Vec<RuleSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySpec {
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    #[serde(default)]
+    pub backoff: Option<Backoff>,
+    #[serde(default, alias = "initialDelay")]
+    pub initial_interval: Option<String>,
+    #[serde(default)]
+    pub max_interval: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RuleSpec {
+    #[serde(default, rename = "match")]
+    pub pattern: Option<String>,
+    /// Older spelling: several patterns for one rule.
+    #[serde(default)]
+    pub errors: Vec<String>,
+    #[serde(default)]
+    pub policy: Option<String>,
+    #[serde(default)]
+    pub action: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Backoff {
+    Constant,
+    Linear,
+    #[default]
+    Exponential,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub name: String,
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RuleAction {
+    Fail,
+    Policy(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    pub pattern: String,
+    pub action: RuleAction,
+}
+
+/// Validated, ready-to-use resiliency settings.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    pub actor_timeout: Option<Duration>,
+    pub policies: BTreeMap<String, Policy>,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    #[error("not valid JSON for resiliency: {0}")]
+    Json(String),
+    #[error("{field}: {message}")]
+    Field { field: String, message: String },
+}
+
+fn field_err(field: impl Into<String>, message: impl Into<String>) -> PlanError {
+    PlanError::Field {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// `300s`, `5m`, `1h30m`, `500ms`, or a plain integer (seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!(
+                "invalid duration {s:?}: expected a number at {rest:?}"
+            ));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?}"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let part = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            u => {
+                return Err(format!(
+                    "invalid duration {s:?}: unknown unit {u:?} (use ms, s, m, h)"
+                ));
+            }
+        };
+        total += part;
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+impl Plan {
+    pub fn from_json(json: &str) -> Result<Plan, PlanError> {
+        let spec: ResiliencySpec =
+            serde_json::from_str(json).map_err(|e| PlanError::Json(e.to_string()))?;
+        Plan::from_spec(&spec)
+    }
+
+    pub fn from_spec(spec: &ResiliencySpec) -> Result<Plan, PlanError> {
+        let actor_timeout = spec
+            .actor_timeout
+            .as_deref()
+            .map(|s| parse_duration(s).map_err(|e| field_err("actorTimeout", e)))
+            .transpose()?;
+        let mut policies = BTreeMap::new();
+        for (name, p) in &spec.policies {
+            let at = |f: &str| format!("policies.{name}.{f}");
+            let max_attempts = p.max_attempts.unwrap_or(3);
+            if max_attempts < 1 {
+                return Err(field_err(at("maxAttempts"), "must be at least 1"));
+            }
+            let initial = match &p.initial_interval {
+                Some(s) => parse_duration(s).map_err(|e| field_err(at("initialInterval"), e))?,
+                None => Duration::from_secs(1),
+            };
+            let max = match &p.max_interval {
+                Some(s) => parse_duration(s).map_err(|e| field_err(at("maxInterval"), e))?,
+                None => Duration::from_secs(60).max(initial),
+            };
+            if initial > max {
+                return Err(field_err(
+                    at("initialInterval"),
+                    "must not be greater than maxInterval",
+                ));
+            }
+            policies.insert(
+                name.clone(),
+                Policy {
+                    name: name.clone(),
+                    max_attempts,
+                    backoff: p.backoff.unwrap_or_default(),
+                    initial,
+                    max,
+                },
+            );
+        }
+        let mut rules = Vec::new();
+        for (i, r) in spec.rules.iter().enumerate() {
+            let action = match (r.action.as_deref(), &r.policy) {
+                (Some("fail"), _) => RuleAction::Fail,
+                (Some(other), _) if other != "retry" => {
+                    return Err(field_err(
+                        format!("rules[{i}].action"),
+                        format!("unknown action {other:?} (expected fail)"),
+                    ));
+                }
+                (_, Some(p)) if policies.contains_key(p) => RuleAction::Policy(p.clone()),
+                (_, Some(p)) => {
+                    return Err(field_err(
+                        format!("rules[{i}].policy"),
+                        format!("names policy {p:?}, which is not defined"),
+                    ));
+                }
+                (_, None) => RuleAction::Policy("default".into()),
+            };
+            let patterns: Vec<String> = r.pattern.iter().chain(r.errors.iter()).cloned().collect();
+            if patterns.is_empty() {
+                return Err(field_err(format!("rules[{i}].match"), "is required"));
+            }
+            for pattern in patterns {
+                rules.push(Rule {
+                    pattern,
+                    action: action.clone(),
+                });
+            }
+        }
+        Ok(Plan {
+            actor_timeout,
+            policies,
+            rules,
+        })
+    }
+}
+
+/// The error a handler call ended with, as the sidecar sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub code: String,
+    pub error_type: String,
+    pub message: String,
+    pub traceback: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Try again after `delay`; `attempt` is the number of the attempt that just failed.
+    Retry {
+        delay: Duration,
+        attempt: u32,
+        policy: String,
+    },
+    /// Give up: to x-sump.
+    Fail { reason: String },
+}
+
+/// Backoff before the attempt after `attempt` (1-based) failed.
+pub fn backoff_delay(policy: &Policy, attempt: u32) -> Duration {
+    let n = attempt.max(1);
+    let d = match policy.backoff {
+        Backoff::Constant => policy.initial,
+        Backoff::Linear => policy.initial.saturating_mul(n),
+        Backoff::Exponential => {
+            let factor = 2u32.checked_pow(n - 1).unwrap_or(u32::MAX);
+            policy.initial.saturating_mul(factor)
+        }
+    };
+    d.min(policy.max)
+}
+
+/// Decides what to do after attempt number `attempt` (1-based) failed with `failure`.
+pub fn decide(plan: &Plan, failure: &Failure, attempt: u32) -> Decision {
+    let rule = plan
+        .rules
+        .iter()
+        .find(|r| failure.error_type.contains(&r.pattern) || failure.message.contains(&r.pattern));
+    let policy_name = match rule.map(|r| &r.action) {
+        Some(RuleAction::Fail) => {
+            return Decision::Fail {
+                reason: format!(
+                    "action fail: rule {:?} matched",
+                    rule.map(|r| r.pattern.as_str()).unwrap_or_default()
+                ),
+            };
+        }
+        Some(RuleAction::Policy(p)) => p.as_str(),
+        None => "default",
+    };
+    let Some(policy) = plan.policies.get(policy_name) else {
+        return Decision::Fail {
+            reason: "no retry policy applies".into(),
+        };
+    };
+    if attempt >= policy.max_attempts {
+        return Decision::Fail {
+            reason: format!(
+                "retries exhausted: {attempt} of {} attempts failed (policy {})",
+                policy.max_attempts, policy.name
+            ),
+        };
+    }
+    Decision::Retry {
+        delay: backoff_delay(policy, attempt),
+        attempt,
+        policy: policy.name.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(t: &str, m: &str) -> Failure {
+        Failure {
+            code: "handler_error".into(),
+            error_type: t.into(),
+            message: m.into(),
+            traceback: None,
+        }
+    }
+
+    fn seed_plan() -> Plan {
+        Plan::from_json(
+            r#"{"actorTimeout":"120s","policies":{"default":{"maxAttempts":3,"backoff":"exponential","initialInterval":"1s","maxInterval":"60s"},
+                "slow":{"maxAttempts":2,"backoff":"constant","initialInterval":"5s","maxInterval":"5s"}},
+                "rules":[{"match":"RateLimitError","policy":"slow"},{"match":"ContentPolicyViolation","action":"fail"}]}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("300s"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("42"), Ok(Duration::from_secs(42)));
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("m5").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn plan_parses_seed_example() {
+        let p = seed_plan();
+        assert_eq!(p.actor_timeout, Some(Duration::from_secs(120)));
+        assert_eq!(p.rules.len(), 2);
+        assert_eq!(p.policies["default"].max_attempts, 3);
+    }
+
+    #[test]
+    fn plan_rejections_name_the_field() {
+        let e = Plan::from_json(r#"{"rules":[{"match":"X","policy":"nope"}]}"#).unwrap_err();
+        assert!(e.to_string().contains("rules[0].policy"), "{e}");
+        let e =
+            Plan::from_json(r#"{"policies":{"p":{"initialInterval":"10s","maxInterval":"1s"}}}"#)
+                .unwrap_err();
+        assert!(e.to_string().contains("policies.p.initialInterval"), "{e}");
+        let e = Plan::from_json(r#"{"policies":{"p":{"maxAttempts":0}}}"#).unwrap_err();
+        assert!(e.to_string().contains("maxAttempts"), "{e}");
+        let e = Plan::from_json(r#"{"policies":{"p":{"backoff":"random"}}}"#).unwrap_err();
+        assert!(matches!(e, PlanError::Json(_)));
+        let e = Plan::from_json(r#"{"actorTimeout":"soon"}"#).unwrap_err();
+        assert!(e.to_string().contains("actorTimeout"), "{e}");
+    }
+
+    #[test]
+    fn errors_alias_expands_to_one_rule_per_match() {
+        let p = Plan::from_json(r#"{"rules":[{"errors":["A","B"],"action":"fail"}]}"#).unwrap();
+        assert_eq!(p.rules.len(), 2);
+    }
+
+    #[test]
+    fn unmatched_error_uses_default_policy_then_exhausts() {
+        let p = seed_plan();
+        let f = failure("ValueError", "boom");
+        assert_eq!(
+            decide(&p, &f, 1),
+            Decision::Retry {
+                delay: Duration::from_secs(1),
+                attempt: 1,
+                policy: "default".into()
+            }
+        );
+        assert!(
+            matches!(decide(&p, &f, 2), Decision::Retry { delay, .. } if delay == Duration::from_secs(2))
+        );
+        assert!(
+            matches!(decide(&p, &f, 3), Decision::Fail { reason } if reason.contains("retries exhausted"))
+        );
+    }
+
+    #[test]
+    fn rule_matches_type_or_message_in_order() {
+        let p = seed_plan();
+        let by_type = decide(&p, &failure("RateLimitError", "x"), 1);
+        assert!(matches!(by_type, Decision::Retry { ref policy, .. } if policy == "slow"));
+        let by_msg = decide(
+            &p,
+            &failure("RuntimeError", "ContentPolicyViolation: nsfw"),
+            1,
+        );
+        assert!(matches!(by_msg, Decision::Fail { reason } if reason.contains("action fail")));
+    }
+
+    #[test]
+    fn no_policy_means_no_retry() {
+        let d = decide(&Plan::default(), &failure("E", "m"), 1);
+        assert!(matches!(d, Decision::Fail { .. }));
+    }
+
+    #[test]
+    fn backoff_shapes_and_cap() {
+        let mk = |backoff| Policy {
+            name: "p".into(),
+            max_attempts: 10,
+            backoff,
+            initial: Duration::from_secs(2),
+            max: Duration::from_secs(10),
+        };
+        let secs = |b, n| backoff_delay(&mk(b), n).as_secs();
+        assert_eq!([1, 2, 3].map(|n| secs(Backoff::Constant, n)), [2, 2, 2]);
+        assert_eq!(
+            [1, 2, 3, 9].map(|n| secs(Backoff::Linear, n)),
+            [2, 4, 6, 10]
+        );
+        assert_eq!(
+            [1, 2, 3, 40].map(|n| secs(Backoff::Exponential, n)),
+            [2, 4, 8, 10]
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn backoff_never_exceeds_max_and_never_below_initial(
+            attempt in 1u32..200, init_ms in 1u64..10_000, extra in 0u64..100_000, kind in 0u8..3
+        ) {
+            let backoff = [Backoff::Constant, Backoff::Linear, Backoff::Exponential][kind as usize];
+            let p = Policy { name: "p".into(), max_attempts: 3, backoff,
+                initial: Duration::from_millis(init_ms), max: Duration::from_millis(init_ms + extra) };
+            let d = backoff_delay(&p, attempt);
+            proptest::prop_assert!(d <= p.max && d >= p.initial);
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Wiring: metrics server, runtime readiness, the transport, the consume loop, signals.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::config::{Config, TransportConfig};
+use crate::http::{self, Health};
+use crate::metrics::Metrics;
+use crate::processor::Processor;
+use crate::routing::Queues;
+use crate::runtime_client::RuntimeClient;
+use crate::transport::Transport;
+use crate::transport::rabbitmq::{RabbitSettings, RabbitTransport};
+use crate::transport::sqs::{SqsSettings, SqsTransport};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("ASYA_METRICS_ADDR: cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Runs until SIGTERM/SIGINT and a graceful drain (or the grace period ends).
+pub async fn run(cfg: Config) -> Result<(), ServiceError> {
+    let cfg = Arc::new(cfg);
+    let queue = Queues {
+        namespace: cfg.namespace.clone(),
+    }
+    .actor(&cfg.actor);
+    let metrics = Arc::new(Metrics::new(&queue));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    spawn_signal_listener(stop_tx);
+    match &cfg.transport {
+        TransportConfig::RabbitMq {
+            url,
+            exchange,
+            prefetch,
+        } => {
+            let m = metrics.clone();
+            let t = Arc::new(RabbitTransport::new(
+                RabbitSettings {
+                    url: url.clone(),
+                    exchange: exchange.clone(),
+                    queue: queue.clone(),
+                    prefetch: *prefetch,
+                    auto_create: cfg.queue_auto_create,
+                    max_redeliveries: cfg.max_redeliveries,
+                },
+                Box::new(move || m.reconnected()),
+            ));
+            let max_in_flight = usize::from(*prefetch);
+            run_with(cfg.clone(), t.clone(), metrics, stop_rx, max_in_flight).await?;
+            t.close().await;
+        }
+        TransportConfig::Sqs {
+            region,
+            endpoint,
+            wait_seconds,
+            visibility_timeout,
+            max_message_bytes,
+        } => {
+            let t = Arc::new(
+                SqsTransport::new(SqsSettings {
+                    region: region.clone(),
+                    endpoint: endpoint.clone(),
+                    queue: queue.clone(),
+                    wait_seconds: *wait_seconds,
+                    visibility_timeout: *visibility_timeout,
+                    auto_create: cfg.queue_auto_create,
+                    max_message_bytes: *max_message_bytes,
+                })
+                .await,
+            );
+            t.spawn_extender();
+            run_with(cfg.clone(), t, metrics, stop_rx, 10).await?;
+        }
+    }
+    Ok(())
+}
+
+fn spawn_signal_listener(stop: watch::Sender<bool>) {
+    tokio::spawn(async move {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            _ = term => tracing::info!("SIGTERM: stop taking messages, finish in-flight ones"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stop taking messages, finish in-flight ones"),
+        }
+        let _ = stop.send(true);
+    });
+}
+
+async fn run_with<T: Transport>(
+    cfg: Arc<Config>,
+    transport: Arc<T>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+    max_in_flight: usize,
+) -> Result<(), ServiceError> {
+    let t = transport.clone();
+    let health = Arc::new(Health {
+        metrics: metrics.clone(),
+        runtime_up: false.into(),
+        stopping: false.into(),
+        transport_up: Box::new(move || t.healthy()),
+    });
+    let addr = http::serve(cfg.metrics_addr, health.clone())
+        .await
+        .map_err(|source| ServiceError::Listen {
+            addr: cfg.metrics_addr,
+            source,
+        })?;
+    tracing::info!(%addr, actor = %cfg.actor, "metrics, /healthz and /readyz listening");
+    spawn_probes(cfg.clone(), transport.clone(), health.clone());
+
+    // Readiness stays false until the runtime answers; nothing is consumed before that.
+    let runtime = RuntimeClient::new(cfg.socket_path.clone());
+    let mut waited = Duration::ZERO;
+    while !runtime.reachable().await {
+        if *stop.borrow() {
+            return Ok(());
+        }
+        if waited.as_secs() % 10 == 0 && waited.subsec_millis() == 0 {
+            tracing::info!(socket = %cfg.socket_path.display(), "waiting for the runtime");
+        }
+        tokio::select! {
+            _ = stop.changed() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        waited += Duration::from_millis(100);
+    }
+    health.runtime_up.store(true, Ordering::SeqCst);
+    metrics.set_runtime_up(true);
+
+    let processor = Arc::new(Processor::new(
+        cfg.clone(),
+        transport,
+        metrics,
+        max_in_flight,
+    ));
+    tracing::info!(queue = processor.own_queue(), "consuming");
+    let mut loop_task = tokio::spawn(processor.run(stop.clone()));
+    tokio::select! {
+        _ = &mut loop_task => return Ok(()),
+        _ = stop.wait_for(|s| *s) => {}
+    }
+    health.stopping.store(true, Ordering::SeqCst);
+    match tokio::time::timeout(cfg.shutdown_timeout, &mut loop_task).await {
+        Ok(_) => tracing::info!("drained; exiting"),
+        Err(_) => {
+            // Unacknowledged messages return to the queue when the connection closes.
+            tracing::warn!(grace = ?cfg.shutdown_timeout, "grace period over; in-flight messages return to the queue");
+            loop_task.abort();
+        }
+    }
+    Ok(())
+}
+
+/// Background probes: runtime reachability and queue depth, for readiness and metrics.
+fn spawn_probes<T: Transport>(cfg: Arc<Config>, transport: Arc<T>, health: Arc<Health>) {
+    let h = health.clone();
+    let path = cfg.socket_path.clone();
+    tokio::spawn(async move {
+        let runtime = RuntimeClient::new(path);
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let up = runtime.reachable().await;
+            h.runtime_up.store(up, Ordering::SeqCst);
+            h.metrics.set_runtime_up(up);
+        }
+    });
+    tokio::spawn(async move {
+        loop {
+            health.metrics.set_transport_up(transport.healthy());
+            if let Some(n) = transport.queue_depth().await {
+                health.metrics.set_queue_depth(n);
+            }
+            tokio::time::sleep(Duration::from_secs(15)).await;
+        }
+    });
+}

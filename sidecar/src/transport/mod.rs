@@ -1,0 +1,100 @@
+//! One interface over the brokers. Implementations: [`rabbitmq`] and [`sqs`].
+
+use std::future::Future;
+use std::time::Duration;
+
+pub mod rabbitmq;
+pub mod sqs;
+
+/// A message taken from the actor's queue, not yet acknowledged.
+#[derive(Debug)]
+pub struct Received<H> {
+    pub body: Vec<u8>,
+    /// How many times this message was delivered before and not finished (0 on the first
+    /// delivery). Past `ASYA_MAX_REDELIVERIES` it goes to x-sump as poison.
+    pub redeliveries: u32,
+    pub handle: H,
+}
+
+/// A message to send; `delay` postpones delivery without holding the consumer.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub queue: String,
+    pub body: Vec<u8>,
+    pub delay: Option<Duration>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The destination queue does not exist (and auto-create is off): retrying will not help.
+    #[error("queue {0} does not exist")]
+    NoSuchQueue(String),
+    /// The message is larger than the broker accepts: retrying will not help.
+    #[error("message of {size} bytes for {queue} exceeds the broker's limit of {limit} bytes")]
+    TooLarge {
+        queue: String,
+        size: usize,
+        limit: usize,
+    },
+    /// Connection-level trouble: the transport reconnects; unacknowledged input is redelivered.
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+    #[error("broker rejected the operation: {0}")]
+    Rejected(String),
+}
+
+impl TransportError {
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            TransportError::NoSuchQueue(_) | TransportError::TooLarge { .. }
+        )
+    }
+}
+
+/// A broker as the processor sees it. `send` returns only once the broker has confirmed
+/// every message; `ack` is called only after that.
+pub trait Transport: Send + Sync + 'static {
+    type Handle: Send + Sync + 'static;
+
+    /// Waits for the next message(s) from the actor's queue; reconnects as needed.
+    fn receive(
+        &self,
+    ) -> impl Future<Output = Result<Vec<Received<Self::Handle>>, TransportError>> + Send;
+
+    /// Sends all messages and waits until each is confirmed by the broker.
+    fn send(
+        &self,
+        messages: &[Outgoing],
+    ) -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// Removes a finished message from the queue.
+    fn ack(&self, handle: &Self::Handle)
+    -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// Gives a message back for redelivery (shutdown, transient send failure).
+    fn release(
+        &self,
+        handle: &Self::Handle,
+    ) -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// Marks a message as being processed (SQS keeps it invisible while its handler runs).
+    fn hold(&self, _handle: &Self::Handle) {}
+
+    /// Ends `hold`.
+    fn unhold(&self, _handle: &Self::Handle) {}
+
+    /// Stops taking new messages (graceful shutdown).
+    fn stop_consuming(&self) -> impl Future<Output = ()> + Send;
+
+    /// Connected to the broker right now (readiness, metrics).
+    fn healthy(&self) -> bool;
+
+    /// Largest message body the broker accepts, if it has a limit worth checking first.
+    fn max_message_bytes(&self) -> Option<usize> {
+        None
+    }
+
+    /// Messages waiting in the actor's queue, where the broker can tell.
+    fn queue_depth(&self) -> impl Future<Output = Option<u64>> + Send;
+}

@@ -1,0 +1,528 @@
+//! RabbitMQ through lapin. Queues are durable and bound to the direct exchange `asya` with
+//! their own name as routing key; publishes are persistent, mandatory (an unroutable message
+//! is an error, not a silent drop) and confirmed. Retries wait in per-delay queues whose
+//! messages expire and dead-letter back to the actor's queue, so the consumer never sleeps.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::Acker;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer,
+    ExchangeKind,
+};
+use tokio::sync::Mutex;
+
+use super::{Outgoing, Received, Transport, TransportError};
+
+/// AMQP header where the sidecar counts unfinished deliveries of a message (classic queues
+/// only say "redelivered", not how often).
+pub const REDELIVERIES_HEADER: &str = "x-asya-redeliveries";
+
+#[derive(Debug, Clone)]
+pub struct RabbitSettings {
+    pub url: String,
+    pub exchange: String,
+    pub queue: String,
+    pub prefetch: u16,
+    pub auto_create: bool,
+    pub max_redeliveries: u32,
+}
+
+struct Link {
+    connection: Connection,
+    consume: Channel,
+    publish: Channel,
+    generation: u64,
+}
+
+pub struct RabbitHandle {
+    acker: Acker,
+    generation: u64,
+}
+
+pub struct RabbitTransport {
+    s: RabbitSettings,
+    link: Mutex<Option<Arc<Link>>>,
+    consumer: Mutex<Option<Consumer>>,
+    /// Kept apart from `consumer`, whose lock `receive` holds while it waits.
+    consumer_tag: std::sync::Mutex<Option<ShortString>>,
+    declared: std::sync::Mutex<HashSet<String>>,
+    generation: AtomicU64,
+    up: AtomicBool,
+    stopping: AtomicBool,
+    /// Called on every (re)connect, for the reconnect metric.
+    on_connect: Box<dyn Fn() + Send + Sync>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> TransportError {
+    TransportError::Unavailable(e.to_string())
+}
+
+fn int(v: i64) -> AMQPValue {
+    AMQPValue::LongLongInt(v)
+}
+
+impl RabbitTransport {
+    pub fn new(s: RabbitSettings, on_connect: Box<dyn Fn() + Send + Sync>) -> Self {
+        RabbitTransport {
+            s,
+            link: Mutex::new(None),
+            consumer: Mutex::new(None),
+            consumer_tag: std::sync::Mutex::new(None),
+            declared: std::sync::Mutex::new(HashSet::new()),
+            generation: AtomicU64::new(0),
+            up: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            on_connect,
+        }
+    }
+
+    /// Connects once (no retry): declares what auto-create asks for and starts consuming.
+    async fn connect(&self) -> Result<(Arc<Link>, Consumer), TransportError> {
+        let props = ConnectionProperties::default()
+            .with_connection_name(format!("asya-sidecar {}", self.s.queue).into());
+        let connection = Connection::connect(&self.s.url, props)
+            .await
+            .map_err(unavailable)?;
+        let consume = connection.create_channel().await.map_err(unavailable)?;
+        let publish = connection.create_channel().await.map_err(unavailable)?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(unavailable)?;
+        consume
+            .basic_qos(self.s.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(unavailable)?;
+        self.declared.lock().map(|mut d| d.clear()).ok();
+        if self.s.auto_create {
+            declare_queue(&consume, &self.s.exchange, &self.s.queue).await?;
+            self.mark_declared(&self.s.queue);
+        }
+        let consumer = consume
+            .basic_consume(
+                self.s.queue.clone().into(),
+                ShortString::from(""),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| {
+                if e.to_string().contains("NOT_FOUND") || e.to_string().contains("404") {
+                    TransportError::NoSuchQueue(self.s.queue.clone())
+                } else {
+                    unavailable(e)
+                }
+            })?;
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let link = Arc::new(Link {
+            connection,
+            consume,
+            publish,
+            generation,
+        });
+        Ok((link, consumer))
+    }
+
+    /// Keeps trying to connect with capped exponential backoff (a broker restart is normal).
+    async fn reconnect(&self) {
+        let mut pause = Duration::from_millis(200);
+        loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            match self.connect().await {
+                Ok((link, consumer)) => {
+                    tracing::info!(queue = %self.s.queue, generation = link.generation, "connected to RabbitMQ");
+                    *self.link.lock().await = Some(link);
+                    if let Ok(mut t) = self.consumer_tag.lock() {
+                        *t = Some(consumer.tag());
+                    }
+                    *self.consumer.lock().await = Some(consumer);
+                    self.up.store(true, Ordering::SeqCst);
+                    (self.on_connect)();
+                    return;
+                }
+                Err(e) => {
+                    let hint = if matches!(e, TransportError::NoSuchQueue(_)) {
+                        " (create it, or set ASYA_QUEUE_AUTO_CREATE=true for local runs)"
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(queue = %self.s.queue, error = %e, retry_in = ?pause, "RabbitMQ connect failed{hint}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    async fn drop_link(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        *self.consumer.lock().await = None;
+        if let Some(link) = self.link.lock().await.take() {
+            // Best effort: unacked deliveries return to the queue when the connection goes.
+            let _ = link.connection.close(200, "reconnecting".into()).await;
+        }
+    }
+
+    async fn current_link(&self) -> Result<Arc<Link>, TransportError> {
+        match self.link.lock().await.as_ref() {
+            Some(l) if l.connection.status().connected() && l.publish.status().connected() => {
+                Ok(l.clone())
+            }
+            _ => Err(TransportError::Unavailable("not connected".into())),
+        }
+    }
+
+    fn mark_declared(&self, q: &str) {
+        if let Ok(mut d) = self.declared.lock() {
+            d.insert(q.to_string());
+        }
+    }
+
+    fn is_declared(&self, q: &str) -> bool {
+        self.declared.lock().map(|d| d.contains(q)).unwrap_or(false)
+    }
+
+    /// Republishes a redelivered message with its count raised, then acks the original: the
+    /// count survives a crash of this process because it lives in the durable copy.
+    async fn count_redelivery(
+        &self,
+        link: &Link,
+        delivery: &lapin::message::Delivery,
+        count: u32,
+    ) -> Result<(), TransportError> {
+        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+        headers.insert(REDELIVERIES_HEADER.into(), int(i64::from(count)));
+        let props = delivery.properties.clone().with_headers(headers);
+        self.publish_confirmed(link, &self.s.exchange, &self.s.queue, &delivery.data, props)
+            .await?;
+        delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn publish_confirmed(
+        &self,
+        link: &Link,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), TransportError> {
+        let confirm = link
+            .publish
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                body,
+                props,
+            )
+            .await
+            .map_err(unavailable)?;
+        check_confirm(routing_key, confirm.await.map_err(unavailable)?)
+    }
+
+    async fn ensure_destination(&self, link: &Link, queue: &str) -> Result<(), TransportError> {
+        if self.s.auto_create && !self.is_declared(queue) {
+            declare_queue(&link.publish, &self.s.exchange, queue).await?;
+            self.mark_declared(queue);
+        }
+        Ok(())
+    }
+
+    /// The queue a delayed retry waits in. Dots cannot occur in actor names, so these
+    /// names never collide with an actor's queue.
+    fn delay_queue(queue: &str, delay: Duration) -> String {
+        format!("{queue}.delay-{}ms", delay.as_millis())
+    }
+
+    async fn declare_delay_queue(
+        &self,
+        link: &Link,
+        target: &str,
+        delay: Duration,
+    ) -> Result<String, TransportError> {
+        let name = Self::delay_queue(target, delay);
+        let ttl = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX).max(1);
+        let mut args = FieldTable::default();
+        args.insert("x-message-ttl".into(), int(ttl));
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(self.s.exchange.as_str().into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(target.into()),
+        );
+        // Unused delay queues go away; redeclared on every use, which resets this clock,
+        // so a queue never expires while a message still waits in it.
+        args.insert("x-expires".into(), int(ttl.saturating_add(60_000)));
+        link.publish
+            .queue_declare(
+                name.clone().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                args,
+            )
+            .await
+            .map_err(|e| TransportError::Rejected(format!("declare {name}: {e}")))?;
+        Ok(name)
+    }
+}
+
+fn check_confirm(queue: &str, c: Confirmation) -> Result<(), TransportError> {
+    match c {
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Ack(Some(_)) => Err(TransportError::NoSuchQueue(queue.to_string())),
+        Confirmation::Nack(_) => Err(TransportError::Rejected(format!(
+            "broker nacked the publish to {queue}"
+        ))),
+        // confirm_select is always on; treat the impossible as a failure, not a success.
+        Confirmation::NotRequested => Err(TransportError::Rejected(
+            "publisher confirms are off".into(),
+        )),
+    }
+}
+
+async fn declare_queue(ch: &Channel, exchange: &str, queue: &str) -> Result<(), TransportError> {
+    let rejected = |e: lapin::Error| TransportError::Rejected(format!("declare {queue}: {e}"));
+    ch.exchange_declare(
+        exchange.into(),
+        ExchangeKind::Direct,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .map_err(rejected)?;
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .map_err(rejected)?;
+    ch.queue_bind(
+        queue.into(),
+        exchange.into(),
+        queue.into(),
+        QueueBindOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .map_err(rejected)?;
+    Ok(())
+}
+
+fn header_count(props: &BasicProperties, name: &str) -> Option<u32> {
+    let v = props.headers().as_ref()?.inner().get(name)?;
+    let n = match v {
+        AMQPValue::LongLongInt(n) => *n,
+        AMQPValue::LongInt(n) => i64::from(*n),
+        AMQPValue::LongUInt(n) => i64::from(*n),
+        AMQPValue::ShortInt(n) => i64::from(*n),
+        AMQPValue::ShortUInt(n) => i64::from(*n),
+        _ => return None,
+    };
+    u32::try_from(n.max(0)).ok()
+}
+
+impl Transport for RabbitTransport {
+    type Handle = RabbitHandle;
+
+    async fn receive(&self) -> Result<Vec<Received<RabbitHandle>>, TransportError> {
+        loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                return Ok(Vec::new());
+            }
+            if self.link.lock().await.is_none() {
+                self.reconnect().await;
+                continue;
+            }
+            let next = {
+                let mut guard = self.consumer.lock().await;
+                match guard.as_mut() {
+                    Some(c) => c.next().await,
+                    None => None,
+                }
+            };
+            let delivery = match next {
+                Some(Ok(d)) => d,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "RabbitMQ consumer failed; reconnecting");
+                    self.drop_link().await;
+                    continue;
+                }
+                None => {
+                    if self.stopping.load(Ordering::SeqCst) {
+                        return Ok(Vec::new());
+                    }
+                    tracing::warn!("RabbitMQ consumer ended; reconnecting");
+                    self.drop_link().await;
+                    continue;
+                }
+            };
+            let Some(link) = self.link.lock().await.clone() else {
+                continue;
+            };
+            // Quorum queues count for us; classic queues only flag a redelivery.
+            let mut count = header_count(&delivery.properties, REDELIVERIES_HEADER)
+                .or_else(|| header_count(&delivery.properties, "x-delivery-count"))
+                .unwrap_or(0);
+            if delivery.redelivered {
+                count += 1;
+                if count <= self.s.max_redeliveries {
+                    if let Err(e) = self.count_redelivery(&link, &delivery, count).await {
+                        tracing::warn!(error = %e, "could not record a redelivery; reconnecting");
+                        self.drop_link().await;
+                    }
+                    continue;
+                }
+            }
+            return Ok(vec![Received {
+                body: delivery.data,
+                redeliveries: count,
+                handle: RabbitHandle {
+                    acker: delivery.acker,
+                    generation: link.generation,
+                },
+            }]);
+        }
+    }
+
+    async fn send(&self, messages: &[Outgoing]) -> Result<(), TransportError> {
+        let link = self.current_link().await?;
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into());
+        let mut pending = Vec::with_capacity(messages.len());
+        for m in messages {
+            let (exchange, key) = match m.delay {
+                Some(d) if !d.is_zero() => {
+                    // Declaring here also creates the target when auto-create is off: the
+                    // target is the sidecar's own queue, which exists.
+                    let q = self.declare_delay_queue(&link, &m.queue, d).await?;
+                    (String::new(), q)
+                }
+                _ => {
+                    self.ensure_destination(&link, &m.queue).await?;
+                    (self.s.exchange.clone(), m.queue.clone())
+                }
+            };
+            let confirm = link
+                .publish
+                .basic_publish(
+                    exchange.as_str().into(),
+                    key.as_str().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    &m.body,
+                    props.clone(),
+                )
+                .await
+                .map_err(unavailable)?;
+            pending.push((m.queue.clone(), confirm));
+        }
+        // Publishing all first and then waiting lets the broker confirm them together.
+        for (queue, confirm) in pending {
+            check_confirm(&queue, confirm.await.map_err(unavailable)?)?;
+        }
+        Ok(())
+    }
+
+    async fn ack(&self, h: &RabbitHandle) -> Result<(), TransportError> {
+        if h.generation != self.generation.load(Ordering::SeqCst) {
+            return Err(TransportError::Unavailable(
+                "connection was replaced; the broker redelivers this message".into(),
+            ));
+        }
+        h.acker
+            .ack(BasicAckOptions::default())
+            .await
+            .map(|_| ())
+            .map_err(unavailable)
+    }
+
+    async fn release(&self, h: &RabbitHandle) -> Result<(), TransportError> {
+        h.acker
+            .nack(BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .map_err(unavailable)
+    }
+
+    async fn stop_consuming(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let link = self.link.lock().await.clone();
+        if let Some(link) = link {
+            let tag = self.consumer_tag.lock().ok().and_then(|t| t.clone());
+            if let Some(tag) = tag {
+                let _ = link
+                    .consume
+                    .basic_cancel(tag, BasicCancelOptions::default())
+                    .await;
+            }
+        }
+    }
+
+    fn healthy(&self) -> bool {
+        self.up.load(Ordering::SeqCst)
+    }
+
+    async fn queue_depth(&self) -> Option<u64> {
+        let link = self.current_link().await.ok()?;
+        // A passive declare of a missing queue closes its channel: use a throwaway one.
+        let ch = link.connection.create_channel().await.ok()?;
+        let q = ch
+            .queue_declare(
+                self.s.queue.clone().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .ok();
+        let _ = ch.close(200, "done".into()).await;
+        Some(u64::from(q?.message_count()))
+    }
+}
+
+impl RabbitTransport {
+    /// Closes the connection (after shutdown); prefetched, unacked messages return.
+    pub async fn close(&self) {
+        self.drop_link().await;
+    }
+}
