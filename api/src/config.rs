@@ -379,12 +379,10 @@ impl Transport {
     }
     /// Whether AMQP should use TLS: explicit setting, else on for non-loopback hosts.
     pub fn rabbitmq_tls(&self) -> bool {
-        self.config.tls.unwrap_or_else(|| {
-            !matches!(
-                self.config.host.as_deref(),
-                Some("127.0.0.1" | "localhost" | "::1")
-            )
-        })
+        self.config.tls.unwrap_or(!matches!(
+            self.config.host.as_deref(),
+            Some("127.0.0.1" | "localhost" | "::1")
+        ))
     }
 }
 

@@ -66,7 +66,7 @@ pub fn format_duration(d: Duration) -> String {
     if ms == 0 {
         return "0s".into();
     }
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         return format!("{ms}ms");
     }
     let mut secs = ms / 1000;
@@ -135,10 +135,8 @@ impl JsonSchema for DurationSpec {
         "Duration".into()
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "x-kubernetes-int-or-string": true,
-            "anyOf": [{"type": "integer"}, {"type": "string"}]
-        })
+        // The bare int-or-string marker is a valid structural schema on its own.
+        schemars::json_schema!({"x-kubernetes-int-or-string": true})
     }
 }
 

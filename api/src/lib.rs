@@ -20,3 +20,10 @@ pub use config::ClusterConfig;
 pub use error::{FieldError, FieldErrors};
 pub use flavor::{FlavorCatalog, FlavorDef, FlavorSource};
 pub use types::{AsyncActor, AsyncActorSpec, AsyncActorStatus, Flavor, FlavorSpec};
+pub mod policy;
+pub mod resolved;
+pub mod review;
+pub mod validate;
+
+pub use resolved::ResolvedActor;
+pub use review::{ActorReview, ReviewRequest, review_actor};

@@ -35,95 +35,20 @@ use crate::duration::DurationSpec;
     derive = "Default",
     derive = "PartialEq",
     doc = "An Asya actor: a Python handler behind a message queue, scaled from zero by KEDA and chained into pipelines by envelopes.",
-    printcolumn(
-        name = "STATUS",
-        type_ = "string",
-        json_path = ".status.phase",
-        description = "Overall actor state"
-    ),
-    printcolumn(
-        name = "RUNNING",
-        type_ = "integer",
-        json_path = ".status.readyReplicas",
-        description = "Pods ready and running"
-    ),
-    printcolumn(
-        name = "PENDING",
-        type_ = "integer",
-        json_path = ".status.pendingReplicas",
-        description = "Pods created but not ready yet"
-    ),
-    printcolumn(
-        name = "FAILING",
-        type_ = "integer",
-        json_path = ".status.failingReplicas",
-        description = "Pods in an error state that Kubernetes keeps retrying"
-    ),
-    printcolumn(
-        name = "MIN",
-        type_ = "integer",
-        json_path = ".status.minReplicas",
-        description = "Autoscaling lower bound"
-    ),
-    printcolumn(
-        name = "MAX",
-        type_ = "integer",
-        json_path = ".status.maxReplicas",
-        description = "Autoscaling upper bound"
-    ),
-    printcolumn(
-        name = "LAST-SCALE",
-        type_ = "string",
-        json_path = ".status.lastScale",
-        description = "Time and direction of the last scaling event"
-    ),
-    printcolumn(
-        name = "AGE",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    ),
-    printcolumn(
-        name = "DESIRED",
-        type_ = "integer",
-        json_path = ".status.desiredReplicas",
-        priority = 1,
-        description = "Target replicas from KEDA's HPA"
-    ),
-    printcolumn(
-        name = "WORKLOAD",
-        type_ = "string",
-        json_path = ".status.workloadKind",
-        priority = 1,
-        description = "Deployment or StatefulSet"
-    ),
-    printcolumn(
-        name = "TRANSPORT",
-        type_ = "string",
-        json_path = ".status.transportStatus",
-        priority = 1,
-        description = "Transport readiness"
-    ),
-    printcolumn(
-        name = "SCALING",
-        type_ = "string",
-        json_path = ".status.scalingMode",
-        priority = 1,
-        description = "KEDA or Manual"
-    ),
-    printcolumn(
-        name = "QUEUED",
-        type_ = "integer",
-        json_path = ".status.queuedMessages",
-        priority = 1,
-        description = "Messages waiting in the queue"
-    ),
-    printcolumn(
-        name = "PROCESSING",
-        type_ = "integer",
-        json_path = ".status.processingMessages",
-        priority = 1,
-        description = "Messages being processed"
-    )
+    printcolumn = r#"{"name": "STATUS", "type": "string", "jsonPath": ".status.phase", "description": "Overall actor state"}"#,
+    printcolumn = r#"{"name": "RUNNING", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Pods ready and running"}"#,
+    printcolumn = r#"{"name": "PENDING", "type": "integer", "jsonPath": ".status.pendingReplicas", "description": "Pods created but not ready yet"}"#,
+    printcolumn = r#"{"name": "FAILING", "type": "integer", "jsonPath": ".status.failingReplicas", "description": "Pods in an error state that Kubernetes keeps retrying"}"#,
+    printcolumn = r#"{"name": "MIN", "type": "integer", "jsonPath": ".status.minReplicas", "description": "Autoscaling lower bound"}"#,
+    printcolumn = r#"{"name": "MAX", "type": "integer", "jsonPath": ".status.maxReplicas", "description": "Autoscaling upper bound"}"#,
+    printcolumn = r#"{"name": "LAST-SCALE", "type": "string", "jsonPath": ".status.lastScale", "description": "Time and direction of the last scaling event"}"#,
+    printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name": "DESIRED", "type": "integer", "jsonPath": ".status.desiredReplicas", "description": "Target replicas from KEDA's HPA"}"#,
+    printcolumn = r#"{"name": "WORKLOAD", "type": "string", "jsonPath": ".status.workloadKind", "description": "Deployment or StatefulSet"}"#,
+    printcolumn = r#"{"name": "TRANSPORT", "type": "string", "jsonPath": ".status.transportStatus", "description": "Transport readiness"}"#,
+    printcolumn = r#"{"name": "SCALING", "type": "string", "jsonPath": ".status.scalingMode", "description": "KEDA or Manual"}"#,
+    printcolumn = r#"{"name": "QUEUED", "type": "integer", "jsonPath": ".status.queuedMessages", "description": "Messages waiting in the queue"}"#,
+    printcolumn = r#"{"name": "PROCESSING", "type": "integer", "jsonPath": ".status.processingMessages", "description": "Messages being processed"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AsyncActorSpec {
@@ -493,11 +418,7 @@ pub struct AsyncActorStatus {
     derive = "Default",
     derive = "PartialEq",
     doc = "A named partial AsyncActor spec that actors merge in by listing it in spec.flavors.",
-    printcolumn(
-        name = "AGE",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 pub struct FlavorSpec {
     /// The partial spec. actor, transport and flavors cannot come from a flavor.

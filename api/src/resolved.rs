@@ -1,0 +1,253 @@
+//! Defaults (DESIGN.md §2) and the effective view of an actor that the provisioner renders and
+//! the webhook injects from.
+//!
+//! Defaults are applied after the flavor merge, never written into the stored spec: a
+//! defaulted inline `minReplicaCount: 0` would otherwise shadow every flavor's value.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Container;
+
+use crate::config::ClusterConfig;
+use crate::duration::DurationSpec;
+use crate::labels;
+use crate::naming;
+use crate::types::{AsyncActorSpec, Resiliency, RetryPolicy, Scaling};
+
+pub const DEFAULT_MIN_REPLICAS: i32 = 0;
+pub const DEFAULT_MAX_REPLICAS: i32 = 10;
+pub const DEFAULT_QUEUE_LENGTH: i32 = 5;
+pub const DEFAULT_POLLING_INTERVAL: i32 = 30;
+pub const DEFAULT_COOLDOWN_PERIOD: i32 = 300;
+pub const DEFAULT_ACTOR_TIMEOUT: &str = "5m";
+pub const DEFAULT_PYTHON: &str = "python3";
+pub const DEFAULT_PULL_POLICY: &str = "IfNotPresent";
+pub const DEFAULT_HANDLER_MODE: &str = "payload";
+pub const DEFAULT_WORKLOAD_KIND: &str = "Deployment";
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 3;
+pub const DEFAULT_BACKOFF: &str = "exponential";
+pub const DEFAULT_INITIAL_INTERVAL: &str = "1s";
+pub const DEFAULT_MAX_INTERVAL: &str = "60s";
+
+/// Fills every unset field that has a default. Idempotent.
+pub fn apply_defaults(spec: &mut AsyncActorSpec) {
+    let s = spec.scaling.get_or_insert_with(Scaling::default);
+    s.enabled.get_or_insert(true);
+    s.min_replica_count.get_or_insert(DEFAULT_MIN_REPLICAS);
+    s.max_replica_count.get_or_insert(DEFAULT_MAX_REPLICAS);
+    s.queue_length.get_or_insert(DEFAULT_QUEUE_LENGTH);
+    s.polling_interval.get_or_insert(DEFAULT_POLLING_INTERVAL);
+    s.cooldown_period.get_or_insert(DEFAULT_COOLDOWN_PERIOD);
+    let r = spec.resiliency.get_or_insert_with(Resiliency::default);
+    r.actor_timeout
+        .get_or_insert_with(|| DurationSpec::new(DEFAULT_ACTOR_TIMEOUT));
+    for p in r.policies.values_mut() {
+        default_policy(p);
+    }
+    if spec.workload.is_none() {
+        spec.image_pull_policy
+            .get_or_insert_with(|| DEFAULT_PULL_POLICY.into());
+    }
+    spec.python_executable
+        .get_or_insert_with(|| DEFAULT_PYTHON.into());
+    spec.handler_mode
+        .get_or_insert_with(|| DEFAULT_HANDLER_MODE.into());
+    if let Some(w) = spec.workload.as_mut() {
+        w.kind.get_or_insert_with(|| DEFAULT_WORKLOAD_KIND.into());
+    }
+}
+
+fn default_policy(p: &mut RetryPolicy) {
+    p.max_attempts.get_or_insert(DEFAULT_MAX_ATTEMPTS);
+    p.backoff.get_or_insert_with(|| DEFAULT_BACKOFF.into());
+    p.initial_interval
+        .get_or_insert_with(|| DurationSpec::new(DEFAULT_INITIAL_INTERVAL));
+    p.max_interval
+        .get_or_insert_with(|| DurationSpec::new(DEFAULT_MAX_INTERVAL));
+}
+
+/// The runtime container of a workload template: the one named `asya-runtime`.
+pub fn runtime_container(spec: &AsyncActorSpec) -> Option<&Container> {
+    spec.workload
+        .as_ref()?
+        .template
+        .as_ref()?
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == labels::RUNTIME_CONTAINER)
+}
+
+/// The handler: `spec.handler`, else the runtime container's `ASYA_HANDLER` value.
+pub fn handler_of(spec: &AsyncActorSpec) -> Option<String> {
+    spec.handler.clone().or_else(|| {
+        runtime_container(spec)?
+            .env
+            .as_ref()?
+            .iter()
+            .find(|e| e.name == labels::ENV_HANDLER)?
+            .value
+            .clone()
+    })
+}
+
+/// Everything a component needs to act on one actor, with flavors merged and defaults applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedActor {
+    /// metadata.name of the AsyncActor.
+    pub name: String,
+    pub namespace: String,
+    /// spec.actor (the queue is named after it).
+    pub actor: String,
+    pub queue: String,
+    /// Transport name as configured in the cluster.
+    pub transport: String,
+    /// `rabbitmq` or `sqs`.
+    pub transport_kind: String,
+    pub handler: String,
+    pub actor_timeout: Duration,
+    /// Time to finish in-flight work on shutdown (`timeout.gracefulShutdown`), if set.
+    pub graceful_shutdown: Option<Duration>,
+    /// Names of the flavors merged in, in order.
+    pub flavors: Vec<String>,
+    /// Listed flavors that do not exist yet.
+    pub missing_flavors: Vec<String>,
+    /// The merged spec with every default applied; read env, resources, … from here.
+    pub spec: AsyncActorSpec,
+}
+
+impl ResolvedActor {
+    /// Builds the view from a merged, defaulted and validated spec. Returns `None` when the
+    /// spec lacks what validation requires (call validation first to learn why).
+    pub fn build(
+        name: &str,
+        namespace: &str,
+        spec: AsyncActorSpec,
+        config: &ClusterConfig,
+        flavors: Vec<String>,
+        missing: Vec<String>,
+    ) -> Option<Self> {
+        let actor = spec.actor.clone().unwrap_or_else(|| name.to_string());
+        let transport = spec
+            .transport
+            .clone()
+            .unwrap_or_else(|| config.default_transport.clone());
+        let transport_kind = config.transports.get(&transport)?.kind.clone();
+        let resiliency = spec.resiliency.as_ref()?;
+        let actor_timeout = resiliency.actor_timeout.as_ref()?.parse().ok()?;
+        let graceful_shutdown = spec
+            .timeout
+            .as_ref()
+            .and_then(|t| t.graceful_shutdown.as_ref())
+            .and_then(|d| d.parse().ok());
+        Some(Self {
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            queue: naming::actor_queue(namespace, &actor),
+            actor,
+            transport,
+            transport_kind,
+            handler: handler_of(&spec)?,
+            actor_timeout,
+            graceful_shutdown,
+            flavors,
+            missing_flavors: missing,
+            spec,
+        })
+    }
+
+    pub fn scaling(&self) -> &Scaling {
+        // apply_defaults always sets scaling; the fallback only guards hand-built values.
+        static EMPTY: Scaling = Scaling {
+            enabled: None,
+            min_replica_count: None,
+            max_replica_count: None,
+            queue_length: None,
+            polling_interval: None,
+            cooldown_period: None,
+            min_replicas: None,
+            max_replicas: None,
+        };
+        self.spec.scaling.as_ref().unwrap_or(&EMPTY)
+    }
+
+    pub fn scaling_enabled(&self) -> bool {
+        self.scaling().enabled.unwrap_or(true)
+    }
+
+    /// Fixed replicas when scaling is off (`replicas`, else `workload.replicas`, else 1).
+    pub fn fixed_replicas(&self) -> i32 {
+        self.spec
+            .replicas
+            .or_else(|| self.spec.workload.as_ref().and_then(|w| w.replicas))
+            .unwrap_or(1)
+    }
+
+    pub fn is_workload_shape(&self) -> bool {
+        self.spec.workload.is_some()
+    }
+
+    /// `Deployment` or `StatefulSet`.
+    pub fn workload_kind(&self) -> &str {
+        self.spec
+            .workload
+            .as_ref()
+            .and_then(|w| w.kind.as_deref())
+            .unwrap_or(DEFAULT_WORKLOAD_KIND)
+    }
+
+    pub fn handler_mode(&self) -> &str {
+        self.spec
+            .handler_mode
+            .as_deref()
+            .unwrap_or(DEFAULT_HANDLER_MODE)
+    }
+
+    pub fn python_executable(&self) -> &str {
+        self.spec
+            .python_executable
+            .as_deref()
+            .unwrap_or(DEFAULT_PYTHON)
+    }
+
+    /// The resiliency settings with defaults, as the sidecar reads them (`ASYA_RESILIENCY`).
+    pub fn resiliency_json(&self) -> String {
+        serde_json::to_string(&self.spec.resiliency).unwrap_or_else(|_| "{}".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_match_design() {
+        let mut s: AsyncActorSpec = serde_json::from_value(
+            json!({"image": "i", "handler": "m.f", "resiliency": {"policies": {"default": {}}}}),
+        )
+        .unwrap();
+        apply_defaults(&mut s);
+        let once = s.clone();
+        apply_defaults(&mut s);
+        assert_eq!(s, once, "defaulting is idempotent");
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            json!({
+                "image": "i", "handler": "m.f", "imagePullPolicy": "IfNotPresent", "pythonExecutable": "python3", "handlerMode": "payload",
+                "scaling": {"enabled": true, "minReplicaCount": 0, "maxReplicaCount": 10, "queueLength": 5, "pollingInterval": 30, "cooldownPeriod": 300},
+                "resiliency": {"actorTimeout": "5m", "policies": {"default": {"maxAttempts": 3, "backoff": "exponential", "initialInterval": "1s", "maxInterval": "60s"}}}
+            })
+        );
+    }
+
+    #[test]
+    fn handler_comes_from_the_workload_template() {
+        let s: AsyncActorSpec = serde_json::from_value(json!({"workload": {"template": {"spec": {"containers": [
+            {"name": "other", "image": "x"},
+            {"name": "asya-runtime", "image": "y", "env": [{"name": "ASYA_HANDLER", "value": "pkg.mod.fn"}]}
+        ]}}}})).unwrap();
+        assert_eq!(handler_of(&s).as_deref(), Some("pkg.mod.fn"));
+    }
+}

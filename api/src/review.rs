@@ -1,0 +1,255 @@
+//! The admission decision for one AsyncActor, as one pure function: parse, normalise aliases,
+//! default `actor`/`transport`, check immutability, resolve flavors, apply defaults, validate,
+//! enforce policy. The webhook, `asya-webhook validate` and the provisioner all call this.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+
+use crate::config::ClusterConfig;
+use crate::error::{ErrorKind, FieldError, FieldErrors};
+use crate::flavor::{self, FlavorCatalog, Resolution};
+use crate::normalize::normalize_spec;
+use crate::policy;
+use crate::resolved::{ResolvedActor, apply_defaults};
+use crate::types::{AsyncActor, AsyncActorSpec};
+use crate::validate::{self, Context};
+
+/// One object to review.
+pub struct ReviewRequest<'a> {
+    /// The AsyncActor as JSON (an AdmissionReview's `object`, or a document from a file).
+    pub object: &'a Value,
+    /// The stored object on UPDATE.
+    pub old_object: Option<&'a Value>,
+    /// Namespace when the object does not carry one (AdmissionReview `namespace`).
+    pub namespace: Option<&'a str>,
+    pub catalog: &'a FlavorCatalog,
+    pub config: &'a ClusterConfig,
+}
+
+/// The decision. `errors` empty means allowed.
+#[derive(Debug, Default)]
+pub struct ActorReview {
+    /// The object as the mutating webhook stores it: aliases rewritten, `actor` and
+    /// `transport` defaulted (nothing else: other defaults depend on flavors).
+    pub mutated: Option<Value>,
+    pub warnings: Vec<String>,
+    pub errors: FieldErrors,
+    /// The effective actor, when the object is valid.
+    pub resolved: Option<ResolvedActor>,
+    /// Flavors listed but not found.
+    pub missing_flavors: Vec<String>,
+}
+
+impl ActorReview {
+    pub fn allowed(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// Parses the spec from raw JSON: type errors name their path, unknown fields become
+/// warnings (the API server prunes them), and a `command` is refused outright.
+fn parse_spec(
+    object: &Value,
+    warnings: &mut Vec<String>,
+    errors: &mut FieldErrors,
+) -> Option<AsyncActorSpec> {
+    let raw = match object.get("spec") {
+        None | Some(Value::Null) => {
+            errors.push(FieldError::required("spec", "an AsyncActor needs a spec"));
+            return None;
+        }
+        Some(s) => s.clone(),
+    };
+    let mut unknown = Vec::new();
+    let result: Result<AsyncActorSpec, _> = serde_path_to_error::deserialize(
+        serde_ignored::Deserializer::new(&raw, &mut |p: serde_ignored::Path<'_>| {
+            unknown.push(p.to_string())
+        }),
+    );
+    for u in unknown {
+        if u == "command" {
+            errors.push(FieldError::forbidden("spec.command", "the runtime container's command is managed by Asya; use spec.pythonExecutable to choose the interpreter"));
+        } else {
+            warnings.push(format!("unknown field spec.{u} ignored"));
+        }
+    }
+    match result {
+        Ok(spec) => Some(spec),
+        Err(e) => {
+            let path = e.path().to_string();
+            let at = if path == "." {
+                "spec".to_string()
+            } else {
+                format!("spec.{path}")
+            };
+            let value = lookup(&raw, e.path()).cloned().unwrap_or(Value::Null);
+            errors.push(FieldError::invalid(at, value, e.inner().to_string()));
+            None
+        }
+    }
+}
+
+/// The value at a serde path, to quote it back to the user.
+fn lookup<'v>(root: &'v Value, path: &serde_path_to_error::Path) -> Option<&'v Value> {
+    let mut v = root;
+    for seg in path.iter() {
+        v = match seg {
+            serde_path_to_error::Segment::Seq { index } => v.get(index)?,
+            serde_path_to_error::Segment::Map { key } => v.get(key)?,
+            _ => return None,
+        };
+    }
+    Some(v)
+}
+
+/// Normalises and defaults the identity fields; shared by the new and the old object.
+fn prepare(
+    spec: &mut AsyncActorSpec,
+    name: &str,
+    config: &ClusterConfig,
+) -> crate::normalize::Normalized {
+    let n = normalize_spec(spec, "spec.");
+    if spec.actor.is_none() {
+        spec.actor = Some(name.to_string());
+    }
+    if spec.transport.is_none() {
+        spec.transport = Some(config.default_transport.clone());
+    }
+    n
+}
+
+/// Reviews one AsyncActor.
+pub fn review_actor(req: &ReviewRequest<'_>) -> ActorReview {
+    let mut out = ActorReview::default();
+    let meta: ObjectMeta = req
+        .object
+        .get("metadata")
+        .and_then(|m| serde_json::from_value(m.clone()).ok())
+        .unwrap_or_default();
+    let name = meta
+        .name
+        .clone()
+        .or_else(|| meta.generate_name.clone())
+        .unwrap_or_default();
+    let namespace = meta
+        .namespace
+        .clone()
+        .or_else(|| req.namespace.map(str::to_string))
+        .unwrap_or_else(|| "default".into());
+
+    let Some(mut spec) = parse_spec(req.object, &mut out.warnings, &mut out.errors) else {
+        return out;
+    };
+    let n = prepare(&mut spec, &name, req.config);
+    out.warnings.extend(n.warnings);
+    out.errors.extend(n.errors);
+
+    if let Some(old) = req.old_object {
+        let mut ignore_w = Vec::new();
+        let mut ignore_e = FieldErrors::default();
+        let old_name = old
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or(&name)
+            .to_string();
+        if let Some(mut old_spec) = parse_spec(old, &mut ignore_w, &mut ignore_e) {
+            prepare(&mut old_spec, &old_name, req.config);
+            let queue = crate::naming::actor_queue(
+                &namespace,
+                old_spec.actor.as_deref().unwrap_or_default(),
+            );
+            for (field, new, old) in [
+                ("actor", &spec.actor, &old_spec.actor),
+                ("transport", &spec.transport, &old_spec.transport),
+            ] {
+                if new != old {
+                    out.errors.push(FieldError::invalid(
+                        format!("spec.{field}"),
+                        new.clone().unwrap_or_default(),
+                        format!(
+                            "field is immutable (was {:?}): the actor's queue {queue} lives on it; create a new AsyncActor instead",
+                            old.clone().unwrap_or_default()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    let mut mutated = req.object.clone();
+    if let (Some(obj), Ok(v)) = (mutated.as_object_mut(), serde_json::to_value(&spec)) {
+        obj.insert("spec".into(), v);
+    }
+    out.mutated = Some(mutated);
+
+    let resolution = match flavor::resolve(&spec, &namespace, req.catalog, &req.config.policy) {
+        Ok(r) => r,
+        Err(errs) => {
+            out.errors.extend(errs);
+            return out;
+        }
+    };
+    out.warnings.extend(resolution.warnings.iter().cloned());
+    out.missing_flavors = resolution.missing.clone();
+    let errors = check_effective(&resolution, &namespace, req.config);
+    out.errors.extend(errors);
+    if out.errors.is_empty() {
+        let Resolution {
+            spec: mut effective,
+            flavors,
+            missing,
+            ..
+        } = resolution;
+        apply_defaults(&mut effective);
+        out.resolved = ResolvedActor::build(
+            &name,
+            &namespace,
+            effective,
+            req.config,
+            flavors.into_iter().map(|f| f.name).collect(),
+            missing,
+        );
+    }
+    out
+}
+
+/// Validation and policy on the merged spec, with each error attributed to the flavor that
+/// set the value. While flavors are missing, a required field may still arrive with them, so
+/// "Required" errors wait rather than reject.
+fn check_effective(res: &Resolution, namespace: &str, config: &ClusterConfig) -> FieldErrors {
+    let mut effective = res.spec.clone();
+    apply_defaults(&mut effective);
+    let ctx = Context { namespace, config };
+    let mut errs = validate::validate_spec(&effective, &ctx);
+    errs.extend(policy::check(&effective, namespace, &config.policy));
+    errs.into_iter()
+        .filter(|e| res.missing.is_empty() || !matches!(e.kind, ErrorKind::Required { .. }))
+        .map(|e| {
+            let origin = res.origins.flavor_of(&e.path).map(str::to_string);
+            e.from_flavor(origin.as_deref())
+        })
+        .collect::<Vec<_>>()
+        .into()
+}
+
+impl From<Vec<FieldError>> for FieldErrors {
+    fn from(v: Vec<FieldError>) -> Self {
+        FieldErrors(v)
+    }
+}
+
+/// Convenience for callers holding a typed object (the provisioner).
+pub fn review_typed(
+    actor: &AsyncActor,
+    catalog: &FlavorCatalog,
+    config: &ClusterConfig,
+) -> ActorReview {
+    let object = serde_json::to_value(actor).unwrap_or(Value::Null);
+    review_actor(&ReviewRequest {
+        object: &object,
+        old_object: None,
+        namespace: None,
+        catalog,
+        config,
+    })
+}
