@@ -521,6 +521,13 @@ impl Transport for RabbitTransport {
 }
 
 impl RabbitTransport {
+    /// Connects now (with retries) instead of on the first receive; for publish-only use.
+    pub async fn ensure_connected(&self) {
+        if self.link.lock().await.is_none() {
+            self.reconnect().await;
+        }
+    }
+
     /// Closes the connection (after shutdown); prefetched, unacked messages return.
     pub async fn close(&self) {
         self.drop_link().await;

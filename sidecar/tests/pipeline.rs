@@ -1,0 +1,503 @@
+//! Envelopes through real queues (RabbitMQ and the SQS server from tests/services), the real
+//! sidecar binary and the real Python runtime. Each scenario runs on both transports.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Actor, ActorSpec, Client, Kind, envelope, ids, queue, unique_ns};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+const QUIET: Duration = Duration::from_secs(2);
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rabbitmq() {
+                super::$name(super::Kind::Rabbit).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqs() {
+                super::$name(super::Kind::Sqs).await
+            }
+        }
+    )*};
+}
+
+both!(
+    linear_pipeline,
+    fan_out,
+    empty_result,
+    handler_exception_to_sump_with_traceback,
+    retry_then_success,
+    retries_exhausted,
+    action_fail,
+    handler_timeout,
+    runtime_killed_mid_message,
+    sidecar_sigkilled_mid_message,
+    malformed_messages,
+    large_payload,
+    envelope_mode_dynamic_routing,
+    sigterm_finishes_in_flight_and_exits_zero,
+);
+
+struct Ends {
+    sink: Client,
+    sump: Client,
+    input: Client,
+}
+
+async fn ends(kind: Kind, ns: &str) -> Ends {
+    Ends {
+        sink: Client::new(kind, &queue(ns, "x-sink")).await,
+        sump: Client::new(kind, &queue(ns, "x-sump")).await,
+        input: Client::new(kind, &queue(ns, "x-test-input")).await,
+    }
+}
+
+fn start(kind: Kind, ns: &str, name: &str, env: &[(&str, &str)]) -> Actor {
+    Actor::start(
+        kind,
+        ns,
+        name,
+        ActorSpec {
+            env,
+            ..Default::default()
+        },
+    )
+}
+
+const RETRY3: &str = r#"{"policies":{"default":{"maxAttempts":3,"backoff":"constant","initialInterval":"1s","maxInterval":"1s"}},
+    "rules":[{"match":"ContentPolicyViolation","action":"fail"}]}"#;
+
+async fn linear_pipeline(kind: Kind) {
+    let ns = unique_ns("lin");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[]);
+    let _b = start(kind, &ns, "b", &[]);
+    e.input
+        .send(
+            &a.queue(),
+            &envelope("e1", &["a", "b"], json!({"do": "double", "value": 3})),
+        )
+        .await;
+    let got = e.sink.take(1, WAIT).await;
+    assert_eq!(got.len(), 1, "nothing reached x-sink");
+    assert_eq!(got[0]["payload"]["value"], 12);
+    assert_eq!(got[0]["id"], "e1");
+    assert_eq!(got[0]["route"]["current"], 2);
+    assert_eq!(
+        got[0]["headers"]["trace_id"], "trace-e1",
+        "headers travel on every hop"
+    );
+    let metrics = a.metrics();
+    assert!(
+        metrics.contains("asya_actor_messages_processed_total{queue=\"asya-")
+            && metrics.contains("status=\"success\"} 1"),
+        "{metrics}"
+    );
+    e.sump.expect_nothing(QUIET).await;
+}
+
+async fn fan_out(kind: Kind) {
+    let ns = unique_ns("fan");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[]);
+    let _b = start(kind, &ns, "b", &[]);
+    e.input
+        .send(
+            &a.queue(),
+            &envelope("f", &["a", "b"], json!({"do": "fanout", "n": 3})),
+        )
+        .await;
+    let got = e.sink.take(3, WAIT).await;
+    assert_eq!(ids(&got), ["f", "f-1", "f-2"]);
+    for m in &got {
+        let expect_parent = if m["id"] == "f" {
+            Value::Null
+        } else {
+            json!("f")
+        };
+        assert_eq!(
+            m.get("parent_id").cloned().unwrap_or(Value::Null),
+            expect_parent
+        );
+    }
+    let mut parts: Vec<i64> = got
+        .iter()
+        .map(|m| m["payload"]["part"].as_i64().unwrap())
+        .collect();
+    parts.sort();
+    assert_eq!(parts, [0, 1, 2]);
+    e.sink.expect_nothing(QUIET).await;
+}
+
+async fn empty_result(kind: Kind) {
+    let ns = unique_ns("emp");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[]);
+    e.input
+        .send(
+            &a.queue(),
+            &envelope("z", &["a", "b"], json!({"do": "empty"})),
+        )
+        .await;
+    let got = e.sink.take(1, WAIT).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["payload"], Value::Null);
+}
+
+async fn handler_exception_to_sump_with_traceback(kind: Kind) {
+    let ns = unique_ns("exc");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[]);
+    e.input
+        .send(
+            &a.queue(),
+            &envelope("x", &["a"], json!({"do": "raise", "key": "k1"})),
+        )
+        .await;
+    let got = e.sump.take(1, WAIT).await;
+    assert_eq!(got.len(), 1);
+    let err = &got[0]["headers"]["x-asya-error"];
+    assert_eq!(err["type"], "ValueError");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("handler failed on purpose: k1")
+    );
+    assert!(
+        err["traceback"].as_str().unwrap().contains("Traceback"),
+        "{err}"
+    );
+    assert_eq!(
+        got[0]["payload"]["do"], "raise",
+        "the input is kept for replay"
+    );
+    assert_eq!(got[0]["route"]["current"], 0);
+    e.sink.expect_nothing(QUIET).await;
+}
+
+async fn retry_then_success(kind: Kind) {
+    let ns = unique_ns("rts");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[("ASYA_RESILIENCY", RETRY3)]);
+    e.input
+        .send(
+            &a.queue(),
+            &envelope("r", &["a"], json!({"do": "flaky", "key": "r", "fails": 1})),
+        )
+        .await;
+    let got = e.sink.take(1, WAIT).await;
+    assert_eq!(got.len(), 1, "the retry did not succeed");
+    assert_eq!(got[0]["payload"]["attempts"], 2);
+    let history = got[0]["headers"]["x-asya-attempts"].as_array().unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0]["type"], "RateLimitError");
+    e.sump.expect_nothing(QUIET).await;
+}
+
+async fn retries_exhausted(kind: Kind) {
+    let ns = unique_ns("rex");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[("ASYA_RESILIENCY", RETRY3)]);
+    e.input
+        .send(
+            &a.queue(),
+            &envelope("r", &["a"], json!({"do": "flaky", "key": "r", "fails": 10})),
+        )
+        .await;
+    let got = e.sump.take(1, WAIT).await;
+    assert_eq!(got.len(), 1);
+    let err = &got[0]["headers"]["x-asya-error"];
+    assert!(
+        err["reason"]
+            .as_str()
+            .unwrap()
+            .contains("retries exhausted"),
+        "{err}"
+    );
+    let history = got[0]["headers"]["x-asya-attempts"].as_array().unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .map(|h| h["attempt"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    e.sink.expect_nothing(QUIET).await;
+}
+
+async fn action_fail(kind: Kind) {
+    let ns = unique_ns("af");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[("ASYA_RESILIENCY", RETRY3)]);
+    e.input
+        .send(
+            &a.queue(),
+            &envelope("p", &["a"], json!({"do": "forbidden", "key": "p"})),
+        )
+        .await;
+    let got = e.sump.take(1, WAIT).await;
+    assert_eq!(got.len(), 1);
+    let err = &got[0]["headers"]["x-asya-error"];
+    assert!(
+        err["reason"].as_str().unwrap().contains("action fail"),
+        "{err}"
+    );
+    assert_eq!(
+        got[0]["headers"]["x-asya-attempts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "no retries"
+    );
+}
+
+async fn handler_timeout(kind: Kind) {
+    let ns = unique_ns("tmo");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[("ASYA_RUNTIME_TIMEOUT", "1s")]);
+    e.input
+        .send(
+            &a.queue(),
+            &envelope("slow", &["a"], json!({"do": "sleep", "seconds": 30})),
+        )
+        .await;
+    let got = e.sump.take(1, WAIT).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["headers"]["x-asya-error"]["error"], "timeout");
+    // The runtime exits when abandoned and is restarted; the next envelope goes through.
+    e.input
+        .send(&a.queue(), &envelope("next", &["a"], json!({"do": "echo"})))
+        .await;
+    let got = e.sink.take(1, WAIT).await;
+    assert_eq!(ids(&got), ["next"]);
+    assert!(
+        a.runtime
+            .as_ref()
+            .unwrap()
+            .starts
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 2
+    );
+}
+
+async fn runtime_killed_mid_message(kind: Kind) {
+    let ns = unique_ns("rk");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[("ASYA_RESILIENCY", RETRY3)]);
+    let marker = a.dir.path().join("died");
+    e.input
+        .send(
+            &a.queue(),
+            &envelope(
+                "k",
+                &["a"],
+                json!({"do": "die_once", "marker": marker.display().to_string()}),
+            ),
+        )
+        .await;
+    let got = e.sink.take(1, WAIT).await;
+    assert_eq!(
+        ids(&got),
+        ["k"],
+        "the envelope was lost when the runtime died"
+    );
+    assert_eq!(
+        got[0]["headers"]["x-asya-attempts"][0]["type"],
+        "RuntimeCrashed"
+    );
+}
+
+async fn sidecar_sigkilled_mid_message(kind: Kind) {
+    let ns = unique_ns("sk");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[]);
+    let started = a.dir.path().join("started");
+    e.input
+        .send(
+            &a.queue(),
+            &envelope(
+                "s",
+                &["a"],
+                json!({"do": "sleep", "seconds": 1, "started": started.display().to_string()}),
+            ),
+        )
+        .await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while !started.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "handler never started:\n{}",
+            a.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.kill9();
+    std::fs::remove_file(&started).unwrap();
+    a.spawn_sidecar();
+    let got = e.sink.take(1, WAIT).await;
+    assert_eq!(ids(&got), ["s"], "the envelope was lost with the sidecar");
+}
+
+async fn malformed_messages(kind: Kind) {
+    let ns = unique_ns("mal");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[]);
+    let q = a.queue();
+    e.input.send_raw(&q, b"this is not json".to_vec()).await;
+    e.input.send(&q, &json!({"id": "no-route"})).await;
+    e.input
+        .send(
+            &q,
+            &json!({"id": "oob", "route": {"actors": ["a"], "current": 4}, "payload": 1}),
+        )
+        .await;
+    e.input
+        .send(
+            &q,
+            &json!({"id": "wrong", "route": {"actors": ["other"], "current": 0}, "payload": 1}),
+        )
+        .await;
+    let got = e.sump.take(4, WAIT).await;
+    assert_eq!(got.len(), 4, "{got:?}");
+    let mut reasons: Vec<String> = got
+        .iter()
+        .map(|m| {
+            m["headers"]["x-asya-error"]["error"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            "current_out_of_range",
+            "not_envelope",
+            "not_json",
+            "wrong_actor"
+        ]
+    );
+    let junk = got
+        .iter()
+        .find(|m| m["headers"]["x-asya-error"]["error"] == "not_json")
+        .unwrap();
+    assert_eq!(junk["payload"], "this is not json");
+    // Still alive and consuming.
+    e.input
+        .send(&q, &envelope("ok", &["a"], json!({"do": "echo"})))
+        .await;
+    assert_eq!(ids(&e.sink.take(1, WAIT).await), ["ok"]);
+}
+
+async fn large_payload(kind: Kind) {
+    let ns = unique_ns("big");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[]);
+    let size = 5 * 1024 * 1024;
+    match kind {
+        Kind::Rabbit => {
+            let blob = "y".repeat(size);
+            e.input
+                .send(
+                    &a.queue(),
+                    &envelope("big", &["a"], json!({"do": "echo", "blob": blob})),
+                )
+                .await;
+            let got = e.sink.take(1, WAIT).await;
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0]["payload"]["blob"].as_str().unwrap().len(), size);
+        }
+        Kind::Sqs => {
+            // SQS carries at most 1 MiB: a 5 MiB result cannot be sent on. It must end in
+            // x-sump with the reason instead of looping or vanishing.
+            e.input
+                .send(
+                    &a.queue(),
+                    &envelope("big", &["a"], json!({"do": "big", "size": size})),
+                )
+                .await;
+            let got = e.sump.take(1, WAIT).await;
+            assert_eq!(got.len(), 1);
+            let reason = got[0]["headers"]["x-asya-error"]["reason"]
+                .as_str()
+                .unwrap();
+            assert!(reason.contains("too large"), "{reason}");
+        }
+    }
+}
+
+async fn envelope_mode_dynamic_routing(kind: Kind) {
+    let ns = unique_ns("env");
+    let e = ends(kind, &ns).await;
+    let a = Actor::start(
+        kind,
+        &ns,
+        "a",
+        ActorSpec {
+            handler: "testing.reroute",
+            mode: "envelope",
+            env: &[],
+        },
+    );
+    let _b = start(kind, &ns, "b", &[]);
+    e.input
+        .send(
+            &a.queue(),
+            &envelope("d", &["a"], json!({"do": "echo", "then": ["b"]})),
+        )
+        .await;
+    let got = e.sink.take(1, WAIT).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["route"]["actors"], json!(["a", "b"]));
+    assert_eq!(got[0]["headers"]["rerouted"], true);
+    // Moving the cursor is the platform's job: refused, to x-sump.
+    e.input
+        .send(
+            &a.queue(),
+            &envelope("c", &["a"], json!({"bad_cursor": true})),
+        )
+        .await;
+    let got = e.sump.take(1, WAIT).await;
+    assert!(
+        got[0]["headers"]["x-asya-error"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("route.current")
+    );
+}
+
+async fn sigterm_finishes_in_flight_and_exits_zero(kind: Kind) {
+    let ns = unique_ns("term");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[]);
+    let started = a.dir.path().join("started");
+    e.input
+        .send(
+            &a.queue(),
+            &envelope(
+                "t",
+                &["a"],
+                json!({"do": "sleep", "seconds": 1, "started": started.display().to_string()}),
+            ),
+        )
+        .await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while !started.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "handler never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = a.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit status {status}:\n{}", a.logs());
+    assert_eq!(ids(&e.sink.take(1, WAIT).await), ["t"]);
+}
