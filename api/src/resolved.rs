@@ -105,7 +105,8 @@ pub struct ResolvedActor {
     pub transport: String,
     /// `rabbitmq` or `sqs`.
     pub transport_kind: String,
-    pub handler: String,
+    /// The handler; `None` only in the workload shape when the image sets ASYA_HANDLER itself.
+    pub handler: Option<String>,
     pub actor_timeout: Duration,
     /// Time to finish in-flight work on shutdown (`timeout.gracefulShutdown`), if set.
     pub graceful_shutdown: Option<Duration>,
@@ -148,7 +149,7 @@ impl ResolvedActor {
             actor,
             transport,
             transport_kind,
-            handler: handler_of(&spec)?,
+            handler: handler_of(&spec),
             actor_timeout,
             graceful_shutdown,
             flavors,

@@ -201,6 +201,9 @@ pub fn review_actor(req: &ReviewRequest<'_>) -> ActorReview {
             ..
         } = resolution;
         apply_defaults(&mut effective);
+        if effective.workload.is_some() && crate::resolved::handler_of(&effective).is_none() {
+            out.warnings.push("no handler set (spec.handler or ASYA_HANDLER in the asya-runtime container): the image must set ASYA_HANDLER itself".into());
+        }
         out.resolved = ResolvedActor::build(
             &name,
             &namespace,
