@@ -4,3 +4,4 @@
 pub mod inject_cmd;
 pub mod serve;
 pub mod telemetry;
+pub mod validate_cmd;

@@ -5,9 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
+use asya_webhook::validate_cmd;
 use clap::{Parser, Subcommand};
-
-mod validate_cmd;
 
 #[derive(Parser)]
 #[command(
