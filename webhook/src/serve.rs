@@ -1,24 +1,247 @@
-//! `asya-webhook serve`.
+//! `asya-webhook serve`: wiring of configuration, certificates, caches and the servers.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use asya_api::config::ClusterConfig;
+use asya_api::flavor::FlavorCatalog;
+use asya_certs::kube_backend::KubeBackend;
+use asya_certs::{FileWatcher, ManagedConfig, ReloadingResolver, ServingSpec};
+
+use crate::cache::{self, ActorStore};
+use crate::server::{self, Metrics, Shared};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
+    /// TLS listen address of the admission endpoints.
     #[arg(long, default_value = "0.0.0.0:8443")]
     pub addr: SocketAddr,
-    #[arg(long)]
+    /// Serving certificate (file mode; reloaded when the file changes).
+    #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
-    #[arg(long)]
+    #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Plain-HTTP address of /metrics.
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_addr: SocketAddr,
+    /// Cluster configuration YAML (DESIGN §7); the built-in default when absent.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Kubeconfig; in-cluster configuration when absent.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// Self-managed certificates: keep them in this Secret (NAMESPACE/NAME), publish caBundle,
+    /// rotate before expiry. Used instead of --tls-cert/--tls-key.
+    #[arg(long, conflicts_with = "tls_cert")]
+    pub self_managed_secret: Option<String>,
+    /// DNS names of the serving certificate in self-managed mode (the Service's names).
+    #[arg(long = "service-dns")]
+    pub service_dns: Vec<String>,
+    /// MutatingWebhookConfigurations whose caBundle is managed (repeatable).
+    #[arg(long = "mutating-webhook-config")]
+    pub mutating_webhook_configs: Vec<String>,
+    /// ValidatingWebhookConfigurations whose caBundle is managed (repeatable).
+    #[arg(long = "validating-webhook-config")]
+    pub validating_webhook_configs: Vec<String>,
+    /// Native sidecars: auto (by API server version, 1.29+), always or never.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
+    pub native_sidecar: String,
+    /// How often certificate files are checked for changes.
+    #[arg(long, default_value = "5s", value_parser = parse_secs)]
+    pub cert_poll_interval: Duration,
 }
 
-pub async fn run(_args: ServeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not yet implemented")
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    asya_api::duration::parse_duration(s).map_err(|e| e.to_string())
+}
+
+pub fn load_config(path: Option<&PathBuf>) -> anyhow::Result<ClusterConfig> {
+    let Some(p) = path else {
+        return Ok(ClusterConfig::default());
+    };
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+    let cfg = ClusterConfig::from_yaml(&text).with_context(|| format!("in {}", p.display()))?;
+    Ok(cfg)
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    let cfg = match kubeconfig {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p)?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+/// Native sidecars need Kubernetes 1.29 (SidecarContainers on by default).
+pub fn supports_native_sidecar(major: &str, minor: &str) -> bool {
+    let num = |s: &str| s.trim_end_matches('+').parse::<u32>().unwrap_or(0);
+    let (ma, mi) = (num(major), num(minor));
+    ma > 1 || (ma == 1 && mi >= 29)
+}
+
+async fn self_managed(
+    client: kube::Client,
+    spec: &str,
+    args: &ServeArgs,
+    resolver: Arc<ReloadingResolver>,
+) -> anyhow::Result<()> {
+    let (ns, name) = spec
+        .split_once('/')
+        .context("--self-managed-secret must be NAMESPACE/NAME")?;
+    anyhow::ensure!(
+        !args.service_dns.is_empty(),
+        "--service-dns is required in self-managed mode"
+    );
+    let backend = KubeBackend::new(
+        client,
+        ns,
+        name,
+        args.mutating_webhook_configs.clone(),
+        args.validating_webhook_configs.clone(),
+    );
+    let cfg = ManagedConfig::new(ServingSpec::new(args.service_dns.clone(), []));
+    let install = move |e: &asya_certs::manage::Ensured| -> anyhow::Result<()> {
+        let s = e
+            .certs
+            .serving
+            .as_ref()
+            .context("no serving certificate after ensure")?;
+        resolver.set_pem(&s.cert_pem, &s.key_pem)?;
+        Ok(())
+    };
+    let first = asya_certs::ensure(&backend, &cfg, SystemTime::now()).await?;
+    tracing::info!(plan = ?first.plan, patched = first.patched, "self-managed certificates ready");
+    install(&first)?;
+    tokio::spawn(async move {
+        // Hourly: renewal margins are days, and a failed check is retried next hour.
+        let mut tick = tokio::time::interval(Duration::from_secs(3600));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            match asya_certs::ensure(&backend, &cfg, SystemTime::now()).await {
+                Ok(e) => {
+                    if e.plan != asya_certs::Plan::Reuse || e.patched > 0 {
+                        tracing::info!(plan = ?e.plan, patched = e.patched, "certificates rotated");
+                    }
+                    if let Err(err) = install(&e) {
+                        tracing::error!(error = %err, "cannot load rotated certificate");
+                    }
+                }
+                Err(err) => tracing::error!(error = %err, "certificate check failed"),
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down");
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Arc::new(load_config(args.config.as_ref())?);
+    let client = client(args.kubeconfig.as_ref())
+        .await
+        .context("connecting to the API server")?;
+    let native = match args.native_sidecar.as_str() {
+        "always" => true,
+        "never" => false,
+        _ => match client.apiserver_version().await {
+            Ok(v) => config.sidecar.native && supports_native_sidecar(&v.major, &v.minor),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the server version; injecting regular sidecar containers");
+                false
+            }
+        },
+    };
+    let resolver = Arc::new(ReloadingResolver::new());
+    match (&args.tls_cert, &args.tls_key, &args.self_managed_secret) {
+        (Some(c), Some(k), _) => {
+            if let Err(e) = resolver.load_files(c, k) {
+                // Not fatal: cert-manager may write the files shortly; /readyz says why.
+                tracing::warn!(error = %e, "certificate files not loadable yet");
+            }
+            FileWatcher::new(c, k).spawn(resolver.clone(), args.cert_poll_interval);
+        }
+        (_, _, Some(secret)) => {
+            self_managed(client.clone(), secret, &args, resolver.clone()).await?
+        }
+        _ => anyhow::bail!("give --tls-cert and --tls-key, or --self-managed-secret"),
+    }
+
+    let actors_store = Arc::new(std::sync::OnceLock::<cache::Caches>::new());
+    let sizes_store = actors_store.clone();
+    let lookup = Arc::new(LazyActors(actors_store.clone()));
+    let shared = Arc::new(Shared {
+        config,
+        catalog: RwLock::new(Arc::new(FlavorCatalog::new())),
+        actors: lookup,
+        cache_sizes: Box::new(move || sizes_store.get().map(|c| c.sizes()).unwrap_or_default()),
+        synced: AtomicBool::new(false),
+        native_sidecar: native,
+        resolver: resolver.clone(),
+        metrics: Metrics::new(),
+    });
+    let caches = cache::start(client, shared.clone()).await;
+    let _ = actors_store.set(caches);
+
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .with_context(|| format!("binding {}", args.addr))?;
+    tracing::info!(addr = %args.addr, metrics = %args.metrics_addr, native_sidecar = native, "asya-webhook serving");
+    let metrics = tokio::spawn(server::serve_metrics(args.metrics_addr, shared.clone()));
+    let result = server::serve_tls(
+        listener,
+        server::router(shared),
+        resolver,
+        shutdown_signal(),
+    )
+    .await;
+    metrics.abort();
+    result
+}
+
+/// The actor lookup, available once the caches have started.
+struct LazyActors(Arc<std::sync::OnceLock<cache::Caches>>);
+
+impl crate::admission::ActorLookup for LazyActors {
+    fn get(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
+        let c = self.0.get()?;
+        ActorStore(c.actors.clone()).get(namespace, name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn native_sidecar_version_gate() {
+        use super::supports_native_sidecar as s;
+        assert!(s("1", "29"));
+        assert!(s("1", "35+"));
+        assert!(!s("1", "28"));
+        assert!(!s("1", "x"));
+        assert!(s("2", "0"));
+    }
 }

@@ -1,0 +1,461 @@
+//! AdmissionReview v1 handling, as pure functions of the request body and a snapshot of the
+//! caches: the server, the tests and the benchmark call [`handle`] directly.
+
+use std::collections::HashMap;
+
+use asya_api::config::ClusterConfig;
+use asya_api::error::FieldErrors;
+use asya_api::flavor::FlavorCatalog;
+use asya_api::labels;
+use asya_api::review::{ActorReview, ReviewRequest, review_actor};
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::response::{StatusCause, StatusDetails, StatusSummary};
+use serde_json::{Value, json};
+
+use crate::inject::{ActorSettings, inject_pod, is_injected, wants_injection};
+
+pub const ACTOR_GROUP: &str = "asya.sh";
+pub const ACTOR_KIND: &str = "AsyncActor";
+
+/// The three admission endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    ValidateActors,
+    MutateActors,
+    MutatePods,
+}
+
+impl Endpoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::ValidateActors => "validate_asyncactors",
+            Endpoint::MutateActors => "mutate_asyncactors",
+            Endpoint::MutatePods => "mutate_pods",
+        }
+    }
+}
+
+/// AsyncActors by namespace and name, as the injection path needs them.
+pub trait ActorLookup: Send + Sync {
+    fn get(&self, namespace: &str, name: &str) -> Option<Value>;
+}
+
+impl ActorLookup for HashMap<(String, String), Value> {
+    fn get(&self, namespace: &str, name: &str) -> Option<Value> {
+        HashMap::get(self, &(namespace.to_string(), name.to_string())).cloned()
+    }
+}
+
+/// What admission reads: configuration and cache snapshots. No API calls.
+pub struct Ctx<'a> {
+    pub config: &'a ClusterConfig,
+    pub catalog: &'a FlavorCatalog,
+    pub actors: &'a dyn ActorLookup,
+    /// Inject a native sidecar (init container with `restartPolicy: Always`).
+    pub native_sidecar: bool,
+}
+
+/// A body that is not an AdmissionReview: answered with HTTP 400 and this text.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+/// The outcome, for the response and the metrics.
+#[derive(Debug)]
+pub struct Handled {
+    pub review: AdmissionReview<DynamicObject>,
+    pub operation: &'static str,
+    /// `allowed`, `patched` or `denied`.
+    pub result: &'static str,
+}
+
+fn op_name(op: &Operation) -> &'static str {
+    match op {
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
+    }
+}
+
+/// Parse and answer one AdmissionReview body.
+pub fn handle(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Result<Handled, BadRequest> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+        .map_err(|e| BadRequest(format!("body is not an AdmissionReview: {e}")))?;
+    if review.types.kind != "AdmissionReview" || review.types.api_version != "admission.k8s.io/v1" {
+        return Err(BadRequest(format!(
+            "expected apiVersion admission.k8s.io/v1 kind AdmissionReview, got {} {}",
+            review.types.api_version, review.types.kind
+        )));
+    }
+    let req: AdmissionRequest<DynamicObject> = review
+        .try_into()
+        .map_err(|_| BadRequest("AdmissionReview has no request".into()))?;
+    let operation = op_name(&req.operation);
+    let resp = AdmissionResponse::from(&req);
+    let span = tracing::debug_span!("admit", endpoint = endpoint.as_str(), uid = %req.uid, operation, dry_run = req.dry_run);
+    let _g = span.enter();
+
+    let resp = match endpoint {
+        Endpoint::ValidateActors | Endpoint::MutateActors => actor(endpoint, &req, resp, ctx),
+        Endpoint::MutatePods => pod(&req, resp, ctx),
+    };
+    let result = if !resp.allowed {
+        "denied"
+    } else if resp.patch.is_some() {
+        "patched"
+    } else {
+        "allowed"
+    };
+    Ok(Handled {
+        review: resp.into_review(),
+        operation,
+        result,
+    })
+}
+
+/// Deny with an API-server-like status: every reason in the message and as a cause.
+fn deny(
+    resp: AdmissionResponse,
+    code: u16,
+    reason: &str,
+    message: String,
+    causes: Vec<StatusCause>,
+) -> AdmissionResponse {
+    let mut r = resp.deny(message);
+    r.result.code = code;
+    r.result.reason = reason.into();
+    r.result.status = Some(StatusSummary::Failure);
+    if !causes.is_empty() {
+        r.result.details = Some(StatusDetails {
+            name: String::new(),
+            group: String::new(),
+            kind: String::new(),
+            uid: String::new(),
+            causes,
+            retry_after_seconds: 0,
+        });
+    }
+    r
+}
+
+fn deny_fields(resp: AdmissionResponse, what: &str, errors: &FieldErrors) -> AdmissionResponse {
+    let causes = errors
+        .iter()
+        .map(|e| StatusCause {
+            reason: "FieldValueInvalid".into(),
+            message: e.to_string(),
+            field: e.path.clone(),
+        })
+        .collect();
+    let n = errors.len();
+    let msg = format!(
+        "{what} is invalid ({n} {}): {errors}",
+        if n == 1 { "error" } else { "errors" }
+    );
+    deny(resp, 422, "Invalid", msg, causes)
+}
+
+fn with_warnings(mut resp: AdmissionResponse, warnings: Vec<String>) -> AdmissionResponse {
+    if !warnings.is_empty() {
+        resp.warnings = Some(warnings);
+    }
+    resp
+}
+
+fn kind_mismatch(
+    resp: AdmissionResponse,
+    want: &str,
+    req: &AdmissionRequest<DynamicObject>,
+) -> AdmissionResponse {
+    let k = &req.kind;
+    deny(
+        resp,
+        400,
+        "BadRequest",
+        format!(
+            "this endpoint admits {want}, not {}/{} {}: check the webhook configuration's rules",
+            k.group, k.version, k.kind
+        ),
+        vec![],
+    )
+}
+
+fn actor_review(obj: &Value, old: Option<&Value>, ns: Option<&str>, ctx: &Ctx<'_>) -> ActorReview {
+    review_actor(&ReviewRequest {
+        object: obj,
+        old_object: old,
+        namespace: ns,
+        catalog: ctx.catalog,
+        config: ctx.config,
+    })
+}
+
+fn actor(
+    endpoint: Endpoint,
+    req: &AdmissionRequest<DynamicObject>,
+    resp: AdmissionResponse,
+    ctx: &Ctx<'_>,
+) -> AdmissionResponse {
+    if req.kind.group != ACTOR_GROUP || req.kind.kind != ACTOR_KIND {
+        return kind_mismatch(resp, "asya.sh AsyncActor", req);
+    }
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return resp;
+    }
+    let Some(obj) = req
+        .object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok())
+    else {
+        return deny(
+            resp,
+            400,
+            "BadRequest",
+            format!("{} request without an object", op_name(&req.operation)),
+            vec![],
+        );
+    };
+    let old = match req.operation {
+        Operation::Update => req
+            .old_object
+            .as_ref()
+            .and_then(|o| serde_json::to_value(o).ok()),
+        _ => None,
+    };
+    let ns = req.namespace.as_deref();
+    let review = actor_review(&obj, old.as_ref(), ns, ctx);
+    let what = format!("AsyncActor {:?}", req.name);
+    if !review.allowed() {
+        return with_warnings(deny_fields(resp, &what, &review.errors), review.warnings);
+    }
+    match endpoint {
+        Endpoint::ValidateActors => with_warnings(resp, review.warnings),
+        _ => {
+            let Some(mutated) = review.mutated.as_ref() else {
+                return with_warnings(resp, review.warnings);
+            };
+            let patch = json_patch::diff(&obj, mutated);
+            if patch.0.is_empty() {
+                // Nothing rewritten: the validating webhook reports the warnings.
+                return resp;
+            }
+            // Only the warnings the rewrite resolves (aliases); the validating webhook sees
+            // the rewritten object and reports the rest, so none is shown twice.
+            let after = actor_review(mutated, old.as_ref(), ns, ctx);
+            let warnings = review
+                .warnings
+                .into_iter()
+                .filter(|w| !after.warnings.contains(w))
+                .collect();
+            match resp.clone().with_patch(patch) {
+                Ok(r) => with_warnings(r, warnings),
+                Err(e) => deny(
+                    resp,
+                    500,
+                    "InternalError",
+                    format!("cannot encode the patch: {e}"),
+                    vec![],
+                ),
+            }
+        }
+    }
+}
+
+/// What to add to a pod that asks for injection without saying for what.
+fn how_to_configure(actor: &str, ns: &str) -> String {
+    format!(
+        "pod is labelled {}=true for actor {actor:?} but there is no AsyncActor {actor:?} in namespace {ns:?} and no {} annotation: create the AsyncActor, or annotate the pod with {}: module.function (optionally {}, {}, {})",
+        labels::INJECT,
+        labels::ANNOTATION_HANDLER,
+        labels::ANNOTATION_HANDLER,
+        labels::ANNOTATION_TRANSPORT,
+        labels::ANNOTATION_HANDLER_MODE,
+        labels::ANNOTATION_PYTHON
+    )
+}
+
+/// The actor settings for a pod: from its AsyncActor, else from its annotations.
+pub fn settings_for_pod(
+    pod: &Pod,
+    ns: &str,
+    ctx: &Ctx<'_>,
+) -> Result<(ActorSettings, Vec<String>), (u16, String)> {
+    let meta = &pod.metadata;
+    let Some(actor) = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::ACTOR))
+        .cloned()
+    else {
+        return Err((
+            400,
+            format!(
+                "pod is labelled {}=true but has no {} label: add {}: <actor name>",
+                labels::INJECT,
+                labels::ACTOR,
+                labels::ACTOR
+            ),
+        ));
+    };
+    let ann = meta.annotations.clone().unwrap_or_default();
+    let obj = match ctx.actors.get(ns, &actor) {
+        Some(obj) => obj,
+        None => {
+            let Some(handler) = ann.get(labels::ANNOTATION_HANDLER) else {
+                return Err((400, how_to_configure(&actor, ns)));
+            };
+            // The annotations form a flat-shape actor, reviewed by the same rules.
+            let image = pod
+                .spec
+                .as_ref()
+                .and_then(|s| {
+                    s.containers
+                        .iter()
+                        .find(|c| c.name == labels::RUNTIME_CONTAINER)
+                        .or(s.containers.first())
+                })
+                .and_then(|c| c.image.clone())
+                .unwrap_or_default();
+            let mut spec = json!({"actor": actor, "handler": handler, "image": image});
+            for (key, field) in [
+                (labels::ANNOTATION_TRANSPORT, "transport"),
+                (labels::ANNOTATION_HANDLER_MODE, "handlerMode"),
+                (labels::ANNOTATION_PYTHON, "pythonExecutable"),
+            ] {
+                if let Some(v) = ann.get(key) {
+                    spec[field] = json!(v);
+                }
+            }
+            json!({"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+                   "metadata": {"name": actor, "namespace": ns}, "spec": spec})
+        }
+    };
+    let from_cache = ctx.actors.get(ns, &actor).is_some();
+    let review = actor_review(&obj, None, Some(ns), ctx);
+    let source = if from_cache {
+        format!("AsyncActor {ns}/{actor}")
+    } else {
+        format!("the {} annotations of the pod", "asya.sh/*")
+    };
+    if !review.allowed() {
+        return Err((
+            422,
+            format!("cannot inject: {source} is invalid: {}", review.errors),
+        ));
+    }
+    match review.resolved {
+        Some(r) => Ok((ActorSettings::from_resolved(&r), review.warnings)),
+        None => Err((
+            422,
+            format!(
+                "cannot inject: {source} has no effective handler yet{}",
+                if review.missing_flavors.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (waiting for flavors {:?})", review.missing_flavors)
+                }
+            ),
+        )),
+    }
+}
+
+fn pod(
+    req: &AdmissionRequest<DynamicObject>,
+    resp: AdmissionResponse,
+    ctx: &Ctx<'_>,
+) -> AdmissionResponse {
+    if !req.kind.group.is_empty() || req.kind.kind != "Pod" {
+        return kind_mismatch(resp, "core/v1 Pod", req);
+    }
+    // Injection happens once, at creation; updates of a running pod's spec are not allowed anyway.
+    if req.operation != Operation::Create {
+        return resp;
+    }
+    let Some(obj) = req
+        .object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok())
+    else {
+        return deny(
+            resp,
+            400,
+            "BadRequest",
+            "CREATE request without an object".into(),
+            vec![],
+        );
+    };
+    let mut pod: Pod = match serde_json::from_value(obj) {
+        Ok(p) => p,
+        Err(e) => {
+            return deny(
+                resp,
+                400,
+                "BadRequest",
+                format!("object is not a Pod: {e}"),
+                vec![],
+            );
+        }
+    };
+    if !wants_injection(&pod.metadata) || is_injected(&pod.metadata) {
+        return resp;
+    }
+    let ns = req
+        .namespace
+        .clone()
+        .or_else(|| pod.metadata.namespace.clone())
+        .unwrap_or_else(|| "default".into());
+    let (settings, warnings) = match settings_for_pod(&pod, &ns, ctx) {
+        Ok(s) => s,
+        Err((code, msg)) => {
+            return deny(
+                resp,
+                code,
+                if code == 422 { "Invalid" } else { "BadRequest" },
+                msg,
+                vec![],
+            );
+        }
+    };
+    // Diff typed-before against typed-after, so fields this k8s-openapi does not know are
+    // neither touched nor removed.
+    let before = match serde_json::to_value(&pod) {
+        Ok(v) => v,
+        Err(e) => return deny(resp, 500, "InternalError", e.to_string(), vec![]),
+    };
+    let Some(spec) = pod.spec.as_mut() else {
+        return deny(resp, 400, "BadRequest", "pod has no spec".into(), vec![]);
+    };
+    if let Err(e) = inject_pod(
+        &mut pod.metadata,
+        spec,
+        &settings,
+        ctx.config,
+        ctx.native_sidecar,
+    ) {
+        return deny(
+            resp,
+            422,
+            "Invalid",
+            format!("cannot inject the Asya sidecar: {e}"),
+            vec![],
+        );
+    }
+    let after = match serde_json::to_value(&pod) {
+        Ok(v) => v,
+        Err(e) => return deny(resp, 500, "InternalError", e.to_string(), vec![]),
+    };
+    let patch = json_patch::diff(&before, &after);
+    match resp.clone().with_patch(patch) {
+        Ok(r) => with_warnings(r, warnings),
+        Err(e) => deny(
+            resp,
+            500,
+            "InternalError",
+            format!("cannot encode the patch: {e}"),
+            vec![],
+        ),
+    }
+}

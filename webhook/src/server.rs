@@ -1,0 +1,358 @@
+//! The HTTP side: axum routes over rustls (HTTP/1.1 and h2), and the metrics endpoint.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use asya_api::config::ClusterConfig;
+use asya_api::flavor::FlavorCatalog;
+use asya_certs::ReloadingResolver;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::admission::{ActorLookup, Ctx, Endpoint, handle};
+
+/// Largest AdmissionReview accepted: an object may be 1.5 MiB and an UPDATE carries two.
+pub const MAX_BODY: usize = 4 * 1024 * 1024;
+/// A client has this long to send a whole request; the API server's own timeout is 10 s.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: String,
+    pub operation: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub latency: Family<EndpointLabels, Histogram>,
+    pub cert_expiry: Gauge,
+    pub cache_objects: Family<KindLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("asya_webhook");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<EndpointLabels, Histogram>::new_with_constructor(|| {
+            // 50 µs … ~3 s.
+            Histogram::new(exponential_buckets(0.00005, 2.5, 13))
+        });
+        let cert_expiry = Gauge::default();
+        let cache_objects = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "requests",
+            "Admission requests by endpoint, operation and result",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Admission handling latency",
+            latency.clone(),
+        );
+        registry.register(
+            "certificate_expiry_seconds",
+            "Seconds until the serving certificate expires",
+            cert_expiry.clone(),
+        );
+        registry.register(
+            "cache_objects",
+            "Objects in the admission caches, by kind",
+            cache_objects.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            latency,
+            cert_expiry,
+            cache_objects,
+        }
+    }
+}
+
+/// Sizes of the caches, read at scrape time.
+pub type CacheSizes = Box<dyn Fn() -> Vec<(&'static str, i64)> + Send + Sync>;
+
+/// Everything the handlers read.
+pub struct Shared {
+    pub config: Arc<ClusterConfig>,
+    pub catalog: RwLock<Arc<FlavorCatalog>>,
+    pub actors: Arc<dyn ActorLookup>,
+    pub cache_sizes: CacheSizes,
+    /// Caches synced (set once by the cache task).
+    pub synced: AtomicBool,
+    pub native_sidecar: bool,
+    pub resolver: Arc<ReloadingResolver>,
+    pub metrics: Metrics,
+}
+
+impl Shared {
+    pub fn catalog(&self) -> Arc<FlavorCatalog> {
+        self.catalog
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn set_catalog(&self, c: FlavorCatalog) {
+        *self.catalog.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(c);
+    }
+
+    /// Ready: caches synced and a certificate loaded. The reason when not.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if !self.resolver.is_loaded() {
+            return Err("no serving certificate loaded");
+        }
+        if !self.synced.load(Ordering::Acquire) {
+            return Err("caches not synced");
+        }
+        Ok(())
+    }
+}
+
+async fn admit(shared: Arc<Shared>, endpoint: Endpoint, body: Body) -> Response {
+    let start = Instant::now();
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await
+    {
+        Err(_) => {
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                "request body not received in time\n",
+            )
+                .into_response();
+        }
+        Ok(Err(e)) => {
+            // to_bytes fails on the size limit or a broken connection.
+            let too_big = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            shared
+                .metrics
+                .requests
+                .get_or_create(&RequestLabels {
+                    endpoint: endpoint.as_str().into(),
+                    operation: "UNKNOWN".into(),
+                    result: "bad_request".into(),
+                })
+                .inc();
+            return if too_big {
+                (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("AdmissionReview larger than {MAX_BODY} bytes\n"),
+                )
+                    .into_response()
+            } else {
+                (
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the request body: {e}\n"),
+                )
+                    .into_response()
+            };
+        }
+        Ok(Ok(b)) => b,
+    };
+    let catalog = shared.catalog();
+    let ctx = Ctx {
+        config: &shared.config,
+        catalog: &catalog,
+        actors: shared.actors.as_ref(),
+        native_sidecar: shared.native_sidecar,
+    };
+    let (resp, operation, result) = match handle(endpoint, &bytes, &ctx) {
+        Ok(h) => match serde_json::to_vec(&h.review) {
+            Ok(json) => (
+                ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+                h.operation,
+                h.result,
+            ),
+            Err(e) => (
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("cannot encode the response: {e}\n"),
+                )
+                    .into_response(),
+                h.operation,
+                "error",
+            ),
+        },
+        Err(e) => {
+            tracing::info!(endpoint = endpoint.as_str(), error = %e, "bad admission request");
+            (
+                (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+                "UNKNOWN",
+                "bad_request",
+            )
+        }
+    };
+    shared
+        .metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            endpoint: endpoint.as_str().into(),
+            operation: operation.into(),
+            result: result.into(),
+        })
+        .inc();
+    shared
+        .metrics
+        .latency
+        .get_or_create(&EndpointLabels {
+            endpoint: endpoint.as_str().into(),
+        })
+        .observe(start.elapsed().as_secs_f64());
+    resp
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.readiness() {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    if let Some(s) = shared.resolver.expiry_seconds(SystemTime::now()) {
+        shared.metrics.cert_expiry.set(s);
+    }
+    for (kind, n) in (shared.cache_sizes)() {
+        shared
+            .metrics
+            .cache_objects
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .set(n);
+    }
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &shared.metrics.registry) {
+        return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
+}
+
+/// The admission router (served over TLS).
+pub fn router(shared: Arc<Shared>) -> Router {
+    let route = |ep: Endpoint| {
+        let s = shared.clone();
+        post(move |body: Body| admit(s.clone(), ep, body))
+    };
+    Router::new()
+        .route("/validate/asyncactors", route(Endpoint::ValidateActors))
+        .route("/mutate/asyncactors", route(Endpoint::MutateActors))
+        .route("/mutate/pods", route(Endpoint::MutatePods))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(shared)
+}
+
+/// The metrics router (plain HTTP, separate address).
+pub fn metrics_router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(shared)
+}
+
+/// Serve `router` over TLS on `listener` until `shutdown` resolves. Each connection speaks
+/// HTTP/1.1 or h2 (ALPN); a stalled handshake or header is cut off, never left hanging.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    resolver: Arc<ReloadingResolver>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let acceptor = TlsAcceptor::from(Arc::new(asya_certs::server_config(resolver)?));
+    let service = TowerToHyperService::new(router);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let service = service.clone();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HANDSHAKE_TIMEOUT);
+            builder.http2().timer(TokioTimer::new());
+            if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Serve the metrics router over plain HTTP.
+pub async fn serve_metrics(addr: SocketAddr, shared: Arc<Shared>) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    axum::serve(listener, metrics_router(shared)).await?;
+    Ok(())
+}
