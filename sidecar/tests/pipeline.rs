@@ -41,6 +41,7 @@ both!(
     large_payload,
     envelope_mode_dynamic_routing,
     sigterm_finishes_in_flight_and_exits_zero,
+    poison_message_to_sump,
 );
 
 struct Ends {
@@ -500,4 +501,43 @@ async fn sigterm_finishes_in_flight_and_exits_zero(kind: Kind) {
     let status = a.terminate(Duration::from_secs(30));
     assert!(status.success(), "exit status {status}:\n{}", a.logs());
     assert_eq!(ids(&e.sink.take(1, WAIT).await), ["t"]);
+}
+
+async fn poison_message_to_sump(kind: Kind) {
+    // A message that keeps taking its sidecar down must stop coming back.
+    let ns = unique_ns("poi");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[("ASYA_MAX_REDELIVERIES", "1")]);
+    let started = a.dir.path().join("started");
+    e.input
+        .send(
+            &a.queue(),
+            &envelope(
+                "p",
+                &["a"],
+                json!({"do": "sleep", "seconds": 2, "started": started.display().to_string()}),
+            ),
+        )
+        .await;
+    for _ in 0..2 {
+        let deadline = std::time::Instant::now() + WAIT;
+        while !started.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "handler never started:\n{}",
+                a.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        a.kill9();
+        std::fs::remove_file(&started).unwrap();
+        a.spawn_sidecar();
+    }
+    let got = e.sump.take(1, WAIT).await;
+    assert_eq!(ids(&got), ["p"], "{}", a.logs());
+    let reason = got[0]["headers"]["x-asya-error"]["reason"]
+        .as_str()
+        .unwrap();
+    assert!(reason.contains("poison"), "{reason}");
+    e.sink.expect_nothing(QUIET).await;
 }
