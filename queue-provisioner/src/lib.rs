@@ -1,1 +1,7 @@
-//! asya-queue-provisioner
+//! asya-queue-provisioner: for each AsyncActor, the queue, the workload, KEDA scaling and a
+//! truthful status (DESIGN.md §6). Decisions are pure (`render`, `status`); I/O lives in
+//! `queue` (brokers) and `controller` (Kubernetes).
+
+pub mod queue;
+pub mod render;
+pub mod status;

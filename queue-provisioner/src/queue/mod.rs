@@ -1,0 +1,117 @@
+//! Queue operations on the actor's transport, behind one small trait with a RabbitMQ and an
+//! SQS implementation. The controller only ever talks to [`Backend`].
+
+use std::time::Duration;
+
+pub mod rabbitmq;
+pub mod sqs;
+
+/// What the provisioner needs to create one queue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueSpec {
+    pub name: String,
+    pub namespace: String,
+    /// The actor (or end pseudo-actor) the queue serves; becomes a tag on SQS.
+    pub actor: String,
+    /// SQS visibility timeout: a message stays hidden this long while one handler call runs.
+    pub visibility_timeout: Duration,
+}
+
+/// Where a created queue lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// SQS queue URL, or `amqp://host:port/vhost/queue` for RabbitMQ.
+    pub url: String,
+    /// SQS ARN, or the RabbitMQ queue name.
+    pub identifier: String,
+    /// True when this call created the queue (it did not exist before).
+    pub created: bool,
+}
+
+/// Message counts, where the transport tells them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueDepth {
+    pub queued: Option<i64>,
+    pub processing: Option<i64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// Broker unreachable or a call failed in a way a retry may fix.
+    #[error("transport unavailable: {0}")]
+    Unavailable(String),
+    /// SQS refuses to recreate a queue within 60 s of deleting it.
+    #[error("SQS refuses to recreate {0} within 60s of its deletion; retrying after the cooldown")]
+    RecreateCooldown(String),
+    /// The broker refused the request (bad name, conflicting arguments, access denied).
+    #[error("transport rejected the request: {0}")]
+    Rejected(String),
+}
+
+impl QueueError {
+    /// How long to wait before the next attempt.
+    pub fn retry_after(&self) -> Duration {
+        match self {
+            QueueError::RecreateCooldown(_) => Duration::from_secs(65),
+            QueueError::Unavailable(_) => Duration::from_secs(5),
+            QueueError::Rejected(_) => Duration::from_secs(60),
+        }
+    }
+}
+
+/// The queue operations of one transport.
+pub trait QueueOps: Send + Sync {
+    /// Creates the queue (and its binding / attributes) if missing; idempotent.
+    fn ensure(
+        &self,
+        spec: &QueueSpec,
+    ) -> impl Future<Output = Result<QueueInfo, QueueError>> + Send;
+    /// Whether the queue exists now.
+    fn exists(&self, name: &str) -> impl Future<Output = Result<bool, QueueError>> + Send;
+    /// Deletes the queue; a missing queue is not an error.
+    fn delete(&self, name: &str) -> impl Future<Output = Result<(), QueueError>> + Send;
+    /// Message counts of an existing queue.
+    fn depth(&self, name: &str) -> impl Future<Output = Result<QueueDepth, QueueError>> + Send;
+}
+
+/// One configured transport's client.
+pub enum Backend {
+    Rabbit(rabbitmq::RabbitQueues),
+    Sqs(sqs::SqsQueues),
+}
+
+impl Backend {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Backend::Rabbit(_) => "rabbitmq",
+            Backend::Sqs(_) => "sqs",
+        }
+    }
+}
+
+impl QueueOps for Backend {
+    async fn ensure(&self, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
+        match self {
+            Backend::Rabbit(b) => b.ensure(spec).await,
+            Backend::Sqs(b) => b.ensure(spec).await,
+        }
+    }
+    async fn exists(&self, name: &str) -> Result<bool, QueueError> {
+        match self {
+            Backend::Rabbit(b) => b.exists(name).await,
+            Backend::Sqs(b) => b.exists(name).await,
+        }
+    }
+    async fn delete(&self, name: &str) -> Result<(), QueueError> {
+        match self {
+            Backend::Rabbit(b) => b.delete(name).await,
+            Backend::Sqs(b) => b.delete(name).await,
+        }
+    }
+    async fn depth(&self, name: &str) -> Result<QueueDepth, QueueError> {
+        match self {
+            Backend::Rabbit(b) => b.depth(name).await,
+            Backend::Sqs(b) => b.depth(name).await,
+        }
+    }
+}

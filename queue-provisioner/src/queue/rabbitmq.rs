@@ -1,0 +1,179 @@
+//! RabbitMQ queues through lapin: durable queues bound to the durable direct exchange `asya`
+//! with the queue's own name as routing key (DESIGN.md §4), the same rule the sidecar uses.
+//!
+//! One connection per transport, reconnected on demand. Every operation opens its own
+//! channel: a passive declare of a missing queue closes the channel (404), which must not
+//! break the other reconciles sharing the connection.
+
+use lapin::options::{
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::Mutex;
+
+use super::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
+
+pub struct RabbitQueues {
+    url: String,
+    /// The URL without credentials, for status and logs.
+    display: String,
+    exchange: String,
+    connection: Mutex<Option<Connection>>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> QueueError {
+    QueueError::Unavailable(e.to_string())
+}
+
+/// 404 NOT_FOUND from a passive declare means "no such queue", not a broker failure.
+fn is_not_found(e: &lapin::Error) -> bool {
+    let s = e.to_string();
+    s.contains("NOT_FOUND") || s.contains("404")
+}
+
+/// The URL with the password removed.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{}{}@{}", &url[..s + 3], user, &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl RabbitQueues {
+    pub fn new(url: String, exchange: &str) -> Self {
+        RabbitQueues {
+            display: redact(&url),
+            url,
+            exchange: exchange.to_string(),
+            connection: Mutex::new(None),
+        }
+    }
+
+    async fn channel(&self) -> Result<Channel, QueueError> {
+        let mut guard = self.connection.lock().await;
+        if let Some(c) = guard.as_ref()
+            && c.status().connected()
+        {
+            return c.create_channel().await.map_err(unavailable);
+        }
+        let props = ConnectionProperties::default()
+            .with_connection_name("asya-queue-provisioner".to_string().into());
+        let conn = Connection::connect(&self.url, props)
+            .await
+            .map_err(unavailable)?;
+        let ch = conn.create_channel().await.map_err(unavailable)?;
+        *guard = Some(conn);
+        Ok(ch)
+    }
+
+    fn queue_url(&self, name: &str) -> String {
+        format!("{}/{}", self.display.trim_end_matches('/'), name)
+    }
+
+    /// Message count of an existing queue, `None` when it does not exist.
+    async fn passive(&self, name: &str) -> Result<Option<u32>, QueueError> {
+        let ch = self.channel().await?;
+        let res = ch
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        match res {
+            Ok(q) => {
+                let _ = ch.close(200, "done".into()).await;
+                Ok(Some(q.message_count()))
+            }
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+}
+
+impl QueueOps for RabbitQueues {
+    async fn ensure(&self, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
+        let existed = self.passive(&spec.name).await?.is_some();
+        let ch = self.channel().await?;
+        let rejected = |e: lapin::Error| QueueError::Rejected(format!("{}: {e}", spec.name));
+        ch.exchange_declare(
+            self.exchange.as_str().into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(rejected)?;
+        ch.queue_declare(
+            spec.name.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(rejected)?;
+        ch.queue_bind(
+            spec.name.as_str().into(),
+            self.exchange.as_str().into(),
+            spec.name.as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(rejected)?;
+        let _ = ch.close(200, "done".into()).await;
+        Ok(QueueInfo {
+            url: self.queue_url(&spec.name),
+            identifier: spec.name.clone(),
+            created: !existed,
+        })
+    }
+
+    async fn exists(&self, name: &str) -> Result<bool, QueueError> {
+        Ok(self.passive(name).await?.is_some())
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), QueueError> {
+        let ch = self.channel().await?;
+        ch.queue_delete(name.into(), QueueDeleteOptions::default())
+            .await
+            .map_err(unavailable)?;
+        let _ = ch.close(200, "done".into()).await;
+        Ok(())
+    }
+
+    async fn depth(&self, name: &str) -> Result<QueueDepth, QueueError> {
+        // AMQP tells ready messages only; unacknowledged ones need the management API.
+        Ok(QueueDepth {
+            queued: self.passive(name).await?.map(i64::from),
+            processing: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redacts_password() {
+        assert_eq!(
+            redact("amqp://guest:secret@rabbit:5672/%2f"),
+            "amqp://guest@rabbit:5672/%2f"
+        );
+        assert_eq!(redact("amqp://rabbit:5672"), "amqp://rabbit:5672");
+    }
+}

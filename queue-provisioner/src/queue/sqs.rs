@@ -1,0 +1,245 @@
+//! SQS queues through aws-sdk-sqs, with the attributes and tags of seed 003: visibility
+//! timeout from `actorTimeout`, retention 4 days, long polling 20 s, tags
+//! `asya.sh/namespace` and `asya.sh/actor`.
+
+use std::collections::HashMap;
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::QueueAttributeName;
+
+use super::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
+
+pub const RETENTION_SECONDS: u32 = 345_600;
+pub const RECEIVE_WAIT_SECONDS: u32 = 20;
+/// SQS's bounds on the visibility timeout.
+const MAX_VISIBILITY: u64 = 43_200;
+
+pub struct SqsQueues {
+    client: Client,
+}
+
+/// Static credentials (local emulators, a configured secret); `None` uses the default chain
+/// (IRSA in EKS).
+#[derive(Clone)]
+pub struct StaticCredentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+fn unavailable(e: impl std::fmt::Debug) -> QueueError {
+    QueueError::Unavailable(format!("{e:?}"))
+}
+
+/// The attributes the provisioner sets on every queue.
+pub fn attributes(spec: &QueueSpec) -> HashMap<QueueAttributeName, String> {
+    let vis = spec.visibility_timeout.as_secs().clamp(1, MAX_VISIBILITY);
+    HashMap::from([
+        (QueueAttributeName::VisibilityTimeout, vis.to_string()),
+        (
+            QueueAttributeName::MessageRetentionPeriod,
+            RETENTION_SECONDS.to_string(),
+        ),
+        (
+            QueueAttributeName::ReceiveMessageWaitTimeSeconds,
+            RECEIVE_WAIT_SECONDS.to_string(),
+        ),
+    ])
+}
+
+pub fn tags(spec: &QueueSpec) -> HashMap<String, String> {
+    HashMap::from([
+        ("asya.sh/namespace".to_string(), spec.namespace.clone()),
+        ("asya.sh/actor".to_string(), spec.actor.clone()),
+    ])
+}
+
+impl SqsQueues {
+    pub async fn new(
+        region: &str,
+        endpoint: Option<&str>,
+        credentials: Option<StaticCredentials>,
+    ) -> Self {
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new(region.to_string()))
+            .http_client(http);
+        if let Some(c) = credentials {
+            loader = loader.credentials_provider(aws_sdk_sqs::config::Credentials::new(
+                c.access_key_id,
+                c.secret_access_key,
+                None,
+                None,
+                "asya-transport-secret",
+            ));
+        }
+        let shared = loader.load().await;
+        let mut b = aws_sdk_sqs::config::Builder::from(&shared);
+        if let Some(ep) = endpoint {
+            b = b.endpoint_url(ep);
+        }
+        SqsQueues {
+            client: Client::from_conf(b.build()),
+        }
+    }
+
+    async fn url(&self, name: &str) -> Result<Option<String>, QueueError> {
+        match self.client.get_queue_url().queue_name(name).send().await {
+            Ok(out) => Ok(out.queue_url().map(str::to_string)),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_queue_does_not_exist()) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    async fn arn(&self, url: &str) -> Result<String, QueueError> {
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        Ok(out
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn))
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+impl QueueOps for SqsQueues {
+    async fn ensure(&self, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
+        let attrs = attributes(spec);
+        let (url, created) = match self.url(&spec.name).await? {
+            Some(url) => {
+                // Keeps attributes in step with the spec (actorTimeout may have changed).
+                self.client
+                    .set_queue_attributes()
+                    .queue_url(&url)
+                    .set_attributes(Some(attrs))
+                    .send()
+                    .await
+                    .map_err(unavailable)?;
+                self.client
+                    .tag_queue()
+                    .queue_url(&url)
+                    .set_tags(Some(tags(spec)))
+                    .send()
+                    .await
+                    .map_err(unavailable)?;
+                (url, false)
+            }
+            None => {
+                let out = self
+                    .client
+                    .create_queue()
+                    .queue_name(&spec.name)
+                    .set_attributes(Some(attrs))
+                    .set_tags(Some(tags(spec)))
+                    .send()
+                    .await
+                    .map_err(|e| match e.as_service_error() {
+                        Some(se) if se.is_queue_deleted_recently() => {
+                            QueueError::RecreateCooldown(spec.name.clone())
+                        }
+                        Some(se) => QueueError::Rejected(format!("{}: {se}", spec.name)),
+                        None => unavailable(e),
+                    })?;
+                (out.queue_url().unwrap_or_default().to_string(), true)
+            }
+        };
+        let identifier = self.arn(&url).await?;
+        Ok(QueueInfo {
+            url,
+            identifier,
+            created,
+        })
+    }
+
+    async fn exists(&self, name: &str) -> Result<bool, QueueError> {
+        Ok(self.url(name).await?.is_some())
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), QueueError> {
+        let Some(url) = self.url(name).await? else {
+            return Ok(());
+        };
+        match self.client.delete_queue().queue_url(url).send().await {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error().is_some_and(|se| {
+                    se.meta().code() == Some("AWS.SimpleQueueService.NonExistentQueue")
+                        || se.meta().code() == Some("QueueDoesNotExist")
+                }) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
+    async fn depth(&self, name: &str) -> Result<QueueDepth, QueueError> {
+        let Some(url) = self.url(name).await? else {
+            return Ok(QueueDepth::default());
+        };
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        let get = |k: QueueAttributeName| {
+            out.attributes()
+                .and_then(|a| a.get(&k))
+                .and_then(|v| v.parse::<i64>().ok())
+        };
+        Ok(QueueDepth {
+            queued: get(QueueAttributeName::ApproximateNumberOfMessages),
+            processing: get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn attributes_follow_seed_003() {
+        let spec = QueueSpec {
+            name: "asya-ns-a".into(),
+            namespace: "ns".into(),
+            actor: "a".into(),
+            visibility_timeout: Duration::from_secs(90),
+        };
+        let a = attributes(&spec);
+        assert_eq!(a[&QueueAttributeName::VisibilityTimeout], "90");
+        assert_eq!(a[&QueueAttributeName::MessageRetentionPeriod], "345600");
+        assert_eq!(a[&QueueAttributeName::ReceiveMessageWaitTimeSeconds], "20");
+        let t = tags(&spec);
+        assert_eq!(t["asya.sh/namespace"], "ns");
+        assert_eq!(t["asya.sh/actor"], "a");
+        // SQS caps the visibility timeout at 12 hours.
+        let long = QueueSpec {
+            visibility_timeout: Duration::from_secs(100_000),
+            ..spec
+        };
+        assert_eq!(
+            attributes(&long)[&QueueAttributeName::VisibilityTimeout],
+            "43200"
+        );
+    }
+}

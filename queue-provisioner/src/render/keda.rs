@@ -1,0 +1,132 @@
+//! KEDA `ScaledObject` and `TriggerAuthentication` (keda.sh/v1alpha1) for an actor, as JSON
+//! for server-side apply (no KEDA crate types: the CRD schema in the cluster is the judge).
+
+use std::collections::BTreeMap;
+
+use asya_api::ResolvedActor;
+use asya_api::config::{ClusterConfig, TRANSPORT_RABBITMQ, Transport};
+use asya_api::naming;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::{Value, json};
+
+use super::workload::owned_labels;
+
+pub const KEDA_API_VERSION: &str = "keda.sh/v1alpha1";
+/// Key of the AMQP URL (with password) in the transport secret, as KEDA's rabbitmq `host`.
+pub const SECRET_KEY_HOST: &str = "host";
+pub const SECRET_KEY_AWS_ACCESS: &str = "awsAccessKeyID";
+pub const SECRET_KEY_AWS_SECRET: &str = "awsSecretAccessKey";
+
+/// Scale up fast (double or +4 pods every 15 s, no stabilisation), scale down gradually
+/// (half every minute, after 5 minutes of lower demand).
+pub fn behavior() -> Value {
+    json!({
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "selectPolicy": "Max",
+            "policies": [
+                {"type": "Percent", "value": 100, "periodSeconds": 15},
+                {"type": "Pods", "value": 4, "periodSeconds": 15}
+            ]
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": 300,
+            "selectPolicy": "Min",
+            "policies": [{"type": "Percent", "value": 50, "periodSeconds": 60}]
+        }
+    })
+}
+
+fn trigger(actor: &ResolvedActor, transport: &Transport, queue_url: Option<&str>) -> Value {
+    let s = actor.scaling();
+    let queue_length = s.queue_length.unwrap_or(5).to_string();
+    let auth = json!({"name": naming::trigger_authentication_name(&actor.name)});
+    if transport.kind == TRANSPORT_RABBITMQ {
+        json!({
+            "type": "rabbitmq",
+            "metadata": {"protocol": "amqp", "queueName": actor.queue, "mode": "QueueLength", "value": queue_length},
+            "authenticationRef": auth
+        })
+    } else {
+        let c = &transport.config;
+        let mut md = json!({
+            "queueURL": queue_url.unwrap_or_default(),
+            "queueLength": queue_length,
+            "awsRegion": c.region.clone().unwrap_or_default(),
+        });
+        if let Some(ep) = &c.endpoint {
+            md["awsEndpoint"] = json!(ep);
+        }
+        // Count in-flight messages too: a busy actor must not scale in mid-work.
+        md["scaleOnInFlight"] = json!("true");
+        json!({"type": "aws-sqs-queue", "metadata": md, "authenticationRef": auth})
+    }
+}
+
+pub fn scaled_object(
+    actor: &ResolvedActor,
+    actor_labels: &BTreeMap<String, String>,
+    owner: &OwnerReference,
+    transport: &Transport,
+    queue_url: Option<&str>,
+) -> Value {
+    let s = actor.scaling();
+    json!({
+        "apiVersion": KEDA_API_VERSION,
+        "kind": "ScaledObject",
+        "metadata": {
+            "name": naming::scaled_object_name(&actor.name),
+            "namespace": actor.namespace,
+            "labels": owned_labels(actor, actor_labels),
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": actor.workload_kind(), "name": naming::workload_name(&actor.name)},
+            "minReplicaCount": s.min_replica_count.unwrap_or(0),
+            "maxReplicaCount": s.max_replica_count.unwrap_or(10),
+            "pollingInterval": s.polling_interval.unwrap_or(30),
+            "cooldownPeriod": s.cooldown_period.unwrap_or(300),
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior()}},
+            "triggers": [trigger(actor, transport, queue_url)],
+        }
+    })
+}
+
+pub fn trigger_authentication(
+    actor: &ResolvedActor,
+    actor_labels: &BTreeMap<String, String>,
+    owner: &OwnerReference,
+    transport: &Transport,
+) -> Value {
+    let secret = naming::transport_secret_name(&actor.transport);
+    let spec = if transport.kind == TRANSPORT_RABBITMQ {
+        json!({"secretTargetRef": [{"parameter": "host", "name": secret, "key": SECRET_KEY_HOST}]})
+    } else if transport.config.credentials_secret_ref.is_some() {
+        json!({"secretTargetRef": [
+            {"parameter": "awsAccessKeyID", "name": secret, "key": SECRET_KEY_AWS_ACCESS},
+            {"parameter": "awsSecretAccessKey", "name": secret, "key": SECRET_KEY_AWS_SECRET}
+        ]})
+    } else {
+        // No static keys configured: KEDA uses its own IRSA identity.
+        json!({"podIdentity": {"provider": "aws"}})
+    };
+    json!({
+        "apiVersion": KEDA_API_VERSION,
+        "kind": "TriggerAuthentication",
+        "metadata": {
+            "name": naming::trigger_authentication_name(&actor.name),
+            "namespace": actor.namespace,
+            "labels": owned_labels(actor, actor_labels),
+            "ownerReferences": [owner],
+        },
+        "spec": spec,
+    })
+}
+
+/// The IRSA role of the actor's ServiceAccount, with `{namespace}` and `{actor}` filled in.
+pub fn irsa_role(actor: &ResolvedActor, config: &ClusterConfig) -> Option<String> {
+    config.service_account.actor_role_arn.as_ref().map(|r| {
+        r.replace("{namespace}", &actor.namespace)
+            .replace("{actor}", &actor.actor)
+    })
+}

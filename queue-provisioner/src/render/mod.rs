@@ -1,0 +1,142 @@
+//! Pure rendering of everything the provisioner applies for one actor. No I/O: the controller
+//! brings the resolved actor, the cluster configuration and the credentials it read.
+
+use std::collections::BTreeMap;
+
+use asya_api::ResolvedActor;
+use asya_api::config::{ClusterConfig, TRANSPORT_RABBITMQ, Transport, TransportSettings};
+use asya_api::naming;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+pub mod keda;
+pub mod workload;
+
+/// The secrets the transport needs, read from the provisioner's own namespace.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TransportCredentials {
+    /// RabbitMQ password (`passwordSecretRef`).
+    pub password: Option<String>,
+    /// SQS static keys (`credentialsSecretRef`).
+    pub aws: Option<(String, String)>,
+}
+
+pub fn service_account(
+    actor: &ResolvedActor,
+    actor_labels: &BTreeMap<String, String>,
+    owner: &OwnerReference,
+    config: &ClusterConfig,
+) -> ServiceAccount {
+    let annotations = keda::irsa_role(actor, config)
+        .map(|arn| BTreeMap::from([("eks.amazonaws.com/role-arn".to_string(), arn)]));
+    ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(naming::service_account_name(&actor.name)),
+            namespace: Some(actor.namespace.clone()),
+            labels: Some(workload::owned_labels(actor, actor_labels)),
+            annotations,
+            owner_references: Some(vec![owner.clone()]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Percent-encodes a URL component (userinfo, vhost).
+fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The AMQP URL of a RabbitMQ transport. TLS is on by default except on loopback, as the
+/// webhook renders it for the sidecar.
+pub fn amqp_url(c: &TransportSettings, password: Option<&str>) -> String {
+    let host = c.host.clone().unwrap_or_else(|| "localhost".into());
+    let loopback = host == "localhost" || host.starts_with("127.") || host == "::1";
+    let tls = c.tls.unwrap_or(!loopback);
+    let scheme = if tls { "amqps" } else { "amqp" };
+    let port = c.port.unwrap_or(if tls { 5671 } else { 5672 });
+    let vhost = encode(c.vhost.as_deref().unwrap_or("/"));
+    let user = c.username.clone().unwrap_or_else(|| "guest".into());
+    let userinfo = match password {
+        Some(p) => format!("{}:{}", encode(&user), encode(p)),
+        None => encode(&user),
+    };
+    format!("{scheme}://{userinfo}@{host}:{port}/{vhost}")
+}
+
+fn secret(name: String, namespace: &str, data: BTreeMap<String, String>) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                workload::MANAGED_BY.0.to_string(),
+                workload::MANAGED_BY.1.to_string(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(
+            data.into_iter()
+                .map(|(k, v)| (k, ByteString(v.into_bytes())))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// Secrets in the actor's namespace: the configured credential secret under its own name
+/// (the webhook points the sidecar's env at it) and `asya-transport-{name}` with the keys
+/// KEDA's trigger reads. Shared by the namespace's actors, so not owned by any one of them.
+pub fn transport_secrets(
+    namespace: &str,
+    transport_name: &str,
+    transport: &Transport,
+    creds: &TransportCredentials,
+) -> Vec<Secret> {
+    let c = &transport.config;
+    let mut out = Vec::new();
+    let keda_name = naming::transport_secret_name(transport_name);
+    if transport.kind == TRANSPORT_RABBITMQ {
+        let url = amqp_url(c, creds.password.as_deref());
+        let mut keda = BTreeMap::from([(keda::SECRET_KEY_HOST.to_string(), url)]);
+        if let (Some(r), Some(p)) = (&c.password_secret_ref, &creds.password) {
+            keda.insert("password".into(), p.clone());
+            out.push(secret(
+                r.name.clone(),
+                namespace,
+                BTreeMap::from([(r.key.clone(), p.clone())]),
+            ));
+        }
+        out.push(secret(keda_name, namespace, keda));
+    } else if let (Some(r), Some((id, key))) = (&c.credentials_secret_ref, &creds.aws) {
+        out.push(secret(
+            r.name.clone(),
+            namespace,
+            BTreeMap::from([
+                (r.access_key_id_key.clone(), id.clone()),
+                (r.secret_access_key_key.clone(), key.clone()),
+            ]),
+        ));
+        out.push(secret(
+            keda_name,
+            namespace,
+            BTreeMap::from([
+                (keda::SECRET_KEY_AWS_ACCESS.to_string(), id.clone()),
+                (keda::SECRET_KEY_AWS_SECRET.to_string(), key.clone()),
+            ]),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

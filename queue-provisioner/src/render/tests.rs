@@ -1,0 +1,286 @@
+use std::collections::BTreeMap;
+
+use asya_api::config::ClusterConfig;
+use asya_api::{AsyncActor, FlavorCatalog, ResolvedActor};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::{Value, json};
+
+use super::keda::{scaled_object, trigger_authentication};
+use super::workload::{deployment, grace_period, stateful_set};
+use super::*;
+
+pub fn resolve(obj: Value, config: &ClusterConfig) -> ResolvedActor {
+    let actor: AsyncActor = serde_json::from_value(obj).expect("fixture parses");
+    let review = asya_api::review::review_typed(&actor, &FlavorCatalog::new(), config);
+    assert!(
+        review.errors.is_empty(),
+        "fixture is valid: {:?}",
+        review.errors
+    );
+    review.resolved.expect("resolved")
+}
+
+fn owner() -> OwnerReference {
+    OwnerReference {
+        api_version: "asya.sh/v1alpha1".into(),
+        kind: "AsyncActor".into(),
+        name: "doubler".into(),
+        uid: "uid-1".into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn flat(spec: Value) -> Value {
+    json!({"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+           "metadata": {"name": "doubler", "namespace": "team"}, "spec": spec})
+}
+
+fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([("team".to_string(), "nlp".to_string())])
+}
+
+#[test]
+fn flat_deployment_carries_injection_labels_grace_and_rollout_annotation() {
+    let cfg = ClusterConfig::default();
+    let a = resolve(
+        flat(
+            json!({"image": "py:3.12", "handler": "m.double", "env": [{"name": "A", "value": "1"}],
+                    "resiliency": {"actorTimeout": "2m"},
+                    "secretRefs": [{"name": "s", "keys": [{"key": "k", "envVar": "K"}]}, {"name": "all"}]}),
+        ),
+        &cfg,
+    );
+    let d = serde_json::to_value(deployment(&a, &labels(), &owner(), &cfg)).unwrap();
+    assert_eq!(d["metadata"]["name"], "doubler");
+    assert_eq!(
+        d["metadata"]["labels"]["team"], "nlp",
+        "actor labels propagate"
+    );
+    assert_eq!(d["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    assert_eq!(
+        d["spec"]["selector"]["matchLabels"],
+        json!({"asya.sh/actor": "doubler"})
+    );
+    assert!(
+        d["spec"].get("replicas").is_none(),
+        "KEDA owns replicas when scaling"
+    );
+    let tpl = &d["spec"]["template"];
+    assert_eq!(tpl["metadata"]["labels"]["asya.sh/inject"], "true");
+    assert_eq!(tpl["metadata"]["labels"]["asya.sh/actor"], "doubler");
+    assert_eq!(tpl["metadata"]["labels"]["team"], "nlp");
+    assert_eq!(
+        tpl["metadata"]["annotations"]["asya.sh/sidecar-image"],
+        cfg.sidecar.image.as_str()
+    );
+    assert_eq!(tpl["spec"]["terminationGracePeriodSeconds"], 150);
+    assert_eq!(tpl["spec"]["serviceAccountName"], "asya-doubler");
+    let c = &tpl["spec"]["containers"][0];
+    assert_eq!(c["name"], "asya-runtime");
+    assert_eq!(c["image"], "py:3.12");
+    assert_eq!(c["imagePullPolicy"], "IfNotPresent");
+    assert!(c.get("command").is_none(), "the webhook sets the command");
+    assert_eq!(c["env"][0], json!({"name": "A", "value": "1"}));
+    assert_eq!(
+        c["env"][1]["valueFrom"]["secretKeyRef"],
+        json!({"name": "s", "key": "k"})
+    );
+    assert_eq!(c["envFrom"][0]["secretRef"]["name"], "all");
+}
+
+#[test]
+fn sidecar_image_change_changes_the_pod_template() {
+    let cfg = ClusterConfig::default();
+    let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &cfg);
+    let mut cfg2 = cfg.clone();
+    cfg2.sidecar.image = "reg/asya-sidecar:0.2.0".into();
+    let t1 = deployment(&a, &labels(), &owner(), &cfg)
+        .spec
+        .unwrap()
+        .template;
+    let t2 = deployment(&a, &labels(), &owner(), &cfg2)
+        .spec
+        .unwrap()
+        .template;
+    assert_ne!(t1, t2, "a new sidecar version must roll the pods");
+}
+
+#[test]
+fn fixed_replicas_when_scaling_is_off() {
+    let cfg = ClusterConfig::default();
+    let a = resolve(
+        flat(json!({"image": "i", "handler": "m.f", "scaling": {"enabled": false}, "replicas": 3})),
+        &cfg,
+    );
+    let d = deployment(&a, &labels(), &owner(), &cfg);
+    assert_eq!(d.spec.unwrap().replicas, Some(3));
+}
+
+#[test]
+fn workload_template_becomes_a_statefulset_keeping_user_fields() {
+    let cfg = ClusterConfig::default();
+    let a = resolve(
+        flat(
+            json!({"workload": {"kind": "StatefulSet", "template": {"metadata": {"labels": {"x": "y"}},
+            "spec": {"terminationGracePeriodSeconds": 900, "containers": [
+                {"name": "asya-runtime", "image": "py", "env": [{"name": "ASYA_HANDLER", "value": "m.f"}]}]}},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"]}}]}}),
+        ),
+        &cfg,
+    );
+    assert_eq!(a.workload_kind(), "StatefulSet");
+    let s = serde_json::to_value(stateful_set(&a, &labels(), &owner(), &cfg)).unwrap();
+    let tpl = &s["spec"]["template"];
+    assert_eq!(tpl["metadata"]["labels"]["x"], "y");
+    assert_eq!(tpl["metadata"]["labels"]["asya.sh/inject"], "true");
+    assert_eq!(
+        tpl["spec"]["terminationGracePeriodSeconds"], 900,
+        "a longer user grace period stays"
+    );
+    assert_eq!(tpl["spec"]["containers"][0]["env"][0]["value"], "m.f");
+    assert_eq!(
+        s["spec"]["volumeClaimTemplates"][0]["metadata"]["name"],
+        "data"
+    );
+    assert_eq!(s["spec"]["serviceName"], "doubler");
+}
+
+#[test]
+fn grace_period_is_above_actor_timeout() {
+    let cfg = ClusterConfig::default();
+    let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &cfg);
+    assert!(grace_period(&a) > a.actor_timeout.as_secs() as i64);
+}
+
+#[test]
+fn rabbitmq_scaled_object() {
+    let cfg = ClusterConfig::default();
+    let a = resolve(
+        flat(json!({"image": "i", "handler": "m.f",
+                    "scaling": {"minReplicaCount": 1, "maxReplicaCount": 7, "queueLength": 3, "pollingInterval": 10, "cooldownPeriod": 60}})),
+        &cfg,
+    );
+    let so = scaled_object(&a, &labels(), &owner(), &cfg.transports["rabbitmq"], None);
+    assert_eq!(so["apiVersion"], "keda.sh/v1alpha1");
+    let s = &so["spec"];
+    assert_eq!(
+        s["scaleTargetRef"],
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "doubler"})
+    );
+    assert_eq!(
+        (s["minReplicaCount"].clone(), s["maxReplicaCount"].clone()),
+        (json!(1), json!(7))
+    );
+    assert_eq!(
+        (s["pollingInterval"].clone(), s["cooldownPeriod"].clone()),
+        (json!(10), json!(60))
+    );
+    let t = &s["triggers"][0];
+    assert_eq!(t["type"], "rabbitmq");
+    assert_eq!(t["metadata"]["queueName"], "asya-team-doubler");
+    assert_eq!(
+        t["metadata"]["value"], "3",
+        "KEDA metadata values are strings"
+    );
+    assert_eq!(t["authenticationRef"]["name"], "doubler-trigger-auth");
+    let b = &s["advanced"]["horizontalPodAutoscalerConfig"]["behavior"];
+    assert_eq!(
+        b["scaleUp"]["stabilizationWindowSeconds"], 0,
+        "scale up at once"
+    );
+    assert!(
+        b["scaleDown"]["stabilizationWindowSeconds"]
+            .as_i64()
+            .unwrap()
+            > 0,
+        "scale down gradually"
+    );
+    let ta = trigger_authentication(&a, &labels(), &owner(), &cfg.transports["rabbitmq"]);
+    assert_eq!(
+        ta["spec"]["secretTargetRef"][0],
+        json!({"parameter": "host", "name": "asya-transport-rabbitmq", "key": "host"})
+    );
+}
+
+#[test]
+fn sqs_scaled_object_and_static_credentials() {
+    let cfg = ClusterConfig::from_yaml(
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: eu-west-1, endpoint: 'http://127.0.0.1:4566', credentialsSecretRef: {name: sqs-credentials}}\n",
+    )
+    .unwrap();
+    let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &cfg);
+    let t = &cfg.transports["sqs"];
+    let so = scaled_object(
+        &a,
+        &labels(),
+        &owner(),
+        t,
+        Some("http://q/asya-team-doubler"),
+    );
+    let tr = &so["spec"]["triggers"][0];
+    assert_eq!(tr["type"], "aws-sqs-queue");
+    assert_eq!(tr["metadata"]["queueURL"], "http://q/asya-team-doubler");
+    assert_eq!(tr["metadata"]["awsRegion"], "eu-west-1");
+    assert_eq!(tr["metadata"]["awsEndpoint"], "http://127.0.0.1:4566");
+    assert_eq!(tr["metadata"]["queueLength"], "5");
+    let ta = trigger_authentication(&a, &labels(), &owner(), t);
+    assert_eq!(
+        ta["spec"]["secretTargetRef"][1]["key"],
+        "awsSecretAccessKey"
+    );
+    let creds = TransportCredentials {
+        password: None,
+        aws: Some(("AK".into(), "SK".into())),
+    };
+    let secrets = transport_secrets("team", "sqs", t, &creds);
+    let names: Vec<_> = secrets
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(names, ["sqs-credentials", "asya-transport-sqs"]);
+    assert_eq!(secrets[0].data.as_ref().unwrap()["accessKeyId"].0, b"AK");
+}
+
+#[test]
+fn sqs_without_keys_uses_pod_identity_and_irsa() {
+    let cfg = ClusterConfig::from_yaml(
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: us-east-1}\nserviceAccount:\n  actorRoleArn: 'arn:aws:iam::1:role/asya-{namespace}-{actor}'\n",
+    )
+    .unwrap();
+    let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &cfg);
+    let ta = trigger_authentication(&a, &labels(), &owner(), &cfg.transports["sqs"]);
+    assert_eq!(ta["spec"], json!({"podIdentity": {"provider": "aws"}}));
+    let sa = service_account(&a, &labels(), &owner(), &cfg);
+    assert_eq!(
+        sa.metadata.annotations.unwrap()["eks.amazonaws.com/role-arn"],
+        "arn:aws:iam::1:role/asya-team-doubler"
+    );
+    assert_eq!(sa.metadata.name.as_deref(), Some("asya-doubler"));
+}
+
+#[test]
+fn rabbitmq_secrets_and_url() {
+    let cfg = ClusterConfig::default();
+    let t = &cfg.transports["rabbitmq"];
+    assert_eq!(
+        amqp_url(&t.config, Some("p@ss")),
+        "amqps://guest:p%40ss@rabbitmq:5672/%2F"
+    );
+    let mut local = t.config.clone();
+    local.host = Some("127.0.0.1".into());
+    local.port = None;
+    assert_eq!(amqp_url(&local, None), "amqp://guest@127.0.0.1:5672/%2F");
+    let creds = TransportCredentials {
+        password: Some("pw".into()),
+        aws: None,
+    };
+    let s = transport_secrets("team", "rabbitmq", t, &creds);
+    assert_eq!(s[0].metadata.name.as_deref(), Some("rabbitmq-secret"));
+    assert_eq!(s[0].data.as_ref().unwrap()["password"].0, b"pw");
+    assert_eq!(
+        s[1].metadata.name.as_deref(),
+        Some("asya-transport-rabbitmq")
+    );
+    assert!(String::from_utf8_lossy(&s[1].data.as_ref().unwrap()["host"].0).contains(":pw@"));
+}

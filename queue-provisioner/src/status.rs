@@ -1,0 +1,467 @@
+//! The actor's status (DESIGN.md §2, seed 004) derived from what the reconcile observed. Pure:
+//! the controller gathers the observations, this decides phase, counts and conditions.
+
+use asya_api::AsyncActorStatus;
+use asya_api::labels;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::queue::{QueueDepth, QueueInfo};
+
+pub const PHASE_CREATING: &str = "Creating";
+pub const PHASE_RUNNING: &str = "Running";
+pub const PHASE_NAPPING: &str = "Napping";
+pub const PHASE_DEGRADED: &str = "Degraded";
+pub const PHASE_WAITING: &str = "Waiting";
+pub const PHASE_RUNTIME_ERROR: &str = "RuntimeError";
+pub const PHASE_SIDECAR_ERROR: &str = "SidecarError";
+pub const PHASE_IMAGE_PULL_ERROR: &str = "ImagePullError";
+pub const PHASE_TRANSPORT_ERROR: &str = "TransportError";
+pub const PHASE_TERMINATING: &str = "Terminating";
+
+pub const COND_TRANSPORT: &str = "TransportReady";
+pub const COND_WORKLOAD: &str = "WorkloadReady";
+pub const COND_SCALING: &str = "ScalingReady";
+pub const COND_FLAVORS: &str = "FlavorsResolved";
+
+/// Container waiting reasons Kubernetes keeps retrying with backoff (seed 004's FAILING).
+const FAILING_REASONS: [&str; 8] = [
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CreateContainerError",
+    "CreateContainerConfigError",
+    "RunContainerError",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+];
+const IMAGE_REASONS: [&str; 4] = [
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailKind {
+    ImagePull,
+    Sidecar,
+    Runtime,
+}
+
+impl FailKind {
+    fn phase(self) -> &'static str {
+        match self {
+            FailKind::ImagePull => PHASE_IMAGE_PULL_ERROR,
+            FailKind::Sidecar => PHASE_SIDECAR_ERROR,
+            FailKind::Runtime => PHASE_RUNTIME_ERROR,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodState {
+    Ready,
+    Pending,
+    /// In a retried error state; names the container and the reason.
+    Failing {
+        kind: FailKind,
+        container: String,
+        reason: String,
+    },
+    /// Finished, failed for good, or being deleted: not counted.
+    Gone,
+}
+
+fn failing_in(statuses: Option<&Vec<ContainerStatus>>) -> Option<(String, String)> {
+    statuses?.iter().find_map(|s| {
+        let reason = s.state.as_ref()?.waiting.as_ref()?.reason.clone()?;
+        FAILING_REASONS
+            .contains(&reason.as_str())
+            .then(|| (s.name.clone(), reason))
+    })
+}
+
+pub fn classify_pod(pod: &Pod) -> PodState {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return PodState::Gone;
+    }
+    let Some(st) = pod.status.as_ref() else {
+        return PodState::Pending;
+    };
+    if matches!(st.phase.as_deref(), Some("Failed" | "Succeeded")) {
+        return PodState::Gone;
+    }
+    let failing = failing_in(st.init_container_statuses.as_ref())
+        .or_else(|| failing_in(st.container_statuses.as_ref()));
+    if let Some((container, reason)) = failing {
+        let kind = if IMAGE_REASONS.contains(&reason.as_str()) {
+            FailKind::ImagePull
+        } else if container == labels::SIDECAR_CONTAINER || container.starts_with("asya-sidecar") {
+            FailKind::Sidecar
+        } else {
+            FailKind::Runtime
+        };
+        return PodState::Failing {
+            kind,
+            container,
+            reason,
+        };
+    }
+    let ready = st
+        .conditions
+        .as_ref()
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if ready {
+        PodState::Ready
+    } else {
+        PodState::Pending
+    }
+}
+
+/// A pod labelled for injection that carries no sidecar: created while the webhook was down.
+pub fn needs_replacing(pod: &Pod) -> bool {
+    let m = &pod.metadata;
+    if m.deletion_timestamp.is_some() {
+        return false;
+    }
+    let labelled = m
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.get(labels::INJECT).map(String::as_str) == Some("true"));
+    let injected = m
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(labels::INJECTED));
+    let has_sidecar = pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| c.name == labels::SIDECAR_CONTAINER)
+    });
+    labelled && !injected && !has_sidecar
+}
+
+/// The transport step's outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TransportObs {
+    Ready(QueueInfo, Option<QueueDepth>),
+    Failed { reason: String, message: String },
+    NotAttempted,
+}
+
+/// What one reconcile saw.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    pub generation: Option<i64>,
+    pub deleting: bool,
+    pub flavors: Vec<String>,
+    pub missing_flavors: Vec<String>,
+    /// The spec is invalid (admitted before a policy or flavor changed): why.
+    pub invalid: Option<String>,
+    pub transport: TransportObs,
+    pub workload_kind: Option<String>,
+    /// Workload applied and read back: (spec.replicas, readyReplicas).
+    pub workload: Option<(Option<i32>, i32)>,
+    pub workload_error: Option<String>,
+    pub pods: Vec<PodState>,
+    pub scaling_enabled: bool,
+    pub scaling_error: Option<String>,
+    /// desiredReplicas of KEDA's HPA.
+    pub hpa_desired: Option<i32>,
+    pub min_replicas: Option<i32>,
+    pub max_replicas: Option<i32>,
+}
+
+fn condition(
+    prev: &[Condition],
+    type_: &str,
+    ok: Option<bool>,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let status = match ok {
+        Some(true) => "True",
+        Some(false) => "False",
+        None => "Unknown",
+    };
+    // The transition time moves only when the status does.
+    let since = prev
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+/// The new status and the phase's one-line reason.
+pub fn derive(prev: &AsyncActorStatus, o: &Observed, now: Time) -> AsyncActorStatus {
+    let ready = o.pods.iter().filter(|p| **p == PodState::Ready).count() as i32;
+    let pending = o.pods.iter().filter(|p| **p == PodState::Pending).count() as i32;
+    let failing: Vec<_> = o
+        .pods
+        .iter()
+        .filter_map(|p| match p {
+            PodState::Failing {
+                kind,
+                container,
+                reason,
+            } => Some((*kind, container.as_str(), reason.as_str())),
+            _ => None,
+        })
+        .collect();
+    let desired = if o.scaling_enabled {
+        o.hpa_desired.or(o.workload.and_then(|w| w.0))
+    } else {
+        o.workload.and_then(|w| w.0)
+    };
+
+    let (phase, message) = if o.deleting {
+        (
+            PHASE_TERMINATING,
+            "deleting the queue and owned objects".to_string(),
+        )
+    } else if !o.missing_flavors.is_empty() {
+        (
+            PHASE_WAITING,
+            format!("waiting for flavors: {}", o.missing_flavors.join(", ")),
+        )
+    } else if let Some(why) = &o.invalid {
+        (PHASE_DEGRADED, format!("spec is invalid: {why}"))
+    } else if let TransportObs::Failed { message, .. } = &o.transport {
+        (PHASE_TRANSPORT_ERROR, message.clone())
+    } else if let Some(e) = &o.workload_error {
+        (PHASE_DEGRADED, format!("workload: {e}"))
+    } else if let Some((kind, container, reason)) = failing.first() {
+        let msg = format!(
+            "{} pod(s) failing: container {container}: {reason}",
+            failing.len()
+        );
+        if ready > 0 {
+            (PHASE_DEGRADED, msg)
+        } else {
+            (kind.phase(), msg)
+        }
+    } else if let Some(e) = &o.scaling_error {
+        (PHASE_DEGRADED, format!("scaling: {e}"))
+    } else if o.workload.is_none() {
+        (PHASE_CREATING, "creating the workload".to_string())
+    } else if desired == Some(0) && ready == 0 && pending == 0 {
+        (
+            PHASE_NAPPING,
+            "scaled to zero; waiting for messages".to_string(),
+        )
+    } else if ready > 0 && desired.is_none_or(|d| ready >= d) {
+        (PHASE_RUNNING, format!("{ready} replica(s) ready"))
+    } else if ready > 0 {
+        (
+            PHASE_RUNNING,
+            format!("{ready} of {} replica(s) ready", desired.unwrap_or(ready)),
+        )
+    } else {
+        (PHASE_CREATING, format!("{pending} pod(s) starting"))
+    };
+
+    let g = o.generation;
+    let pc = &prev.conditions;
+    let mut conditions = Vec::new();
+    conditions.push(if o.missing_flavors.is_empty() {
+        condition(
+            pc,
+            COND_FLAVORS,
+            Some(true),
+            "FlavorsResolved",
+            if o.flavors.is_empty() {
+                "no flavors".into()
+            } else {
+                format!("merged {}", o.flavors.join(", "))
+            },
+            g,
+            &now,
+        )
+    } else {
+        condition(
+            pc,
+            COND_FLAVORS,
+            Some(false),
+            "FlavorsMissing",
+            format!("not found: {}", o.missing_flavors.join(", ")),
+            g,
+            &now,
+        )
+    });
+    let (queue_url, queue_identifier, depth) = match &o.transport {
+        TransportObs::Ready(info, depth) => {
+            conditions.push(condition(
+                pc,
+                COND_TRANSPORT,
+                Some(true),
+                "QueueReady",
+                format!("queue {} ready", info.identifier),
+                g,
+                &now,
+            ));
+            (
+                Some(info.url.clone()),
+                Some(info.identifier.clone()),
+                *depth,
+            )
+        }
+        TransportObs::Failed { reason, message } => {
+            conditions.push(condition(
+                pc,
+                COND_TRANSPORT,
+                Some(false),
+                reason,
+                message.clone(),
+                g,
+                &now,
+            ));
+            (prev.queue_url.clone(), prev.queue_identifier.clone(), None)
+        }
+        TransportObs::NotAttempted => {
+            conditions.push(condition(
+                pc,
+                COND_TRANSPORT,
+                None,
+                "NotAttempted",
+                "transport not reconciled".into(),
+                g,
+                &now,
+            ));
+            (prev.queue_url.clone(), prev.queue_identifier.clone(), None)
+        }
+    };
+    let kind = o
+        .workload_kind
+        .clone()
+        .unwrap_or_else(|| "Deployment".into());
+    conditions.push(match (&o.workload_error, &o.workload, failing.is_empty()) {
+        (Some(e), _, _) => condition(
+            pc,
+            COND_WORKLOAD,
+            Some(false),
+            "WorkloadFailed",
+            e.clone(),
+            g,
+            &now,
+        ),
+        (None, Some(_), false) => condition(
+            pc,
+            COND_WORKLOAD,
+            Some(false),
+            "PodsFailing",
+            message.clone(),
+            g,
+            &now,
+        ),
+        (None, Some(_), true) => condition(
+            pc,
+            COND_WORKLOAD,
+            Some(true),
+            "WorkloadCreated",
+            format!("{kind} successfully created; {ready} ready, {pending} pending"),
+            g,
+            &now,
+        ),
+        (None, None, _) => condition(
+            pc,
+            COND_WORKLOAD,
+            None,
+            "NotCreated",
+            format!("{kind} not created yet"),
+            g,
+            &now,
+        ),
+    });
+    conditions.push(match (&o.scaling_error, o.scaling_enabled) {
+        (Some(e), _) => condition(
+            pc,
+            COND_SCALING,
+            Some(false),
+            "ScaledObjectFailed",
+            e.clone(),
+            g,
+            &now,
+        ),
+        (None, true) => condition(
+            pc,
+            COND_SCALING,
+            Some(true),
+            "ScaledObjectCreated",
+            "KEDA ScaledObject successfully created".into(),
+            g,
+            &now,
+        ),
+        (None, false) => condition(
+            pc,
+            COND_SCALING,
+            Some(true),
+            "ManualScaling",
+            format!(
+                "scaling disabled; fixed {} replica(s)",
+                desired.unwrap_or(0)
+            ),
+            g,
+            &now,
+        ),
+    });
+
+    // A change of the target replica count is a scale event.
+    let (last_scale_time, last_scale_direction, last_scale) = match (prev.desired_replicas, desired)
+    {
+        (Some(a), Some(b)) if a != b => {
+            let dir = if b > a { "up" } else { "down" };
+            (
+                Some(now.clone()),
+                Some(dir.to_string()),
+                Some(format!("{} ({dir})", now.0)),
+            )
+        }
+        _ => (
+            prev.last_scale_time.clone(),
+            prev.last_scale_direction.clone(),
+            prev.last_scale.clone(),
+        ),
+    };
+
+    AsyncActorStatus {
+        phase: Some(phase.into()),
+        message: Some(message),
+        conditions,
+        queue_url,
+        queue_identifier,
+        ready_replicas: Some(ready),
+        pending_replicas: Some(pending),
+        failing_replicas: Some(failing.len() as i32),
+        desired_replicas: desired,
+        min_replicas: o.min_replicas,
+        max_replicas: o.max_replicas,
+        last_scale_time,
+        last_scale_direction,
+        last_scale,
+        queued_messages: depth.and_then(|d| d.queued),
+        processing_messages: depth.and_then(|d| d.processing),
+        workload_kind: Some(kind),
+        transport_status: Some(match &o.transport {
+            TransportObs::Ready(..) => "Ready".into(),
+            TransportObs::Failed { reason, .. } => reason.clone(),
+            TransportObs::NotAttempted => "Unknown".into(),
+        }),
+        scaling_mode: Some(if o.scaling_enabled { "KEDA" } else { "Manual" }.into()),
+        resolved_flavors: o.flavors.clone(),
+        observed_generation: o.generation,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,208 @@
+use super::*;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+
+fn pod(v: serde_json::Value) -> Pod {
+    serde_json::from_value(v).expect("pod fixture")
+}
+
+fn waiting(container: &str, reason: &str) -> Pod {
+    pod(
+        json!({"metadata": {"name": "p"}, "status": {"phase": "Running",
+        "containerStatuses": [{"name": container, "ready": false, "restartCount": 3, "image": "i", "imageID": "",
+            "state": {"waiting": {"reason": reason}}}]}}),
+    )
+}
+
+fn base() -> Observed {
+    Observed {
+        generation: Some(2),
+        deleting: false,
+        flavors: vec![],
+        missing_flavors: vec![],
+        invalid: None,
+        transport: TransportObs::Ready(
+            QueueInfo {
+                url: "amqp://h/q".into(),
+                identifier: "q".into(),
+                created: false,
+            },
+            Some(QueueDepth {
+                queued: Some(4),
+                processing: None,
+            }),
+        ),
+        workload_kind: Some("Deployment".into()),
+        workload: Some((Some(1), 0)),
+        workload_error: None,
+        pods: vec![],
+        scaling_enabled: true,
+        scaling_error: None,
+        hpa_desired: Some(1),
+        min_replicas: Some(0),
+        max_replicas: Some(10),
+    }
+}
+
+fn now() -> Time {
+    Time(Timestamp::from_second(1_800_000_000).unwrap())
+}
+
+fn phase(o: &Observed) -> String {
+    derive(&AsyncActorStatus::default(), o, now())
+        .phase
+        .unwrap()
+}
+
+#[test]
+fn classifies_failing_pods_by_container_and_reason() {
+    assert!(matches!(
+        classify_pod(&waiting("asya-runtime", "CrashLoopBackOff")),
+        PodState::Failing {
+            kind: FailKind::Runtime,
+            ..
+        }
+    ));
+    assert!(matches!(
+        classify_pod(&waiting("asya-sidecar", "CrashLoopBackOff")),
+        PodState::Failing {
+            kind: FailKind::Sidecar,
+            ..
+        }
+    ));
+    assert!(matches!(
+        classify_pod(&waiting("asya-runtime", "ImagePullBackOff")),
+        PodState::Failing {
+            kind: FailKind::ImagePull,
+            ..
+        }
+    ));
+    assert_eq!(
+        classify_pod(&waiting("asya-runtime", "ContainerCreating")),
+        PodState::Pending
+    );
+    // Failed for good: not retried, not FAILING (seed 004).
+    assert_eq!(
+        classify_pod(&pod(json!({"metadata": {}, "status": {"phase": "Failed"}}))),
+        PodState::Gone
+    );
+    let ready = pod(
+        json!({"metadata": {}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
+    );
+    assert_eq!(classify_pod(&ready), PodState::Ready);
+    // Init containers count too.
+    let init = pod(
+        json!({"metadata": {}, "status": {"phase": "Pending", "initContainerStatuses": [
+        {"name": "asya-runtime-installer", "ready": false, "restartCount": 1, "image": "i", "imageID": "",
+         "state": {"waiting": {"reason": "CreateContainerConfigError"}}}]}}),
+    );
+    assert!(matches!(
+        classify_pod(&init),
+        PodState::Failing {
+            kind: FailKind::Runtime,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn phases() {
+    let mut o = base();
+    assert_eq!(phase(&o), "Creating", "workload exists, nothing ready yet");
+    o.pods = vec![PodState::Ready];
+    assert_eq!(phase(&o), "Running");
+    o.pods = vec![PodState::Failing {
+        kind: FailKind::Runtime,
+        container: "asya-runtime".into(),
+        reason: "CrashLoopBackOff".into(),
+    }];
+    assert_eq!(phase(&o), "RuntimeError");
+    o.pods.push(PodState::Ready);
+    assert_eq!(phase(&o), "Degraded", "some pods serve, some fail");
+    o.pods = vec![PodState::Failing {
+        kind: FailKind::ImagePull,
+        container: "asya-runtime".into(),
+        reason: "ErrImagePull".into(),
+    }];
+    assert_eq!(phase(&o), "ImagePullError");
+    let mut o = base();
+    o.hpa_desired = Some(0);
+    o.workload = Some((Some(0), 0));
+    assert_eq!(phase(&o), "Napping");
+    o.transport = TransportObs::Failed {
+        reason: "Unavailable".into(),
+        message: "broker down".into(),
+    };
+    assert_eq!(phase(&o), "TransportError");
+    o.missing_flavors = vec!["gpu".into()];
+    assert_eq!(phase(&o), "Waiting");
+    o.deleting = true;
+    assert_eq!(phase(&o), "Terminating");
+}
+
+#[test]
+fn status_fields_and_conditions() {
+    let mut o = base();
+    o.pods = vec![PodState::Ready, PodState::Pending];
+    o.hpa_desired = Some(2);
+    let s = derive(&AsyncActorStatus::default(), &o, now());
+    assert_eq!(
+        (s.ready_replicas, s.pending_replicas, s.failing_replicas),
+        (Some(1), Some(1), Some(0))
+    );
+    assert_eq!(s.desired_replicas, Some(2));
+    assert_eq!(s.queued_messages, Some(4));
+    assert_eq!(s.queue_identifier.as_deref(), Some("q"));
+    assert_eq!(s.scaling_mode.as_deref(), Some("KEDA"));
+    assert_eq!(s.transport_status.as_deref(), Some("Ready"));
+    assert_eq!(s.observed_generation, Some(2));
+    let types: Vec<_> = s
+        .conditions
+        .iter()
+        .map(|c| (c.type_.as_str(), c.status.as_str()))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            ("FlavorsResolved", "True"),
+            ("TransportReady", "True"),
+            ("WorkloadReady", "True"),
+            ("ScalingReady", "True")
+        ]
+    );
+    // Scale event: desired 2 → 5 is "up"; the condition times stay put when nothing flips.
+    let later = Time(Timestamp::from_second(1_800_000_100).unwrap());
+    o.hpa_desired = Some(5);
+    let s2 = derive(&s, &o, later.clone());
+    assert_eq!(s2.last_scale_direction.as_deref(), Some("up"));
+    assert_eq!(s2.last_scale_time, Some(later.clone()));
+    assert!(s2.last_scale.as_deref().unwrap().ends_with("(up)"));
+    assert_eq!(s2.conditions[1].last_transition_time, now());
+    o.scaling_enabled = false;
+    o.workload = Some((Some(3), 0));
+    let s3 = derive(&s2, &o, later);
+    assert_eq!(s3.scaling_mode.as_deref(), Some("Manual"));
+    assert_eq!(s3.desired_replicas, Some(3));
+    assert_eq!(s3.last_scale_direction.as_deref(), Some("down"));
+}
+
+#[test]
+fn replaces_only_labelled_pods_without_sidecar() {
+    let bare = pod(
+        json!({"metadata": {"labels": {"asya.sh/inject": "true", "asya.sh/actor": "a"}},
+        "spec": {"containers": [{"name": "asya-runtime", "image": "i"}]}}),
+    );
+    assert!(needs_replacing(&bare));
+    let injected = pod(json!({"metadata": {"labels": {"asya.sh/inject": "true"}},
+        "spec": {"containers": [{"name": "asya-runtime", "image": "i"}],
+                 "initContainers": [{"name": "asya-sidecar", "image": "s", "restartPolicy": "Always"}]}}));
+    assert!(!needs_replacing(&injected));
+    let unlabelled =
+        pod(json!({"metadata": {}, "spec": {"containers": [{"name": "x", "image": "i"}]}}));
+    assert!(!needs_replacing(&unlabelled));
+    let going = pod(
+        json!({"metadata": {"labels": {"asya.sh/inject": "true"}, "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"containers": [{"name": "asya-runtime", "image": "i"}]}}),
+    );
+    assert!(!needs_replacing(&going));
+}
