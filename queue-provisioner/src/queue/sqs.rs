@@ -86,6 +86,11 @@ impl SqsQueues {
         }
     }
 
+    /// The underlying client, for tests that read queues back.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     async fn url(&self, name: &str) -> Result<Option<String>, QueueError> {
         match self.client.get_queue_url().queue_name(name).send().await {
             Ok(out) => Ok(out.queue_url().map(str::to_string)),
