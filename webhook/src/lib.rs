@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod cache;
+pub mod client;
 pub mod inject;
 pub mod inject_cmd;
 pub mod serve;

@@ -193,7 +193,7 @@ async fn admit(shared: Arc<Shared>, endpoint: Endpoint, body: Body) -> Response 
         native_sidecar: shared.native_sidecar,
     };
     let (resp, operation, result) = match handle(endpoint, &bytes, &ctx) {
-        Ok(h) => match serde_json::to_vec(&h.review) {
+        Ok(h) => match crate::admission::encode_review(&h.review) {
             Ok(json) => (
                 ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
                 h.operation,

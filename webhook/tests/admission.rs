@@ -1,0 +1,659 @@
+//! AdmissionReview fixtures through `admission::handle`, one test per path.
+
+use std::collections::HashMap;
+
+use asya_api::config::ClusterConfig;
+use asya_api::flavor::{FlavorCatalog, FlavorDef, FlavorSource};
+use asya_webhook::admission::{BadRequest, Ctx, Endpoint, encode_review, handle};
+use serde_json::{Value, json};
+
+struct Env {
+    config: ClusterConfig,
+    catalog: FlavorCatalog,
+    actors: HashMap<(String, String), Value>,
+}
+
+impl Env {
+    fn new() -> Self {
+        let mut catalog = FlavorCatalog::new();
+        catalog.insert(FlavorDef::from_data(
+            "gpu-small",
+            FlavorSource::Flavor,
+            &json!({"nodeSelector": {"gpu": "t4"}}),
+        ));
+        catalog.insert(FlavorDef::from_data(
+            "fast-scale",
+            FlavorSource::Flavor,
+            &json!({"scaling": {"minReplicaCount": 1}}),
+        ));
+        catalog.insert(FlavorDef::from_data(
+            "slow-scale",
+            FlavorSource::Flavor,
+            &json!({"scaling": {"minReplicaCount": 2}}),
+        ));
+        Self {
+            config: ClusterConfig::default(),
+            catalog,
+            actors: HashMap::new(),
+        }
+    }
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            config: &self.config,
+            catalog: &self.catalog,
+            actors: &self.actors,
+            native_sidecar: true,
+        }
+    }
+    fn run(&self, ep: Endpoint, review: &Value) -> Value {
+        let h = handle(ep, &serde_json::to_vec(review).unwrap(), &self.ctx()).unwrap();
+        let wire: Value = serde_json::from_slice(&encode_review(&h.review).unwrap()).unwrap();
+        assert_eq!(wire["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(wire["kind"], "AdmissionReview");
+        wire["response"].clone()
+    }
+}
+
+fn actor(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+           "metadata": {"name": name, "namespace": "team-a"}, "spec": spec})
+}
+
+fn review(kind: Value, op: &str, object: Option<Value>, old: Option<Value>) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "0b6e4c3a-1111-2222-3333-444455556666",
+            "kind": kind,
+            "resource": {"group": "", "version": "v1", "resource": "x"},
+            "name": object.as_ref().and_then(|o| o.pointer("/metadata/name")).cloned().unwrap_or(json!("x")),
+            "namespace": "team-a",
+            "operation": op,
+            "userInfo": {"username": "alice"},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false
+        }
+    })
+}
+
+fn actor_kind() -> Value {
+    json!({"group": "asya.sh", "version": "v1alpha1", "kind": "AsyncActor"})
+}
+
+fn pod_kind() -> Value {
+    json!({"group": "", "version": "v1", "kind": "Pod"})
+}
+
+fn apply(obj: &Value, resp: &Value) -> Value {
+    let patch_b64 = resp["patch"].as_str().expect("a patch");
+    use base64_decode::decode;
+    let ops: json_patch::Patch = serde_json::from_slice(&decode(patch_b64)).unwrap();
+    let mut out = obj.clone();
+    json_patch::patch(&mut out, &ops).unwrap();
+    out
+}
+
+/// Tiny base64 decoder so the test does not depend on a crate for one call.
+mod base64_decode {
+    pub fn decode(s: &str) -> Vec<u8> {
+        let table = |c: u8| -> u32 {
+            match c {
+                b'A'..=b'Z' => (c - b'A') as u32,
+                b'a'..=b'z' => (c - b'a' + 26) as u32,
+                b'0'..=b'9' => (c - b'0' + 52) as u32,
+                b'+' => 62,
+                b'/' => 63,
+                _ => panic!("bad base64 {c}"),
+            }
+        };
+        let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=').collect();
+        let mut out = Vec::new();
+        for chunk in bytes.chunks(4) {
+            let mut n = 0u32;
+            for (i, &c) in chunk.iter().enumerate() {
+                n |= table(c) << (18 - 6 * i);
+            }
+            out.push((n >> 16) as u8);
+            if chunk.len() > 2 {
+                out.push((n >> 8) as u8);
+            }
+            if chunk.len() > 3 {
+                out.push(n as u8);
+            }
+        }
+        out
+    }
+}
+
+fn patch_ops(resp: &Value) -> Vec<Value> {
+    serde_json::from_slice(&base64_decode::decode(resp["patch"].as_str().unwrap())).unwrap()
+}
+
+#[test]
+fn valid_actor_is_allowed_and_uid_echoed() {
+    let env = Env::new();
+    let a = actor(
+        "echo",
+        json!({"image": "python:3.13", "handler": "echo.handle", "flavors": ["gpu-small", "fast-scale"]}),
+    );
+    let r = env.run(
+        Endpoint::ValidateActors,
+        &review(actor_kind(), "CREATE", Some(a), None),
+    );
+    assert_eq!(r["uid"], "0b6e4c3a-1111-2222-3333-444455556666");
+    assert_eq!(r["allowed"], true);
+    assert!(r.get("patch").is_none());
+    assert!(r.get("warnings").is_none(), "{r}");
+}
+
+#[test]
+fn invalid_actor_lists_every_reason() {
+    let env = Env::new();
+    let a = actor(
+        "Bad_Name",
+        json!({
+            "handler": "not a handler",
+            "imagePullPolicy": "Sometimes",
+            "scaling": {"minReplicaCount": 5, "maxReplicaCount": 2}
+        }),
+    );
+    let r = env.run(
+        Endpoint::ValidateActors,
+        &review(actor_kind(), "CREATE", Some(a), None),
+    );
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 422);
+    assert_eq!(r["status"]["reason"], "Invalid");
+    let msg = r["status"]["message"].as_str().unwrap();
+    for needle in [
+        "spec.actor",
+        "spec.image",
+        "spec.handler",
+        "spec.imagePullPolicy",
+        "minReplicaCount",
+    ] {
+        assert!(msg.contains(needle), "{needle} missing from: {msg}");
+    }
+    let causes = r["status"]["details"]["causes"].as_array().unwrap();
+    assert!(causes.len() >= 5, "{causes:?}");
+}
+
+#[test]
+fn flavor_conflict_is_rejected_naming_both() {
+    let env = Env::new();
+    let a = actor(
+        "echo",
+        json!({"image": "i", "handler": "m.f", "flavors": ["fast-scale", "slow-scale"]}),
+    );
+    let r = env.run(
+        Endpoint::ValidateActors,
+        &review(actor_kind(), "CREATE", Some(a), None),
+    );
+    assert_eq!(r["allowed"], false);
+    let msg = r["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("fast-scale")
+            && msg.contains("slow-scale")
+            && msg.contains("scaling.minReplicaCount"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn missing_flavor_is_a_warning() {
+    let env = Env::new();
+    let a = actor(
+        "echo",
+        json!({"image": "i", "handler": "m.f", "flavors": ["not-there"]}),
+    );
+    let r = env.run(
+        Endpoint::ValidateActors,
+        &review(actor_kind(), "CREATE", Some(a), None),
+    );
+    assert_eq!(r["allowed"], true);
+    let w = r["warnings"].as_array().unwrap();
+    assert!(
+        w.iter().any(|w| w.as_str().unwrap().contains("not-there")),
+        "{w:?}"
+    );
+}
+
+#[test]
+fn mutate_rewrites_aliases_with_a_minimal_patch_and_warns() {
+    let env = Env::new();
+    let a = actor(
+        "echo",
+        json!({"image": "i", "handler": "m.f", "scaling": {"minReplicas": 1, "maxReplicas": 4}}),
+    );
+    let r = env.run(
+        Endpoint::MutateActors,
+        &review(actor_kind(), "CREATE", Some(a.clone()), None),
+    );
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["patchType"], "JSONPatch");
+    let patched = apply(&a, &r);
+    assert_eq!(
+        patched["spec"]["scaling"],
+        json!({"minReplicaCount": 1, "maxReplicaCount": 4})
+    );
+    assert_eq!(patched["spec"]["actor"], "echo");
+    assert_eq!(patched["spec"]["transport"], "rabbitmq");
+    // Only the changed leaves, never a whole-object replace.
+    for op in patch_ops(&r) {
+        assert_ne!(op["path"], "/spec", "{op}");
+        assert_ne!(op["path"], "", "{op}");
+    }
+    let w: Vec<&str> = r["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert!(w.iter().any(|w| w.contains("minReplicas")), "{w:?}");
+    // The rewritten object passes validation without repeating the alias warnings.
+    let v = env.run(
+        Endpoint::ValidateActors,
+        &review(actor_kind(), "CREATE", Some(patched.clone()), None),
+    );
+    assert_eq!(v["allowed"], true);
+    assert!(v.get("warnings").is_none(), "{v}");
+    // Mutating the rewritten object again changes nothing.
+    let again = env.run(
+        Endpoint::MutateActors,
+        &review(actor_kind(), "CREATE", Some(patched), None),
+    );
+    assert!(again.get("patch").is_none(), "{again}");
+}
+
+#[test]
+fn update_may_not_change_actor_or_transport() {
+    let env = Env::new();
+    let old = actor(
+        "echo",
+        json!({"actor": "echo", "transport": "rabbitmq", "image": "i", "handler": "m.f"}),
+    );
+    let new = actor(
+        "echo",
+        json!({"actor": "echo2", "transport": "sqs", "image": "i", "handler": "m.f"}),
+    );
+    let r = env.run(
+        Endpoint::ValidateActors,
+        &review(actor_kind(), "UPDATE", Some(new), Some(old.clone())),
+    );
+    assert_eq!(r["allowed"], false);
+    let msg = r["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("spec.actor") && msg.contains("spec.transport") && msg.contains("immutable"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("asya-team-a-echo"),
+        "says which queue depends on it: {msg}"
+    );
+    // Other changes are fine.
+    let ok = actor(
+        "echo",
+        json!({"actor": "echo", "transport": "rabbitmq", "image": "i2", "handler": "m.g"}),
+    );
+    let r = env.run(
+        Endpoint::ValidateActors,
+        &review(actor_kind(), "UPDATE", Some(ok), Some(old)),
+    );
+    assert_eq!(r["allowed"], true, "{r}");
+}
+
+#[test]
+fn delete_passes() {
+    let env = Env::new();
+    let old = actor("echo", json!({"image": "i", "handler": "m.f"}));
+    for ep in [Endpoint::ValidateActors, Endpoint::MutateActors] {
+        let r = env.run(ep, &review(actor_kind(), "DELETE", None, Some(old.clone())));
+        assert_eq!(r["allowed"], true);
+    }
+}
+
+#[test]
+fn dry_run_gets_the_same_answer() {
+    let env = Env::new();
+    let a = actor(
+        "echo",
+        json!({"image": "i", "handler": "m.f", "scaling": {"minReplicas": 1}}),
+    );
+    let mut rv = review(actor_kind(), "CREATE", Some(a), None);
+    let wet = env.run(Endpoint::MutateActors, &rv);
+    rv["request"]["dryRun"] = json!(true);
+    let dry = env.run(Endpoint::MutateActors, &rv);
+    assert_eq!(wet, dry);
+}
+
+#[test]
+fn wrong_kind_on_endpoint_is_denied_with_reason() {
+    let env = Env::new();
+    let p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}});
+    let r = env.run(
+        Endpoint::ValidateActors,
+        &review(pod_kind(), "CREATE", Some(p), None),
+    );
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 400);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("AsyncActor")
+    );
+    let a = actor("echo", json!({"image": "i", "handler": "m.f"}));
+    let r = env.run(
+        Endpoint::MutatePods,
+        &review(actor_kind(), "CREATE", Some(a), None),
+    );
+    assert_eq!(r["allowed"], false);
+}
+
+#[test]
+fn bodies_that_are_not_reviews_are_bad_requests() {
+    let env = Env::new();
+    let ctx = env.ctx();
+    let bad = |b: &[u8]| handle(Endpoint::ValidateActors, b, &ctx).unwrap_err();
+    assert!(bad(b"").0.contains("not an AdmissionReview"));
+    assert!(bad(b"\xff\xfe").0.contains("not an AdmissionReview"));
+    assert!(
+        bad(b"{\"kind\":\"Pod\",\"apiVersion\":\"v1\"}")
+            .0
+            .contains("AdmissionReview")
+    );
+    let no_req = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"});
+    assert_eq!(
+        bad(&serde_json::to_vec(&no_req).unwrap()),
+        BadRequest("AdmissionReview has no request".into())
+    );
+    let v1beta1 =
+        json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}});
+    assert!(
+        bad(&serde_json::to_vec(&v1beta1).unwrap())
+            .0
+            .contains("AdmissionReview")
+    );
+    let v1beta1 = json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"});
+    assert!(
+        bad(&serde_json::to_vec(&v1beta1).unwrap())
+            .0
+            .contains("expected apiVersion admission.k8s.io/v1")
+    );
+}
+
+fn pod(labels: Value, annotations: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"generateName": "echo-", "namespace": "team-a", "labels": labels, "annotations": annotations},
+           "spec": {"containers": [{"name": "asya-runtime", "image": "python:3.13"}]}})
+}
+
+#[test]
+fn unlabelled_pod_is_untouched() {
+    let env = Env::new();
+    let r = env.run(
+        Endpoint::MutatePods,
+        &review(
+            pod_kind(),
+            "CREATE",
+            Some(pod(json!({"app": "x"}), json!({}))),
+            None,
+        ),
+    );
+    assert_eq!(r["allowed"], true);
+    assert!(r.get("patch").is_none());
+}
+
+#[test]
+fn labelled_pod_without_configuration_is_rejected_saying_what_to_add() {
+    let env = Env::new();
+    let p = pod(
+        json!({"asya.sh/inject": "true", "asya.sh/actor": "echo"}),
+        json!({}),
+    );
+    let r = env.run(
+        Endpoint::MutatePods,
+        &review(pod_kind(), "CREATE", Some(p), None),
+    );
+    assert_eq!(r["allowed"], false);
+    let msg = r["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("AsyncActor \"echo\"") && msg.contains("asya.sh/handler"),
+        "{msg}"
+    );
+    let p = pod(json!({"asya.sh/inject": "true"}), json!({}));
+    let r = env.run(
+        Endpoint::MutatePods,
+        &review(pod_kind(), "CREATE", Some(p), None),
+    );
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("asya.sh/actor")
+    );
+}
+
+#[test]
+fn pod_with_handler_annotation_is_injected_with_escaped_paths() {
+    let env = Env::new();
+    let p = pod(
+        json!({"asya.sh/inject": "true", "asya.sh/actor": "echo"}),
+        json!({"asya.sh/handler": "echo.handle", "asya.sh/transport": "sqs", "a~b/c": "keep"}),
+    );
+    let r = env.run(
+        Endpoint::MutatePods,
+        &review(pod_kind(), "CREATE", Some(p.clone()), None),
+    );
+    assert_eq!(r["allowed"], true, "{r}");
+    let ops = patch_ops(&r);
+    // Annotation keys are JSON-pointer escaped: '/' → '~1', '~' → '~0'.
+    assert!(
+        ops.iter()
+            .any(|o| o["path"] == "/metadata/annotations/asya.sh~1injected"),
+        "{ops:?}"
+    );
+    let out = apply(&p, &r);
+    assert_eq!(out["metadata"]["annotations"]["a~b/c"], "keep");
+    let c = &out["spec"]["containers"][0];
+    assert_eq!(
+        c["command"],
+        json!(["python3", "/opt/asya/asya_runtime.py"])
+    );
+    assert!(
+        c["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "ASYA_HANDLER", "value": "echo.handle"}))
+    );
+    let sc = &out["spec"]["initContainers"][1];
+    assert_eq!(sc["name"], "asya-sidecar");
+    assert_eq!(sc["restartPolicy"], "Always");
+    assert!(
+        sc["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "ASYA_TRANSPORT", "value": "sqs"}))
+    );
+
+    // Injected pod → no second patch; UPDATE → never patched.
+    let again = env.run(
+        Endpoint::MutatePods,
+        &review(pod_kind(), "CREATE", Some(out.clone()), None),
+    );
+    assert!(again.get("patch").is_none() && again["allowed"] == true);
+    let upd = env.run(
+        Endpoint::MutatePods,
+        &review(pod_kind(), "UPDATE", Some(p.clone()), Some(p)),
+    );
+    assert!(upd.get("patch").is_none() && upd["allowed"] == true);
+}
+
+#[test]
+fn invalid_annotations_are_rejected_by_the_same_rules() {
+    let env = Env::new();
+    let p = pod(
+        json!({"asya.sh/inject": "true", "asya.sh/actor": "echo"}),
+        json!({"asya.sh/handler": "no dots here", "asya.sh/transport": "kafka"}),
+    );
+    let r = env.run(
+        Endpoint::MutatePods,
+        &review(pod_kind(), "CREATE", Some(p), None),
+    );
+    assert_eq!(r["allowed"], false);
+    let msg = r["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("spec.handler") && msg.contains("spec.transport"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn pod_takes_its_configuration_from_the_asyncactor() {
+    let mut env = Env::new();
+    env.actors.insert(
+        ("team-a".into(), "echo".into()),
+        actor(
+            "echo",
+            json!({"image": "python:3.13", "handler": "pkg.mod.Cls.run", "handlerMode": "envelope",
+                              "pythonExecutable": "/usr/bin/python3.12",
+                              "resiliency": {"actorTimeout": "90s"},
+                              "sidecar": {"image": "registry.local/asya-sidecar:dev"}}),
+        ),
+    );
+    let p = pod(
+        json!({"asya.sh/inject": "true", "asya.sh/actor": "echo"}),
+        json!({"asya.sh/handler": "ignored.because_actor"}),
+    );
+    let r = env.run(
+        Endpoint::MutatePods,
+        &review(pod_kind(), "CREATE", Some(p.clone()), None),
+    );
+    assert_eq!(r["allowed"], true, "{r}");
+    let out = apply(&p, &r);
+    let c = &out["spec"]["containers"][0];
+    assert_eq!(
+        c["command"],
+        json!(["/usr/bin/python3.12", "/opt/asya/asya_runtime.py"])
+    );
+    let env_list = c["env"].as_array().unwrap();
+    assert!(env_list.contains(&json!({"name": "ASYA_HANDLER", "value": "pkg.mod.Cls.run"})));
+    assert!(env_list.contains(&json!({"name": "ASYA_HANDLER_MODE", "value": "envelope"})));
+    let sc = &out["spec"]["initContainers"][1];
+    assert_eq!(sc["image"], "registry.local/asya-sidecar:dev");
+    assert!(
+        sc["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "ASYA_RUNTIME_TIMEOUT", "value": "90s"}))
+    );
+}
+
+#[test]
+fn pod_of_an_invalid_asyncactor_is_rejected() {
+    let mut env = Env::new();
+    env.actors.insert(
+        ("team-a".into(), "echo".into()),
+        actor("echo", json!({"image": "i", "handler": "bad handler"})),
+    );
+    let p = pod(
+        json!({"asya.sh/inject": "true", "asya.sh/actor": "echo"}),
+        json!({}),
+    );
+    let r = env.run(
+        Endpoint::MutatePods,
+        &review(pod_kind(), "CREATE", Some(p), None),
+    );
+    assert_eq!(r["allowed"], false);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("AsyncActor team-a/echo is invalid")
+    );
+}
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Arbitrary bytes: an answer (400 or a review), never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let env = Env::new();
+            for ep in [Endpoint::ValidateActors, Endpoint::MutateActors, Endpoint::MutatePods] {
+                let _ = handle(ep, &body, &env.ctx());
+            }
+        }
+
+        /// Structurally valid reviews with arbitrary specs: always a review with the uid.
+        #[test]
+        fn arbitrary_specs_get_an_answer(
+            spec in arb_json(3),
+            op in prop::sample::select(vec!["CREATE", "UPDATE", "DELETE", "CONNECT"]),
+        ) {
+            let env = Env::new();
+            let a = actor("echo", spec.clone());
+            let p = json!({"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": "p", "labels": {"asya.sh/inject": "true", "asya.sh/actor": "echo"},
+                                        "annotations": {"asya.sh/handler": "m.f"}},
+                           "spec": spec});
+            for (ep, kind, obj) in [
+                (Endpoint::ValidateActors, actor_kind(), a.clone()),
+                (Endpoint::MutateActors, actor_kind(), a.clone()),
+                (Endpoint::MutatePods, pod_kind(), p),
+            ] {
+                let rv = review(kind, op, Some(obj.clone()), Some(obj));
+                let h = handle(ep, &serde_json::to_vec(&rv).unwrap(), &env.ctx()).unwrap();
+                let out = serde_json::to_value(&h.review).unwrap();
+                prop_assert_eq!(&out["response"]["uid"], "0b6e4c3a-1111-2222-3333-444455556666");
+            }
+        }
+    }
+
+    fn arb_json(depth: u32) -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[a-zA-Z0-9._/~ -]{0,12}".prop_map(Value::from),
+        ];
+        let keys = prop::sample::select(vec![
+            "image",
+            "handler",
+            "actor",
+            "transport",
+            "flavors",
+            "scaling",
+            "minReplicas",
+            "maxReplicaCount",
+            "resiliency",
+            "policies",
+            "rules",
+            "workload",
+            "template",
+            "containers",
+            "env",
+            "name",
+            "value",
+            "sidecar",
+            "command",
+            "replicas",
+            "timeout",
+            "processing",
+            "x~y/z",
+        ]);
+        leaf.prop_recursive(depth, 32, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map(keys.clone(), inner, 0..5).prop_map(|m| {
+                    Value::Object(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+                }),
+            ]
+        })
+    }
+}
