@@ -1,0 +1,83 @@
+{{/* Names: every object is prefixed with the release name, e.g. asya-webhook. */}}
+{{- define "asya.fullname" -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- define "asya.webhook.name" -}}{{ include "asya.fullname" . }}-webhook{{- end -}}
+{{- define "asya.provisioner.name" -}}{{ include "asya.fullname" . }}-provisioner{{- end -}}
+{{- define "asya.webhook.tlsSecret" -}}{{ include "asya.fullname" . }}-webhook-tls{{- end -}}
+{{- define "asya.webhook.mutating" -}}{{ include "asya.fullname" . }}-webhook{{- end -}}
+{{- define "asya.webhook.validating" -}}{{ include "asya.fullname" . }}-webhook{{- end -}}
+{{- define "asya.configMap" -}}asya-config{{- end -}}
+
+{{- define "asya.labels" -}}
+app.kubernetes.io/name: asya
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "asya.selector" -}}
+app.kubernetes.io/name: asya
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "asya.image" -}}
+{{- $tag := .image.tag | default .root.Chart.AppVersion -}}
+{{- printf "%s:%s" .image.repository $tag -}}
+{{- end -}}
+
+{{/* Drops empty strings and nulls from a map, recursively, so optional settings left "" in
+     values do not reach the config (the config parser rejects an empty endpoint, say). */}}
+{{- define "asya.compact" -}}
+{{- $out := dict -}}
+{{- range $k, $v := . -}}
+{{- if kindIs "map" $v -}}
+{{- $inner := include "asya.compact" $v | fromJson -}}
+{{- if $inner }}{{ $_ := set $out $k $inner }}{{ end -}}
+{{- else if and (not (kindIs "invalid" $v)) (not (and (kindIs "string" $v) (eq $v ""))) -}}
+{{- $_ := set $out $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- $out | toJson -}}
+{{- end -}}
+
+{{/* The enabled transport names, sorted. */}}
+{{- define "asya.enabledTransports" -}}
+{{- $names := list -}}
+{{- range $name, $t := .Values.transports -}}
+{{- if $t.enabled }}{{ $names = append $names $name }}{{ end -}}
+{{- end -}}
+{{- $names | sortAlpha | toJson -}}
+{{- end -}}
+
+{{- define "asya.defaultTransport" -}}
+{{- $enabled := include "asya.enabledTransports" . | fromJsonArray -}}
+{{- if not $enabled -}}
+{{- fail "transports: no transport is enabled; set transports.rabbitmq.enabled=true or transports.sqs.enabled=true" -}}
+{{- end -}}
+{{- if .Values.defaultTransport -}}
+{{- if not (has .Values.defaultTransport $enabled) -}}
+{{- fail (printf "defaultTransport: %q is not an enabled transport (enabled: %s); enable transports.%s or change defaultTransport" .Values.defaultTransport (join ", " $enabled) .Values.defaultTransport) -}}
+{{- end -}}
+{{- .Values.defaultTransport -}}
+{{- else if has "rabbitmq" $enabled -}}rabbitmq
+{{- else -}}{{ first $enabled }}
+{{- end -}}
+{{- end -}}
+
+{{/* The cluster configuration (asya_api::config::ClusterConfig). */}}
+{{- define "asya.clusterConfig" -}}
+{{- $transports := dict -}}
+{{- range $name, $t := .Values.transports -}}
+{{- $_ := set $transports $name (dict "enabled" $t.enabled "type" $t.type "config" (include "asya.compact" ($t.config | default dict) | fromJson)) -}}
+{{- end -}}
+{{- $cfg := dict "defaultTransport" (include "asya.defaultTransport" .) "transports" $transports -}}
+{{- $_ := set $cfg "sidecar" (include "asya.compact" .Values.sidecar | fromJson) -}}
+{{- $_ := set $cfg "policy" .Values.policy -}}
+{{- if .Values.actorServiceAccount.roleArn -}}
+{{- $_ := set $cfg "serviceAccount" (dict "actorRoleArn" .Values.actorServiceAccount.roleArn) -}}
+{{- end -}}
+{{- toYaml $cfg -}}
+{{- end -}}

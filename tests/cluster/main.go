@@ -1,0 +1,461 @@
+// Command asya-test-cluster is the project's test Kubernetes control plane: an embedded etcd,
+// a real kube-apiserver and kube-controller-manager, and kubectl, all from the Go module
+// k8s.io/kubernetes, in one multi-call binary (the old "hyperkube" pattern).
+//
+//	asya-test-cluster run --dir DIR [--port 16443] [--etcd-port 12379]
+//	asya-test-cluster kube-apiserver FLAGS...        (also when invoked as "kube-apiserver")
+//	asya-test-cluster kube-controller-manager FLAGS...
+//	asya-test-cluster kubectl ARGS...                (also when invoked as "kubectl")
+//
+// "run" generates the certificates and keys it needs under DIR/pki (once), starts etcd in
+// process, then the API server and the controller manager as child processes of this same
+// binary, writes DIR/kubeconfig (admin, system:masters) and stays in the foreground until it
+// gets SIGTERM/SIGINT or a child exits. tests/cluster/up runs it in the background.
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	kubectlcmd "k8s.io/kubectl/pkg/cmd"
+	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	cmapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+)
+
+func main() {
+	name := filepath.Base(os.Args[0])
+	args := os.Args[1:]
+	if name == "asya-test-cluster" || strings.HasPrefix(name, "asya-test-cluster") {
+		if len(args) == 0 {
+			fmt.Fprintln(os.Stderr, "usage: asya-test-cluster run|kube-apiserver|kube-controller-manager|kubectl ...")
+			os.Exit(2)
+		}
+		name, args = args[0], args[1:]
+	}
+	// Each component parses its own flags from os.Args[1:].
+	os.Args = append([]string{name}, args...)
+	switch name {
+	case "kube-apiserver":
+		os.Exit(cli.Run(apiserverapp.NewAPIServerCommand()))
+	case "kube-controller-manager":
+		os.Exit(cli.Run(cmapp.NewControllerManagerCommand()))
+	case "kubectl":
+		cmd := kubectlcmd.NewDefaultKubectlCommand()
+		if err := cli.RunNoErrOutput(cmd); err != nil {
+			// kubectl prints its own errors through cmdutil.CheckErr; keep its exit code.
+			os.Exit(1)
+		}
+		os.Exit(0)
+	case "run":
+		if err := run(args); err != nil {
+			log.Printf("asya-test-cluster: %v", err)
+			os.Exit(1)
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "asya-test-cluster: unknown command %q\n", name)
+		os.Exit(2)
+	}
+}
+
+type config struct {
+	dir      string
+	port     int
+	etcdPort int
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	var c config
+	fs.StringVar(&c.dir, "dir", "", "state directory (pki, etcd data, kubeconfig, logs)")
+	fs.IntVar(&c.port, "port", 16443, "API server secure port on 127.0.0.1")
+	fs.IntVar(&c.etcdPort, "etcd-port", 12379, "etcd client port on 127.0.0.1 (peer port is +1)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if c.dir == "" {
+		return errors.New("--dir is required")
+	}
+	var err error
+	if c.dir, err = filepath.Abs(c.dir); err != nil {
+		return err
+	}
+	log.SetPrefix("[test-cluster] ")
+	for _, d := range []string{"pki", "etcd", "logs"} {
+		if err := os.MkdirAll(filepath.Join(c.dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := ensurePKI(c); err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	etcd, err := startEtcd(c)
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	defer func() {
+		etcd.Close()
+		log.Printf("etcd stopped")
+	}()
+
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	pki := func(f string) string { return filepath.Join(c.dir, "pki", f) }
+	apiserver, err := startChild(ctx, c, self, "kube-apiserver", []string{
+		"--etcd-servers=" + fmt.Sprintf("http://127.0.0.1:%d", c.etcdPort),
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(c.port),
+		"--tls-cert-file=" + pki("apiserver.crt"),
+		"--tls-private-key-file=" + pki("apiserver.key"),
+		"--client-ca-file=" + pki("ca.crt"),
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + pki("sa.pub"),
+		"--service-account-signing-key-file=" + pki("sa.key"),
+		"--api-audiences=https://kubernetes.default.svc.cluster.local",
+		"--authorization-mode=RBAC",
+		"--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,ResourceQuota,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy",
+		"--service-cluster-ip-range=10.96.0.0/16",
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--enable-priority-and-fairness=false",
+		"--endpoint-reconciler-type=none",
+		"--v=1",
+	})
+	if err != nil {
+		return err
+	}
+	if err := waitReady(ctx, c, apiserver, 120*time.Second); err != nil {
+		return err
+	}
+	log.Printf("kube-apiserver ready on https://127.0.0.1:%d", c.port)
+
+	cm, err := startChild(ctx, c, self, "kube-controller-manager", []string{
+		"--kubeconfig=" + filepath.Join(c.dir, "controller-manager.kubeconfig"),
+		"--authentication-kubeconfig=" + filepath.Join(c.dir, "controller-manager.kubeconfig"),
+		"--authorization-kubeconfig=" + filepath.Join(c.dir, "controller-manager.kubeconfig"),
+		"--bind-address=127.0.0.1",
+		"--secure-port=0",
+		"--leader-elect=false",
+		"--use-service-account-credentials=true",
+		"--service-account-private-key-file=" + pki("sa.key"),
+		"--root-ca-file=" + pki("ca.crt"),
+		"--cluster-signing-cert-file=" + pki("ca.crt"),
+		"--cluster-signing-key-file=" + pki("ca.key"),
+		// No nodes and no cloud: the controllers that manage them only log noise.
+		"--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller,-persistentvolume-binder,-attachdetach,-persistentvolume-expander,-ttl",
+		"--v=1",
+	})
+	if err != nil {
+		return err
+	}
+	log.Printf("kube-controller-manager started")
+	if err := os.WriteFile(filepath.Join(c.dir, "ready"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		return err
+	}
+
+	select {
+	case <-ctx.Done():
+		log.Printf("stopping")
+	case err := <-apiserver.done:
+		stopChild(cm)
+		return fmt.Errorf("kube-apiserver exited: %v (log: %s)", err, apiserver.logPath)
+	case err := <-cm.done:
+		stopChild(apiserver)
+		return fmt.Errorf("kube-controller-manager exited: %v (log: %s)", err, cm.logPath)
+	}
+	os.Remove(filepath.Join(c.dir, "ready"))
+	stopChild(cm)
+	stopChild(apiserver)
+	return nil
+}
+
+type child struct {
+	name    string
+	cmd     *exec.Cmd
+	done    chan error
+	logPath string
+}
+
+func startChild(ctx context.Context, c config, self, name string, args []string) (*child, error) {
+	logPath := filepath.Join(c.dir, "logs", name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, append([]string{name}, args...)...)
+	cmd.Stdout, cmd.Stderr = f, f
+	// Die with us even if we are killed with SIGKILL.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	ch := &child{name: name, cmd: cmd, done: make(chan error, 1), logPath: logPath}
+	go func() { ch.done <- cmd.Wait(); f.Close() }()
+	log.Printf("%s started (pid %d, log %s)", name, cmd.Process.Pid, logPath)
+	return ch, nil
+}
+
+func stopChild(ch *child) {
+	if ch == nil || ch.cmd.ProcessState != nil {
+		return
+	}
+	_ = ch.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-ch.done:
+	case <-time.After(20 * time.Second):
+		_ = ch.cmd.Process.Kill()
+		<-ch.done
+	}
+	log.Printf("%s stopped", ch.name)
+}
+
+func waitReady(ctx context.Context, c config, apiserver *child, timeout time.Duration) error {
+	caPEM, err := os.ReadFile(filepath.Join(c.dir, "pki", "ca.crt"))
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	deadline := time.Now().Add(timeout)
+	u := fmt.Sprintf("https://127.0.0.1:%d/readyz", c.port)
+	last := ""
+	for {
+		resp, err := client.Get(u)
+		if err == nil {
+			body := make([]byte, 4096)
+			n, _ := resp.Body.Read(body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+			last = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(body[:n])))
+		} else {
+			last = err.Error()
+		}
+		select {
+		case err := <-apiserver.done:
+			return fmt.Errorf("kube-apiserver exited before ready: %v (log: %s)", err, apiserver.logPath)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(300 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kube-apiserver not ready after %s: %s (log: %s)", timeout, last, apiserver.logPath)
+		}
+	}
+}
+
+func startEtcd(c config) (*embed.Etcd, error) {
+	cfg := embed.NewConfig()
+	cfg.Name = "test-cluster"
+	cfg.Dir = filepath.Join(c.dir, "etcd")
+	cfg.LogLevel = "error"
+	cfg.LogOutputs = []string{filepath.Join(c.dir, "logs", "etcd.log")}
+	clientURL, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", c.etcdPort))
+	peerURL, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", c.etcdPort+1))
+	cfg.ListenClientUrls = []url.URL{*clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{*clientURL}
+	cfg.ListenPeerUrls = []url.URL{*peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{*peerURL}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	// A test cluster: fsync costs more than it protects here.
+	cfg.UnsafeNoFsync = true
+	cfg.QuotaBackendBytes = 2 << 30
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+		log.Printf("etcd ready on %s", clientURL)
+		return e, nil
+	case err := <-e.Err():
+		e.Close()
+		return nil, err
+	case <-time.After(60 * time.Second):
+		e.Close()
+		return nil, errors.New("etcd not ready after 60s")
+	}
+}
+
+// ---- PKI ---------------------------------------------------------------------------------
+
+func ensurePKI(c config) error {
+	dir := filepath.Join(c.dir, "pki")
+	p := func(f string) string { return filepath.Join(dir, f) }
+	if _, err := os.Stat(p("ca.crt")); errors.Is(err, os.ErrNotExist) {
+		log.Printf("generating certificates in %s", dir)
+		caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return err
+		}
+		caTmpl := &x509.Certificate{
+			SerialNumber:          serial(),
+			Subject:               pkix.Name{CommonName: "asya-test-cluster-ca"},
+			NotBefore:             time.Now().Add(-time.Hour),
+			NotAfter:              time.Now().AddDate(10, 0, 0),
+			KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageCRLSign,
+			BasicConstraintsValid: true,
+			IsCA:                  true,
+		}
+		caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+		if err != nil {
+			return err
+		}
+		ca, _ := x509.ParseCertificate(caDER)
+		issue := func(name string, subj pkix.Name, usage x509.ExtKeyUsage, dns []string, ips []net.IP) error {
+			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			if err != nil {
+				return err
+			}
+			tmpl := &x509.Certificate{
+				SerialNumber: serial(), Subject: subj,
+				NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(10, 0, 0),
+				KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+				ExtKeyUsage: []x509.ExtKeyUsage{usage}, DNSNames: dns, IPAddresses: ips,
+			}
+			der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+			if err != nil {
+				return err
+			}
+			if err := writePEM(p(name+".crt"), "CERTIFICATE", der, 0o644); err != nil {
+				return err
+			}
+			kb, _ := x509.MarshalECPrivateKey(key)
+			return writePEM(p(name+".key"), "EC PRIVATE KEY", kb, 0o600)
+		}
+		if err := issue("apiserver", pkix.Name{CommonName: "kube-apiserver"}, x509.ExtKeyUsageServerAuth,
+			[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+			[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), net.ParseIP("10.96.0.1")}); err != nil {
+			return err
+		}
+		if err := issue("admin", pkix.Name{CommonName: "asya-test-admin", Organization: []string{"system:masters"}}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+			return err
+		}
+		if err := issue("controller-manager", pkix.Name{CommonName: "system:kube-controller-manager"}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
+			return err
+		}
+		saKey, err := rsa.GenerateKey(rand.Reader, 2048)
+		if err != nil {
+			return err
+		}
+		if err := writePEM(p("sa.key"), "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(saKey), 0o600); err != nil {
+			return err
+		}
+		pub, _ := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+		if err := writePEM(p("sa.pub"), "PUBLIC KEY", pub, 0o644); err != nil {
+			return err
+		}
+		ckb, _ := x509.MarshalECPrivateKey(caKey)
+		if err := writePEM(p("ca.key"), "EC PRIVATE KEY", ckb, 0o600); err != nil {
+			return err
+		}
+		// Last: its presence marks the PKI complete.
+		if err := writePEM(p("ca.crt"), "CERTIFICATE", caDER, 0o644); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	server := fmt.Sprintf("https://127.0.0.1:%d", c.port)
+	if err := writeKubeconfig(filepath.Join(c.dir, "kubeconfig"), server, p("ca.crt"), p("admin.crt"), p("admin.key"), "asya-test-admin"); err != nil {
+		return err
+	}
+	return writeKubeconfig(filepath.Join(c.dir, "controller-manager.kubeconfig"), server, p("ca.crt"), p("controller-manager.crt"), p("controller-manager.key"), "system:kube-controller-manager")
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
+	return n
+}
+
+func writePEM(path, typ string, der []byte, mode os.FileMode) error {
+	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode)
+}
+
+// writeKubeconfig embeds the certificate data so the file can be copied anywhere.
+func writeKubeconfig(path, server, caFile, certFile, keyFile, user string) error {
+	read := func(f string) (string, error) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		return b64(b), nil
+	}
+	ca, err := read(caFile)
+	if err != nil {
+		return err
+	}
+	cert, err := read(certFile)
+	if err != nil {
+		return err
+	}
+	key, err := read(keyFile)
+	if err != nil {
+		return err
+	}
+	content := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: asya-test
+  cluster:
+    server: %s
+    certificate-authority-data: %s
+users:
+- name: %s
+  user:
+    client-certificate-data: %s
+    client-key-data: %s
+contexts:
+- name: asya-test
+  context:
+    cluster: asya-test
+    user: %s
+current-context: asya-test
+`, server, ca, user, cert, key, user)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }

@@ -1,0 +1,229 @@
+"""The Helm chart deploy/chart (issue 3), proven against the real test cluster."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import yaml
+
+from conftest import CHART, CRDS, ROOT, crds_generated, helm, kubectl, kubectl_json, run, wait_for
+
+E2E_VALUES = ROOT / "tests" / "e2e" / "values.yaml"
+needs_crds = pytest.mark.skipif(not crds_generated(), reason="deploy/crds not generated yet (make crds; API crate)")
+
+
+def render(*args, release="asya", namespace="asya-system"):
+    out = helm("template", release, CHART, "-n", namespace, *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def cluster_config(*args):
+    docs = render(*args, "--show-only", "templates/configmap.yaml")
+    assert len(docs) == 1 and docs[0]["metadata"]["name"] == "asya-config"
+    return yaml.safe_load(docs[0]["data"]["config.yaml"])
+
+
+@pytest.mark.parametrize("values", [[], ["-f", E2E_VALUES], ["--set", "certManager.enabled=true"]],
+                         ids=["defaults", "e2e-values", "cert-manager"])
+def test_helm_lint_passes(values):
+    out = helm("lint", "--strict", CHART, *values, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 chart(s) failed" in out.stdout
+
+
+def test_config_map_renders_cluster_config_from_values():
+    cfg = cluster_config()
+    assert cfg["defaultTransport"] == "rabbitmq"
+    assert cfg["transports"]["rabbitmq"] == {
+        "enabled": True,
+        "type": "rabbitmq",
+        "config": {
+            "host": "rabbitmq.default.svc.cluster.local",
+            "port": 5672,
+            "vhost": "/",
+            "username": "guest",
+            "passwordSecretRef": {"name": "rabbitmq-secret", "key": "password"},
+            "tls": False,
+        },
+    }
+    # Empty optional strings are left out, not passed as "".
+    assert cfg["transports"]["sqs"] == {"enabled": False, "type": "sqs", "config": {"region": "us-east-1"}}
+    assert cfg["sidecar"]["image"] and cfg["sidecar"]["imagePullPolicy"] == "IfNotPresent"
+    assert cfg["policy"]["allowCrossNamespaceSecretRefs"] is False
+    assert cfg["policy"]["maxReplicas"] == 100
+    assert "serviceAccount" not in cfg
+
+    # Seed 001's SQS operator values.
+    cfg = cluster_config("--set", "transports.rabbitmq.enabled=false", "--set", "transports.sqs.enabled=true",
+                         "--set", "actorServiceAccount.roleArn=arn:aws:iam::123456789012:role/asya-{actor}")
+    assert cfg["defaultTransport"] == "sqs"
+    assert cfg["serviceAccount"] == {"actorRoleArn": "arn:aws:iam::123456789012:role/asya-{actor}"}
+
+
+def test_rendered_webhook_configurations_follow_the_contract():
+    docs = render("--show-only", "templates/webhook-configurations.yaml", namespace="platform")
+    by_kind = {d["kind"]: d for d in docs}
+    mutating = {w["name"]: w for w in by_kind["MutatingWebhookConfiguration"]["webhooks"]}
+    validating = {w["name"]: w for w in by_kind["ValidatingWebhookConfiguration"]["webhooks"]}
+    pods = mutating["pods.inject.asya.sh"]
+    assert pods["objectSelector"] == {"matchExpressions": [{"key": "asya.sh/inject", "operator": "In", "values": ["true"]}]}
+    assert pods["reinvocationPolicy"] == "IfNeeded"
+    assert pods["rules"][0]["resources"] == ["pods"] and pods["rules"][0]["operations"] == ["CREATE"]
+    for w in [*mutating.values(), *validating.values()]:
+        assert w["sideEffects"] == "None"
+        assert w["timeoutSeconds"] == 10
+        assert w["failurePolicy"] == "Fail"
+        excluded = w["namespaceSelector"]["matchExpressions"][0]
+        assert excluded["key"] == "kubernetes.io/metadata.name" and excluded["operator"] == "NotIn"
+        assert set(excluded["values"]) == {"kube-system", "platform"}
+        assert w["clientConfig"]["service"]["name"] == "asya-webhook"
+        assert w["clientConfig"]["service"]["namespace"] == "platform"
+    assert "objectSelector" not in mutating["asyncactors.mutate.asya.sh"]  # every AsyncActor
+    assert validating["asyncactors.validate.asya.sh"]["rules"][0]["resources"] == ["asyncactors"]
+
+    docs = render("--show-only", "templates/webhook-configurations.yaml",
+                  "--set", "webhook.failurePolicy.pods=Ignore", "--set", "webhook.timeoutSeconds=3")
+    pods = {w["name"]: w for w in docs[0]["webhooks"]}["pods.inject.asya.sh"]
+    assert pods["failurePolicy"] == "Ignore" and pods["timeoutSeconds"] == 3
+
+
+def test_rbac_is_least_privilege():
+    docs = render("--show-only", "templates/rbac.yaml")
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    for (kind, _), role in roles.items():
+        if kind not in ("ClusterRole", "Role"):
+            continue
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+            assert "*" not in rule.get("apiGroups", []), rule
+    webhook = roles[("ClusterRole", "asya-webhook")]["rules"]
+    # The webhook only reads, except caBundle on its own two configurations.
+    for rule in webhook:
+        writes = set(rule["verbs"]) - {"get", "list", "watch"}
+        if writes:
+            assert rule["apiGroups"] == ["admissionregistration.k8s.io"] and rule["resourceNames"] == ["asya-webhook"], rule
+    secret_rule = roles[("Role", "asya-webhook")]["rules"][0]
+    assert secret_rule["resourceNames"] == ["asya-webhook-tls"] and "create" not in secret_rule["verbs"]
+
+
+def test_cert_manager_mode_renders_certificate_and_ca_injection():
+    docs = render("--set", "certManager.enabled=true")
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("Certificate", "asya-webhook") in kinds and ("Issuer", "asya-webhook-selfsigned") in kinds
+    assert ("Secret", "asya-webhook-tls") not in kinds  # cert-manager owns it
+    cert = next(d for d in docs if d["kind"] == "Certificate")
+    assert "asya-webhook.asya-system.svc" in cert["spec"]["dnsNames"]
+    for d in docs:
+        if d["kind"].endswith("WebhookConfiguration"):
+            assert d["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "asya-system/asya-webhook"
+    deploy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "asya-webhook")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--tls-cert=/etc/asya/tls/tls.crt" in args
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--set", "webhook.timeoutSeconds=99"], "timeoutSeconds"),
+        (["--set", "webhook.failurePolicy.pods=Sometimes"], "pods"),
+        (["--set", "transports.rabbitmq.type=kafka"], "type"),
+        (["--set", "webhok.replicas=3"], "webhok"),
+        (["--set", "policy.maxReplicas=0"], "maxReplicas"),
+        (["--set", "sidecar.imagePullPolicy=Sometimes"], "imagePullPolicy"),
+    ],
+    ids=["timeout-too-large", "bad-failure-policy", "unknown-transport-type", "typo-key", "zero-max-replicas", "bad-pull-policy"],
+)
+def test_install_with_bad_value_fails_on_schema(args, expected):
+    release = f"bad-{uuid.uuid4().hex[:6]}"
+    out = helm("install", release, CHART, "-n", "asya-bad", "--create-namespace", "--dry-run=server", *args, check=False)
+    assert out.returncode != 0, out.stdout
+    assert "values don't meet the specifications of the schema" in out.stderr, out.stderr
+    assert expected in out.stderr, out.stderr
+    assert helm("status", release, "-n", "asya-bad", check=False).returncode != 0
+
+
+def test_default_transport_must_be_enabled():
+    out = helm("template", "asya", CHART, "--set", "defaultTransport=sqs", check=False)
+    assert out.returncode != 0
+    assert 'defaultTransport: "sqs" is not an enabled transport' in out.stderr, out.stderr
+
+
+@pytest.fixture
+def installed_release():
+    """`helm install` of the chart into the cluster; uninstalled afterwards."""
+    release = f"chart-{uuid.uuid4().hex[:6]}"
+    ns = f"{release}-system"
+    # Webhook failure policy Ignore: there is no kubelet, so the webhook pods never run, and a
+    # Fail policy would refuse other tests' AsyncActors while this release is installed.
+    args = ["--set", "webhook.failurePolicy.asyncActors=Ignore", "--set", "webhook.failurePolicy.pods=Ignore"]
+    if not crds_generated():
+        args.append("--skip-crds")
+    out = helm("install", release, CHART, "-n", ns, "--create-namespace", *args, "--wait=false", timeout=300)
+    yield release, ns, out
+    helm("uninstall", release, "-n", ns, "--wait=false", check=False)
+    kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_helm_install_every_object_accepted(installed_release):
+    release, ns, out = installed_release
+    assert "STATUS: deployed" in out.stdout, out.stdout
+    manifest = [d for d in yaml.safe_load_all(helm("get", "manifest", release, "-n", ns).stdout) if d]
+    kinds = sorted({d["kind"] for d in manifest})
+    assert kinds == sorted({
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "MutatingWebhookConfiguration",
+        "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
+        "ValidatingWebhookConfiguration",
+    }), kinds
+    for d in manifest:
+        meta = d["metadata"]
+        group = d["apiVersion"].split("/")[0] if "/" in d["apiVersion"] else ""
+        args = ["get", d["kind"].lower() + (f".{group}" if group else ""), meta["name"]]
+        if meta.get("namespace"):
+            args += ["-n", meta["namespace"]]
+        live = kubectl_json(*args)
+        assert live["metadata"]["annotations"]["meta.helm.sh/release-name"] == release
+    webhook = kubectl_json("get", "deployment", f"{release}-webhook", "-n", ns)
+    assert webhook["spec"]["replicas"] == 2
+    # The controller manager acts on the installed Deployments: ReplicaSets and Pods appear.
+    wait_for("the webhook's 2 pods (Pending: no kubelet)", lambda: len(
+        kubectl_json("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=webhook")["items"]) == 2)
+    cfg = yaml.safe_load(kubectl_json("get", "configmap", "asya-config", "-n", ns)["data"]["config.yaml"])
+    assert cfg["defaultTransport"] == "rabbitmq"
+    if crds_generated():
+        assert kubectl("get", "crd", "asyncactors.asya.sh").returncode == 0
+
+
+def test_chart_crds_are_the_generated_ones():
+    chart_crds = CHART / "crds"
+    assert chart_crds.is_symlink() and chart_crds.resolve() == CRDS.resolve(), \
+        "deploy/chart/crds must point at deploy/crds (one source for the CRDs)"
+
+
+@needs_crds
+def test_kubectl_explain_prints_field_descriptions():
+    out = kubectl("explain", "asyncactor.spec").stdout
+    assert "KIND:" in out and "AsyncActor" in out
+    assert "FIELDS:" in out
+    # Every top-level field of the flat shape is documented.
+    for field in ("actor", "image", "handler", "scaling", "resiliency"):
+        assert f"\n  {field}\t" in out or f"\n  {field} " in out, f"{field} missing in:\n{out}"
+    described = [line for line in out.splitlines() if line.startswith("    ") and line.strip()]
+    assert len(described) >= 10, out
+
+
+@needs_crds
+def test_kubectl_get_asyas_shows_printer_columns(namespace):
+    actor = {
+        "apiVersion": "asya.sh/v1alpha1",
+        "kind": "AsyncActor",
+        "metadata": {"name": "echo", "namespace": namespace},
+        "spec": {"actor": "echo", "image": "python:3.12-slim", "handler": "echo.handler.process"},
+    }
+    kubectl("apply", "-f", "-", input=json.dumps(actor))
+    header = kubectl("get", "asyas", "-n", namespace).stdout.splitlines()[0].split()
+    assert header == ["NAME", "STATUS", "RUNNING", "PENDING", "FAILING", "MIN", "MAX", "LAST-SCALE", "AGE"], header
+    wide = kubectl("get", "asya", "-n", namespace, "-o", "wide").stdout.splitlines()[0].split()
+    for col in ("DESIRED", "WORKLOAD", "TRANSPORT", "SCALING", "QUEUED", "PROCESSING"):
+        assert col in wide, wide
