@@ -489,7 +489,12 @@ pub fn resolve(
     let mut res = Resolution::default();
     let mut layers: Vec<(&str, &Map<String, Value>)> = Vec::new();
 
+    let mut seen = std::collections::BTreeSet::new();
     for (i, name) in spec.flavors.iter().enumerate() {
+        // A repeated name is reported by validation; merging it twice would only add noise.
+        if !seen.insert(name) {
+            continue;
+        }
         let path = format!("spec.flavors[{i}]");
         let Some(def) = catalog.get(namespace, name) else {
             res.missing.push(name.clone());
