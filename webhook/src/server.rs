@@ -356,3 +356,24 @@ pub async fn serve_metrics(addr: SocketAddr, shared: Arc<Shared>) -> anyhow::Res
     axum::serve(listener, metrics_router(shared)).await?;
     Ok(())
 }
+
+impl Shared {
+    /// A snapshot that never changes: for `inject`-style offline use, tests and the benchmark.
+    pub fn fixed(
+        config: ClusterConfig,
+        catalog: FlavorCatalog,
+        actors: Arc<dyn ActorLookup>,
+        resolver: Arc<ReloadingResolver>,
+    ) -> Self {
+        Self {
+            config: Arc::new(config),
+            catalog: RwLock::new(Arc::new(catalog)),
+            actors,
+            cache_sizes: Box::new(Vec::new),
+            synced: AtomicBool::new(true),
+            native_sidecar: true,
+            resolver,
+            metrics: Metrics::new(),
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! The server over real TLS on loopback: HTTP/1.1 and h2, health, limits, metrics.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use asya_api::config::ClusterConfig;
+use asya_api::flavor::FlavorCatalog;
+use asya_certs::{ReloadingResolver, ServingSpec, generate_ca, issue_serving};
+use asya_webhook::client::Conn;
+use asya_webhook::server::{MAX_BODY, Shared, metrics_router, router, serve_tls};
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+struct Running {
+    addr: std::net::SocketAddr,
+    ca: String,
+    shared: Arc<Shared>,
+}
+
+async fn start() -> Running {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let now = SystemTime::now();
+    let ca = generate_ca("ca", now, DAY).unwrap();
+    let srv = issue_serving(
+        &ca,
+        &ServingSpec::new(["localhost".to_string()], []),
+        now,
+        DAY,
+    )
+    .unwrap();
+    let resolver = Arc::new(ReloadingResolver::new());
+    resolver.set_pem(&srv.cert_pem, &srv.key_pem).unwrap();
+    let actors: Arc<HashMap<(String, String), Value>> = Arc::new(HashMap::new());
+    let shared = Arc::new(Shared::fixed(
+        ClusterConfig::default(),
+        FlavorCatalog::new(),
+        actors,
+        resolver.clone(),
+    ));
+    shared.synced.store(false, Ordering::Release);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve_tls(
+        listener,
+        router(shared.clone()),
+        resolver,
+        std::future::pending(),
+    ));
+    Running {
+        addr,
+        ca: ca.cert_pem,
+        shared,
+    }
+}
+
+fn review_body() -> Bytes {
+    let rv = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1", "kind": {"group": "asya.sh", "version": "v1alpha1", "kind": "AsyncActor"},
+            "resource": {"group": "asya.sh", "version": "v1alpha1", "resource": "asyncactors"},
+            "name": "echo", "namespace": "default", "operation": "CREATE", "userInfo": {},
+            "object": {"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+                       "metadata": {"name": "echo", "namespace": "default"},
+                       "spec": {"image": "i", "handler": "m.f", "scaling": {"maxReplicas": 3}}}
+        }
+    });
+    Bytes::from(serde_json::to_vec(&rv).unwrap())
+}
+
+#[tokio::test]
+async fn http1_and_h2_admission_over_tls() {
+    let s = start().await;
+    for h2 in [false, true] {
+        let mut c = Conn::connect(s.addr, "localhost", &s.ca, h2).await.unwrap();
+        assert_eq!(
+            c.alpn.as_deref(),
+            Some(if h2 { &b"h2"[..] } else { &b"http/1.1"[..] })
+        );
+        // Several requests on one keep-alive connection.
+        for _ in 0..3 {
+            let (status, body) = c
+                .request("POST", "/mutate/asyncactors", review_body())
+                .await
+                .unwrap();
+            assert_eq!(status, 200);
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["response"]["uid"], "u-1");
+            assert_eq!(v["response"]["allowed"], true);
+            assert_eq!(v["response"]["patchType"], "JSONPatch");
+            assert!(v["response"]["patch"].is_string());
+        }
+        let (status, body) = c
+            .request("POST", "/validate/asyncactors", review_body())
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert!(v["response"].get("patch").is_none());
+    }
+}
+
+#[tokio::test]
+async fn readiness_follows_cache_sync_and_health_is_always_up() {
+    let s = start().await;
+    let mut c = Conn::connect(s.addr, "localhost", &s.ca, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.request("GET", "/healthz", Bytes::new()).await.unwrap().0,
+        200
+    );
+    let (status, body) = c.request("GET", "/readyz", Bytes::new()).await.unwrap();
+    assert_eq!(status, 503);
+    assert_eq!(&body[..], b"caches not synced\n");
+    s.shared.synced.store(true, Ordering::Release);
+    assert_eq!(
+        c.request("GET", "/readyz", Bytes::new()).await.unwrap().0,
+        200
+    );
+}
+
+#[tokio::test]
+async fn bad_bodies_get_clean_http_errors_and_the_connection_survives() {
+    let s = start().await;
+    let mut c = Conn::connect(s.addr, "localhost", &s.ca, false)
+        .await
+        .unwrap();
+    let (status, body) = c
+        .request(
+            "POST",
+            "/validate/asyncactors",
+            Bytes::from_static(b"not json"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("not an AdmissionReview"));
+    let big = Bytes::from(vec![b' '; MAX_BODY + 1]);
+    let (status, _) = c.request("POST", "/mutate/pods", big).await.unwrap();
+    assert_eq!(status, 413);
+    // Unknown path and wrong method.
+    let mut c = Conn::connect(s.addr, "localhost", &s.ca, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.request("POST", "/nope", Bytes::new()).await.unwrap().0,
+        404
+    );
+    assert_eq!(
+        c.request("GET", "/mutate/pods", Bytes::new())
+            .await
+            .unwrap()
+            .0,
+        405
+    );
+    let (status, _) = c
+        .request("POST", "/mutate/asyncactors", review_body())
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn metrics_count_requests_and_report_cert_expiry() {
+    let s = start().await;
+    let mut c = Conn::connect(s.addr, "localhost", &s.ca, false)
+        .await
+        .unwrap();
+    c.request("POST", "/validate/asyncactors", review_body())
+        .await
+        .unwrap();
+    c.request("POST", "/validate/asyncactors", Bytes::from_static(b"{"))
+        .await
+        .unwrap();
+    let resp = metrics_router(s.shared.clone())
+        .oneshot(
+            axum::http::Request::get("/metrics")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = String::from_utf8(
+        axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(
+        text.contains(r#"asya_webhook_requests_total{endpoint="validate_asyncactors",operation="CREATE",result="allowed"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"result="bad_request"} 1"#), "{text}");
+    assert!(
+        text.contains("asya_webhook_request_duration_seconds_bucket"),
+        "{text}"
+    );
+    let expiry = text
+        .lines()
+        .find(|l| l.starts_with("asya_webhook_certificate_expiry_seconds "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap();
+    assert!((86_000..=86_400).contains(&expiry), "{expiry}");
+}
