@@ -88,15 +88,9 @@ impl Vars<'_> {
             },
         }
     }
-    fn number<T: std::str::FromStr>(
-        &self,
-        var: &'static str,
-        default: T,
-        min: T,
-        max: T,
-    ) -> Result<T, ConfigError>
+    fn number<T>(&self, var: &'static str, default: T, min: T, max: T) -> Result<T, ConfigError>
     where
-        T: PartialOrd + std::fmt::Display + Copy,
+        T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
     {
         match self.get(var) {
             None => Ok(default),
@@ -167,7 +161,7 @@ impl Config {
                 url: v.required("ASYA_RABBITMQ_URL", "amqp://user:pass@host:5672/vhost")?,
                 exchange: v
                     .get("ASYA_RABBITMQ_EXCHANGE")
-                    .unwrap_or_else(|| "asya".into()),
+                    .unwrap_or_else(|| asya_api::naming::RABBITMQ_EXCHANGE.into()),
                 prefetch: v.number("ASYA_RABBITMQ_PREFETCH", 64u16, 1, 10_000)?,
             },
             "sqs" => TransportConfig::Sqs {
@@ -230,7 +224,7 @@ impl Config {
             }
         };
         Ok(Config {
-            is_end_actor: v.boolean("ASYA_IS_END_ACTOR", actor == "x-sink" || actor == "x-sump")?,
+            is_end_actor: v.boolean("ASYA_IS_END_ACTOR", asya_api::naming::is_end_actor(&actor))?,
             actor,
             namespace,
             transport,

@@ -150,10 +150,10 @@ impl<T: Transport> Processor<T> {
                 status = "failed";
                 self.metrics.failed(reason);
             }
-        } else if let Some(reason) = &d.failure_reason {
-            if result.is_ok() {
-                self.metrics.failed(reason);
-            }
+        } else if let Some(reason) = &d.failure_reason
+            && result.is_ok()
+        {
+            self.metrics.failed(reason);
         }
         match result {
             Ok(()) => {

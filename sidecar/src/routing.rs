@@ -24,13 +24,13 @@ pub struct Queues {
 
 impl Queues {
     pub fn actor(&self, actor: &str) -> String {
-        format!("asya-{}-{}", self.namespace, actor)
+        asya_api::naming::actor_queue(&self.namespace, actor)
     }
     pub fn sink(&self) -> String {
-        self.actor("x-sink")
+        asya_api::naming::sink_queue(&self.namespace)
     }
     pub fn sump(&self) -> String {
-        self.actor("x-sump")
+        asya_api::naming::sump_queue(&self.namespace)
     }
 }
 

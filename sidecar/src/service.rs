@@ -134,7 +134,7 @@ async fn run_with<T: Transport>(
         if *stop.borrow() {
             return Ok(());
         }
-        if waited.as_secs() % 10 == 0 && waited.subsec_millis() == 0 {
+        if waited.as_secs().is_multiple_of(10) && waited.subsec_millis() == 0 {
             tracing::info!(socket = %cfg.socket_path.display(), "waiting for the runtime");
         }
         tokio::select! {
