@@ -30,7 +30,7 @@ e2e:
 	./tests/e2e/run
 
 validate-examples:
-	cargo run -q -p asya-webhook -- validate -f deploy/examples/
+	cargo run -q -p asya-webhook --bin asya-webhook -- validate -f deploy/examples/
 
 # Regenerates deploy/crds from the Rust types (a test fails when they differ).
 crds:
