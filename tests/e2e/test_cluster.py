@@ -21,14 +21,16 @@ def test_readyz_ok():
 
 
 def test_server_version_is_1_35():
-    v = kubectl_json("version")["serverVersion"]
-    assert (v["major"], v["minor"].rstrip("+")) == ("1", "35"), v
+    v = kubectl_json("version")
+    assert v["serverVersion"]["gitVersion"].startswith("v1.35."), v
+    assert (v["serverVersion"]["major"], v["serverVersion"]["minor"]) == ("1", "35"), v
+    assert v["clientVersion"]["gitVersion"] == v["serverVersion"]["gitVersion"], v
 
 
 def test_admission_plugins_and_rbac_enabled():
     # The webhook admission plugins register these API resources' admission paths; RBAC
     # registers its API group. Both must be served.
-    groups = {g["name"] for g in kubectl_json("get", "--raw", "/apis")["groups"]}
+    groups = {g["name"] for g in json.loads(kubectl("get", "--raw", "/apis").stdout)["groups"]}
     assert "admissionregistration.k8s.io" in groups
     assert "rbac.authorization.k8s.io" in groups
     # RBAC really decides: an unbound service account may not list secrets.
