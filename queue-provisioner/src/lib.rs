@@ -2,6 +2,10 @@
 //! truthful status (DESIGN.md §6). Decisions are pure (`render`, `status`); I/O lives in
 //! `queue` (brokers) and `controller` (Kubernetes).
 
+pub mod controller;
+pub mod leader;
+pub mod metrics;
 pub mod queue;
 pub mod render;
 pub mod status;
+pub mod transports;

@@ -1,1 +1,116 @@
-fn main() {}
+//! asya-queue-provisioner: see the crate docs.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use asya_api::ClusterConfig;
+use asya_queue_provisioner::{controller, leader, metrics::Metrics};
+use axum::Router;
+use axum::routing::get;
+use clap::Parser;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+use tracing::info;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "asya-queue-provisioner",
+    version,
+    about = "Creates each AsyncActor's queue, workload and KEDA scaling, and keeps its status true"
+)]
+struct Args {
+    /// Cluster configuration (the chart's config.yaml); the documented defaults when absent.
+    #[arg(long, env = "ASYA_CONFIG")]
+    config: Option<PathBuf>,
+    /// Kubeconfig file; in-cluster or $KUBECONFIG when absent.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Namespace of the leader Lease and of the transport secrets the configuration names.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "asya-system")]
+    namespace: String,
+    /// Elect a leader through a Lease (turn off only for a single replica in development).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Log as JSON lines.
+    #[arg(long, env = "ASYA_LOG_JSON")]
+    log_json: bool,
+}
+
+async fn client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
+    let Some(path) = path else {
+        return Client::try_default()
+            .await
+            .context("no Kubernetes configuration found");
+    };
+    let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .context("kubeconfig")?;
+    Client::try_from(cfg).context("building the Kubernetes client")
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,kube=warn,lapin=warn".into());
+    if args.log_json {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let config = match &args.config {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            ClusterConfig::from_yaml(&text)?
+        }
+        None => ClusterConfig::default(),
+    };
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let metrics = Metrics::default();
+
+    let m = metrics.clone();
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("binding {}", args.metrics_addr))?;
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = m.clone();
+                async move { m.encode() }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    info!(addr = %args.metrics_addr, "metrics listening");
+
+    if args.leader_elect {
+        let identity = format!(
+            "{}-{}",
+            std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .unwrap_or_else(|_| "provisioner".into()),
+            std::process::id()
+        );
+        leader::acquire(
+            Api::<Lease>::namespaced(client.clone(), &args.namespace),
+            identity,
+        )
+        .await;
+        metrics.leader.set(1);
+    }
+    controller::run(client, Arc::new(config), args.namespace, metrics).await;
+    Ok(())
+}
