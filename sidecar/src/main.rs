@@ -18,6 +18,9 @@ enum Command {
     Run,
     /// Write DIR/asya_runtime.py (used by the injected init container).
     InstallRuntime { dir: PathBuf },
+    /// Publish each JSON line of stdin to QUEUE (confirmed), using the same ASYA_* transport
+    /// settings as the sidecar; e.g. to replay envelopes from x-sump.
+    Send { queue: String },
 }
 
 fn init_logs(json: bool) {
@@ -53,6 +56,29 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Send { queue } => {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("asya-sidecar: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let stdin = std::io::stdin();
+            match rt.block_on(asya_sidecar::service::send_lines(&queue, stdin.lock())) {
+                Ok(n) => {
+                    eprintln!("sent {n} message(s) to {queue}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("asya-sidecar send: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run => {
             let cfg = match asya_sidecar::config::Config::from_env() {
                 Ok(c) => c,

@@ -18,6 +18,17 @@ use crate::transport::sqs::{SqsSettings, SqsTransport};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
+    #[error("configuration error: {0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("line {line}: not JSON: {message}")]
+    BadLine { line: usize, message: String },
+    #[error("sending to {queue} failed: {source}")]
+    Send {
+        queue: String,
+        source: crate::transport::TransportError,
+    },
+    #[error("reading stdin: {0}")]
+    Stdin(#[from] std::io::Error),
     #[error("ASYA_METRICS_ADDR: cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -50,6 +61,7 @@ pub async fn run(cfg: Config) -> Result<(), ServiceError> {
                     prefetch: *prefetch,
                     auto_create: cfg.queue_auto_create,
                     max_redeliveries: cfg.max_redeliveries,
+                    publish_only: false,
                 },
                 Box::new(move || m.reconnected()),
             ));
@@ -192,4 +204,76 @@ fn spawn_probes<T: Transport>(cfg: Arc<Config>, transport: Arc<T>, health: Arc<H
             tokio::time::sleep(Duration::from_secs(15)).await;
         }
     });
+}
+
+/// `asya-sidecar send QUEUE`: publishes each JSON line of stdin to QUEUE through the
+/// configured transport, confirmed, like the sidecar itself does. For demos, and for
+/// replaying envelopes from x-sump.
+pub async fn send_lines(queue: &str, input: impl std::io::BufRead) -> Result<usize, ServiceError> {
+    let lookup = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .or_else(|| (k == "ASYA_ACTOR_NAME").then(|| "cli".to_string()))
+    };
+    let cfg = Config::from_vars(&crate::config::Vars(&lookup))?;
+    let mut bodies = Vec::new();
+    for (i, line) in input.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        serde_json::from_str::<serde_json::Value>(&line).map_err(|e| ServiceError::BadLine {
+            line: i + 1,
+            message: e.to_string(),
+        })?;
+        bodies.push(crate::transport::Outgoing {
+            queue: queue.to_string(),
+            body: line.into_bytes(),
+            delay: None,
+        });
+    }
+    let sent = bodies.len();
+    let err = |source| ServiceError::Send {
+        queue: queue.to_string(),
+        source,
+    };
+    match &cfg.transport {
+        TransportConfig::RabbitMq { url, exchange, .. } => {
+            let t = RabbitTransport::new(
+                RabbitSettings {
+                    url: url.clone(),
+                    exchange: exchange.clone(),
+                    queue: queue.to_string(),
+                    prefetch: 1,
+                    auto_create: cfg.queue_auto_create,
+                    max_redeliveries: cfg.max_redeliveries,
+                    publish_only: true,
+                },
+                Box::new(|| {}),
+            );
+            t.ensure_connected().await;
+            t.send(&bodies).await.map_err(err)?;
+            t.close().await;
+        }
+        TransportConfig::Sqs {
+            region,
+            endpoint,
+            visibility_timeout,
+            max_message_bytes,
+            ..
+        } => {
+            let t = SqsTransport::new(SqsSettings {
+                region: region.clone(),
+                endpoint: endpoint.clone(),
+                queue: queue.to_string(),
+                wait_seconds: 0,
+                visibility_timeout: *visibility_timeout,
+                auto_create: cfg.queue_auto_create,
+                max_message_bytes: *max_message_bytes,
+            })
+            .await;
+            t.send(&bodies).await.map_err(err)?;
+        }
+    }
+    Ok(sent)
 }

@@ -36,6 +36,8 @@ pub struct RabbitSettings {
     pub prefetch: u16,
     pub auto_create: bool,
     pub max_redeliveries: u32,
+    /// Only publish (the `send` command): never consume `queue`.
+    pub publish_only: bool,
 }
 
 struct Link {
@@ -88,7 +90,7 @@ impl RabbitTransport {
     }
 
     /// Connects once (no retry): declares what auto-create asks for and starts consuming.
-    async fn connect(&self) -> Result<(Arc<Link>, Consumer), TransportError> {
+    async fn connect(&self) -> Result<(Arc<Link>, Option<Consumer>), TransportError> {
         let props = ConnectionProperties::default()
             .with_connection_name(format!("asya-sidecar {}", self.s.queue).into());
         let connection = Connection::connect(&self.s.url, props)
@@ -109,7 +111,23 @@ impl RabbitTransport {
             declare_queue(&consume, &self.s.exchange, &self.s.queue).await?;
             self.mark_declared(&self.s.queue);
         }
-        let consumer = consume
+        let consumer = if self.s.publish_only {
+            None
+        } else {
+            Some(self.consume(&consume).await?)
+        };
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let link = Arc::new(Link {
+            connection,
+            consume,
+            publish,
+            generation,
+        });
+        Ok((link, consumer))
+    }
+
+    async fn consume(&self, consume: &Channel) -> Result<Consumer, TransportError> {
+        consume
             .basic_consume(
                 self.s.queue.clone().into(),
                 ShortString::from(""),
@@ -123,15 +141,7 @@ impl RabbitTransport {
                 } else {
                     unavailable(e)
                 }
-            })?;
-        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        let link = Arc::new(Link {
-            connection,
-            consume,
-            publish,
-            generation,
-        });
-        Ok((link, consumer))
+            })
     }
 
     /// Keeps trying to connect with capped exponential backoff (a broker restart is normal).
@@ -146,9 +156,9 @@ impl RabbitTransport {
                     tracing::info!(queue = %self.s.queue, generation = link.generation, "connected to RabbitMQ");
                     *self.link.lock().await = Some(link);
                     if let Ok(mut t) = self.consumer_tag.lock() {
-                        *t = Some(consumer.tag());
+                        *t = consumer.as_ref().map(|c| c.tag());
                     }
-                    *self.consumer.lock().await = Some(consumer);
+                    *self.consumer.lock().await = consumer;
                     self.up.store(true, Ordering::SeqCst);
                     (self.on_connect)();
                     return;

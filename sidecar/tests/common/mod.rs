@@ -73,6 +73,7 @@ impl Client {
                     prefetch: 200,
                     auto_create: true,
                     max_redeliveries: 100,
+                    publish_only: false,
                 },
                 Box::new(|| {}),
             ))),
