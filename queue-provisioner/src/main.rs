@@ -58,8 +58,10 @@ async fn client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // lapin logs every passive declare of a missing queue (our existence check) as an
+    // ERROR; transport failures are reported by the provisioner itself.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,kube=warn,lapin=warn".into());
+        .unwrap_or_else(|_| "info,kube=warn,lapin=off".into());
     if args.log_json {
         tracing_subscriber::fmt()
             .json()

@@ -71,10 +71,10 @@ impl Transports {
             if let Some(r) = &c.password_secret_ref {
                 creds.password = Some(secret_key(&self.secrets, &r.name, &r.key).await?);
             }
-            Backend::Rabbit(RabbitQueues::new(
+            Backend::Rabbit(Box::new(RabbitQueues::new(
                 amqp_url(c, creds.password.as_deref()),
                 RABBITMQ_EXCHANGE,
-            ))
+            )))
         } else {
             let keys = match &c.credentials_secret_ref {
                 Some(r) => Some(StaticCredentials {

@@ -76,7 +76,7 @@ pub trait QueueOps: Send + Sync {
 
 /// One configured transport's client.
 pub enum Backend {
-    Rabbit(rabbitmq::RabbitQueues),
+    Rabbit(Box<rabbitmq::RabbitQueues>),
     Sqs(sqs::SqsQueues),
 }
 
