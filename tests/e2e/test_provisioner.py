@@ -1,0 +1,263 @@
+"""End-to-end: the queue provisioner against the test cluster, real RabbitMQ and the SQS server.
+
+Run by tests/e2e/run (tests/e2e/up starts the provisioner as a local process). Actor fixtures
+are inline. Every wait polls a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, kubectl, kubectl_json, wait_for
+
+RABBIT_CTL = os.environ.get("ASYA_TEST_RABBITMQ_CTL", str(ROOT / "tests" / "services" / "rabbitmq"))
+SQS_ENDPOINT = os.environ.get("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566")
+STATE = ROOT / "target" / "test-cluster" / "e2e"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _provisioner_running():
+    pid = STATE / "provisioner.pid"
+    if not pid.exists():
+        pytest.fail("the provisioner is not running: tests/e2e/up starts it")
+
+
+def rabbit_queues() -> set[str]:
+    out = subprocess.run([RABBIT_CTL, "ctl", "list_queues", "-q", "name"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return {line.strip() for line in out.stdout.splitlines() if line.strip()}
+
+
+def sqs():
+    import boto3
+
+    return boto3.client(
+        "sqs",
+        endpoint_url=SQS_ENDPOINT,
+        region_name="us-east-1",
+        aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "test"),
+        aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "test"),
+    )
+
+
+def sqs_queue_url(name: str):
+    try:
+        return sqs().get_queue_url(QueueName=name)["QueueUrl"]
+    except Exception:  # QueueDoesNotExist
+        return None
+
+
+def apply(ns: str, doc: dict):
+    doc = json.loads(json.dumps(doc))
+    doc.setdefault("metadata", {})["namespace"] = ns
+    kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+
+def actor(name: str, spec: dict, labels: dict | None = None) -> dict:
+    meta = {"name": name}
+    if labels:
+        meta["labels"] = labels
+    return {"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor", "metadata": meta, "spec": spec}
+
+
+def get(kind: str, ns: str, name: str):
+    p = kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    return json.loads(p.stdout) if p.returncode == 0 else None
+
+
+def status(ns: str, name: str) -> dict:
+    return (get("asyncactor", ns, name) or {}).get("status", {})
+
+
+def phase_is(ns, name, *phases):
+    return lambda: status(ns, name).get("phase") in phases and status(ns, name)
+
+
+FLAT = {"image": "python:3.12-slim", "handler": "handlers.pipeline.double"}
+
+
+def test_rabbitmq_actor_gets_queue_workload_scaledobject_and_status(namespace):
+    ns = namespace
+    apply(ns, actor("doubler", {**FLAT, "scaling": {"minReplicaCount": 0, "maxReplicaCount": 7, "queueLength": 3,
+                                                   "pollingInterval": 10, "cooldownPeriod": 60},
+                                "resiliency": {"actorTimeout": "2m"}}, labels={"team": "nlp"}))
+    st = wait_for("doubler provisioned", lambda: status(ns, "doubler").get("transportStatus") == "Ready"
+                  and status(ns, "doubler").get("workloadKind") and status(ns, "doubler"), timeout=60)
+    q = f"asya-{ns}-doubler"
+    assert st["queueIdentifier"] == q
+    assert "guest:" not in st["queueUrl"], "no password in status"
+    queues = rabbit_queues()
+    assert {q, f"asya-{ns}-x-sink", f"asya-{ns}-x-sump"} <= queues
+
+    dep = wait_for("deployment", lambda: get("deployment", ns, "doubler"))
+    tpl = dep["spec"]["template"]
+    assert tpl["metadata"]["labels"]["asya.sh/inject"] == "true"
+    assert tpl["metadata"]["labels"]["asya.sh/actor"] == "doubler"
+    assert tpl["metadata"]["labels"]["team"] == "nlp"
+    assert dep["metadata"]["labels"]["team"] == "nlp"
+    assert tpl["spec"]["terminationGracePeriodSeconds"] > 120
+    assert "asya.sh/sidecar-image" in tpl["metadata"]["annotations"]
+    assert dep["metadata"]["ownerReferences"][0]["kind"] == "AsyncActor"
+
+    so = wait_for("scaledobject", lambda: get("scaledobject", ns, "doubler"))
+    s = so["spec"]
+    assert (s["minReplicaCount"], s["maxReplicaCount"], s["pollingInterval"], s["cooldownPeriod"]) == (0, 7, 10, 60)
+    assert s["triggers"][0]["type"] == "rabbitmq"
+    assert s["triggers"][0]["metadata"]["queueName"] == q
+    assert s["triggers"][0]["metadata"]["value"] == "3"
+    assert s["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 0
+    ta = get("triggerauthentication", ns, "doubler-trigger-auth")
+    assert ta["spec"]["secretTargetRef"][0]["name"] == "asya-transport-rabbitmq"
+    assert get("secret", ns, "asya-transport-rabbitmq") is not None
+    assert get("secret", ns, "rabbitmq-secret") is not None, "the sidecar's password secret is in the namespace"
+    assert get("serviceaccount", ns, "asya-doubler") is not None
+
+    st = status(ns, "doubler")
+    assert st["minReplicas"] == 0 and st["maxReplicas"] == 7
+    assert st["scalingMode"] == "KEDA"
+    assert st["observedGeneration"] == get("asyncactor", ns, "doubler")["metadata"]["generation"]
+    types = {c["type"]: c["status"] for c in st["conditions"]}
+    assert types == {"FlavorsResolved": "True", "TransportReady": "True", "WorkloadReady": "True", "ScalingReady": "True"}
+    assert st["phase"] in ("Creating", "Running", "Napping")
+
+    out = kubectl("get", "asyas", "-n", ns, "-o", "wide").stdout
+    header = out.splitlines()[0].split()
+    assert header[:9] == ["NAME", "STATUS", "RUNNING", "PENDING", "FAILING", "MIN", "MAX", "LAST-SCALE", "AGE"]
+    assert header[9:] == ["DESIRED", "WORKLOAD", "TRANSPORT", "SCALING", "QUEUED", "PROCESSING"]
+    row = out.splitlines()[1].split()
+    assert row[0] == "doubler" and row[1] == st["phase"]
+
+    events = kubectl("get", "events", "-n", ns, "-o", "json").stdout
+    assert "QueueCreated" in events and "ScaledObjectCreated" in events
+
+
+def test_pods_get_the_sidecar_injected(namespace):
+    ns = namespace
+    if not (STATE / "webhook-enabled").exists() or (STATE / "webhook-enabled").read_text().strip() != "1":
+        pytest.skip("the webhook is not running in this environment")
+    apply(ns, actor("injected", {**FLAT}))
+
+    def injected_pod():
+        pods = kubectl_json("get", "pods", "-n", ns, "-l", "asya.sh/actor=injected")["items"]
+        return pods and pods[0]
+
+    pod = wait_for("pod created by the controller manager", injected_pod, timeout=60)
+    names = [c["name"] for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", [])]
+    assert "asya-sidecar" in names
+
+
+def test_sqs_actor_queue_attributes_and_trigger(namespace):
+    ns = namespace
+    apply(ns, actor("sqsactor", {**FLAT, "transport": "sqs", "resiliency": {"actorTimeout": "90s"}}))
+    st = wait_for("sqs actor provisioned", lambda: status(ns, "sqsactor").get("transportStatus") == "Ready"
+                  and status(ns, "sqsactor"), timeout=60)
+    name = f"asya-{ns}-sqsactor"
+    assert st["queueIdentifier"].startswith("arn:aws:sqs:")
+    url = sqs_queue_url(name)
+    assert url
+    a = sqs().get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert a["VisibilityTimeout"] == "90"
+    assert a["MessageRetentionPeriod"] == "345600"
+    assert a["ReceiveMessageWaitTimeSeconds"] == "20"
+    tags = sqs().list_queue_tags(QueueUrl=url).get("Tags", {})
+    assert tags == {"asya.sh/namespace": ns, "asya.sh/actor": "sqsactor"}
+    so = wait_for("scaledobject", lambda: get("scaledobject", ns, "sqsactor"))
+    t = so["spec"]["triggers"][0]
+    assert t["type"] == "aws-sqs-queue" and t["metadata"]["queueURL"] == url
+    ta = get("triggerauthentication", ns, "sqsactor-trigger-auth")
+    assert {r["parameter"] for r in ta["spec"]["secretTargetRef"]} == {"awsAccessKeyID", "awsSecretAccessKey"}
+
+
+def test_scaling_change_then_off_then_delete(namespace):
+    ns = namespace
+    apply(ns, actor("scaler", {**FLAT}))
+    wait_for("scaledobject", lambda: get("scaledobject", ns, "scaler"))
+    kubectl("patch", "asyncactor", "scaler", "-n", ns, "--type=merge", "-p", '{"spec":{"scaling":{"maxReplicaCount":4}}}')
+    wait_for("ScaledObject follows maxReplicaCount", lambda: (get("scaledobject", ns, "scaler") or {}).get("spec", {}).get("maxReplicaCount") == 4)
+
+    kubectl("patch", "asyncactor", "scaler", "-n", ns, "--type=merge", "-p",
+            '{"spec":{"scaling":{"enabled":false},"replicas":2}}')
+    wait_for("ScaledObject gone", lambda: get("scaledobject", ns, "scaler") is None)
+    wait_for("TriggerAuthentication gone", lambda: get("triggerauthentication", ns, "scaler-trigger-auth") is None)
+    wait_for("fixed replicas", lambda: get("deployment", ns, "scaler")["spec"]["replicas"] == 2)
+    wait_for("status Manual", lambda: status(ns, "scaler").get("scalingMode") == "Manual")
+    assert status(ns, "scaler")["minReplicas"] == 2
+
+    q = f"asya-{ns}-scaler"
+    assert q in rabbit_queues()
+    kubectl("delete", "asyncactor", "scaler", "-n", ns, "--wait=true", timeout=90)
+    wait_for("deployment gone", lambda: get("deployment", ns, "scaler") is None)
+    wait_for("queue gone from the broker", lambda: q not in rabbit_queues())
+
+
+def test_flavor_change_and_missing_flavor(namespace):
+    ns = namespace
+    flavor = f"e2e-{ns[-8:]}-small"
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "asya.sh/v1alpha1", "kind": "Flavor",
+            "metadata": {"name": flavor}, "spec": {"scaling": {"maxReplicaCount": 3}}}))
+    try:
+        apply(ns, actor("flavored", {**FLAT, "flavors": [flavor]}))
+        wait_for("max from flavor", lambda: (get("scaledobject", ns, "flavored") or {}).get("spec", {}).get("maxReplicaCount") == 3)
+        assert status(ns, "flavored").get("resolvedFlavors") == [flavor]
+        kubectl("patch", "flavor", flavor, "--type=merge", "-p", '{"spec":{"scaling":{"maxReplicaCount":6}}}')
+        wait_for("flavor change reaches the ScaledObject", lambda: get("scaledobject", ns, "flavored")["spec"]["maxReplicaCount"] == 6)
+
+        later = f"e2e-{ns[-8:]}-later"
+        apply(ns, actor("waiting", {**FLAT, "flavors": [later]}))
+        wait_for("Waiting for a missing flavor", phase_is(ns, "waiting", "Waiting"))
+        assert get("deployment", ns, "waiting") is None
+        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "asya.sh/v1alpha1", "kind": "Flavor",
+                "metadata": {"name": later}, "spec": {"env": [{"name": "FROM_FLAVOR", "value": "1"}]}}))
+        dep = wait_for("deployment once the flavor exists", lambda: get("deployment", ns, "waiting"), timeout=60)
+        env = dep["spec"]["template"]["spec"]["containers"][0].get("env", [])
+        assert {"name": "FROM_FLAVOR", "value": "1"} in env
+        kubectl("delete", "flavor", later, "--ignore-not-found")
+    finally:
+        kubectl("delete", "flavor", flavor, "--ignore-not-found")
+
+
+@pytest.mark.skipif(os.environ.get("ASYA_E2E_DISRUPTIVE") != "1",
+                    reason="stops the shared RabbitMQ; set ASYA_E2E_DISRUPTIVE=1 (CI runs it alone)")
+def test_broker_down_then_recovers(namespace):
+    ns = namespace
+    subprocess.run([RABBIT_CTL, "stop"], check=True, timeout=120)
+    try:
+        apply(ns, actor("outage", {**FLAT}))
+        st = wait_for("TransportError while the broker is down", phase_is(ns, "outage", "TransportError"), timeout=60)
+        assert {c["type"]: c["status"] for c in st["conditions"]}["TransportReady"] == "False"
+    finally:
+        subprocess.run([RABBIT_CTL, "start"], check=True, timeout=180)
+    wait_for("recovered", lambda: status(ns, "outage").get("transportStatus") == "Ready", timeout=120)
+    assert f"asya-{ns}-outage" in rabbit_queues()
+
+
+def test_200_actors_converge(namespace):
+    """Applies 200 actors at once and times until every one has its queue, Deployment and
+    ScaledObject and a status with TransportReady (figure in docs/benchmarks.md)."""
+    ns = namespace
+    n = int(os.environ.get("ASYA_E2E_ACTORS", "200"))
+    docs = [dict(actor(f"a{i:03d}", {**FLAT}), metadata={"name": f"a{i:03d}", "namespace": ns}) for i in range(n)]
+    t0 = time.monotonic()
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}), timeout=300)
+    applied = time.monotonic() - t0
+
+    def converged():
+        items = kubectl_json("get", "asyncactors", "-n", ns)["items"]
+        ready = [a for a in items if a.get("status", {}).get("transportStatus") == "Ready"
+                 and a["status"].get("workloadKind") and a["status"].get("scalingMode") == "KEDA"]
+        return len(ready) == n
+
+    wait_for(f"{n} actors converge", converged, timeout=600, interval=1.0)
+    elapsed = time.monotonic() - t0
+    sos = kubectl_json("get", "scaledobjects", "-n", ns)["items"]
+    assert len(sos) == n
+    queues = rabbit_queues()
+    assert all(f"asya-{ns}-a{i:03d}" in queues for i in range(n))
+    print(f"\nPROVISIONER-BENCH actors={n} apply_s={applied:.1f} converge_s={elapsed:.1f}")
+    (STATE / "provisioner-bench.txt").write_text(f"actors={n} apply_s={applied:.1f} converge_s={elapsed:.1f}\n")
