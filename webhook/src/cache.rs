@@ -10,10 +10,13 @@ use asya_api::labels;
 use asya_api::types::Flavor;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
 use tokio::sync::Notify;
 
 use crate::admission::ActorLookup;
@@ -38,15 +41,75 @@ pub fn environment_config_resource() -> ApiResource {
     )
 }
 
+/// An AsyncActor as the cache keeps it: identity and the spec as compact JSON text. A
+/// parsed `serde_json::Value` tree costs ~10 KiB per actor; the raw text ~1 KiB, parsed only
+/// when a pod of that actor is admitted.
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+pub struct CachedActor {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<Box<RawValue>>,
+}
+
+impl kube::Resource for CachedActor {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+    fn kind(_: &()) -> Cow<'_, str> {
+        "AsyncActor".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "asya.sh".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1alpha1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "asyncactors".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl CachedActor {
+    /// Keep only what admission reads: managedFields and the last-applied annotation (a
+    /// second copy of the spec) dominate a stored object's size.
+    pub fn slim(&mut self) {
+        let m = &self.metadata;
+        self.metadata = ObjectMeta {
+            name: m.name.clone(),
+            namespace: m.namespace.clone(),
+            resource_version: m.resource_version.clone(),
+            uid: m.uid.clone(),
+            ..Default::default()
+        };
+    }
+
+    /// The object as `review_actor` reads it.
+    pub fn to_value(&self) -> Option<Value> {
+        let spec: Value = match &self.spec {
+            Some(raw) => serde_json::from_str(raw.get()).ok()?,
+            None => Value::Null,
+        };
+        Some(serde_json::json!({
+            "apiVersion": "asya.sh/v1alpha1",
+            "kind": "AsyncActor",
+            "metadata": {"name": self.metadata.name, "namespace": self.metadata.namespace},
+            "spec": spec,
+        }))
+    }
+}
+
 /// AsyncActors from the reflector store.
-pub struct ActorStore(pub Store<DynamicObject>);
+pub struct ActorStore(pub Store<CachedActor>);
 
 impl ActorLookup for ActorStore {
     fn get(&self, namespace: &str, name: &str) -> Option<Value> {
-        let r = ObjectRef::new_with(name, actor_resource()).within(namespace);
-        self.0
-            .get(&r)
-            .and_then(|o| serde_json::to_value(o.as_ref()).ok())
+        let r = ObjectRef::<CachedActor>::new(name).within(namespace);
+        self.0.get(&r).and_then(|o| o.to_value())
     }
 }
 
@@ -89,7 +152,7 @@ pub fn build_catalog(
 
 /// Handles to the running caches.
 pub struct Caches {
-    pub actors: Store<DynamicObject>,
+    pub actors: Store<CachedActor>,
     pub flavors: Store<DynamicObject>,
     pub config_maps: Store<ConfigMap>,
     pub env_configs: Option<Store<DynamicObject>>,
@@ -193,7 +256,26 @@ async fn served(client: &kube::Client, resource: &ApiResource) -> bool {
 /// every cache has its initial list.
 pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
     let changed = Arc::new(Notify::new());
-    let actors = spawn_dynamic(&client, actor_resource(), None, "AsyncActor");
+    let client_for_actors = client.clone();
+    let (actors, actor_writer) = reflector::store::<CachedActor>();
+    tokio::spawn(async move {
+        let stream = reflector::reflector(
+            actor_writer,
+            watcher(
+                Api::<CachedActor>::all(client_for_actors),
+                watcher::Config::default(),
+            )
+            .modify(CachedActor::slim),
+        )
+        .default_backoff()
+        .touched_objects();
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            if let Err(e) = ev {
+                tracing::warn!(cache = "AsyncActor", error = %e, "watch error (retrying)");
+            }
+        }
+    });
     let flavors = spawn_dynamic(&client, flavor_resource(), Some(changed.clone()), "Flavor");
     let (cm_reader, cm_writer) = reflector::store::<ConfigMap>();
     spawn_reflector(
@@ -247,4 +329,71 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
         }
     });
     caches
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn cached_actor_keeps_identity_and_spec_only() {
+        let text = serde_json::to_string(&json!({
+            "apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+            "metadata": {"name": "echo", "namespace": "ns", "resourceVersion": "7",
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...big...}"},
+                         "managedFields": [{"manager": "kubectl", "operation": "Apply", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"image": "i", "handler": "m.f", "scaling": {"minReplicaCount": 1}},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        let mut a: CachedActor = serde_json::from_str(&text).unwrap();
+        a.slim();
+        assert!(a.metadata.managed_fields.is_none() && a.metadata.annotations.is_none());
+        assert_eq!(a.metadata.resource_version.as_deref(), Some("7"));
+        let v = a.to_value().unwrap();
+        assert_eq!(
+            v["spec"],
+            json!({"image": "i", "handler": "m.f", "scaling": {"minReplicaCount": 1}})
+        );
+        assert_eq!(v["metadata"], json!({"name": "echo", "namespace": "ns"}));
+        assert!(v.get("status").is_none());
+
+        let mut w = reflector::store::Writer::<CachedActor>::new(());
+        w.apply_watcher_event(&watcher::Event::Apply(a));
+        let store = ActorStore(w.as_reader());
+        assert!(store.get("ns", "echo").is_some());
+        assert!(store.get("other", "echo").is_none());
+    }
+
+    #[test]
+    fn catalog_from_all_sources_with_namespaced_shadowing() {
+        let flavor: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "asya.sh/v1alpha1", "kind": "Flavor",
+            "metadata": {"name": "gpu-t4"}, "spec": {"nodeSelector": {"gpu": "t4"}}
+        }))
+        .unwrap();
+        let env: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.crossplane.io/v1beta1", "kind": "EnvironmentConfig",
+            "metadata": {"name": "legacy-flavor", "labels": {"asya.sh/flavor": "legacy-flavor"}},
+            "data": {"scaling": {"maxReplicaCount": 3}}
+        }))
+        .unwrap();
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "f", "namespace": "team-a", "labels": {"asya.sh/flavor": "gpu-t4"}},
+            "data": {"flavor.yaml": "nodeSelector:\n  gpu: a100\n"}
+        }))
+        .unwrap();
+        let c = build_catalog(&[Arc::new(flavor)], &[Arc::new(cm)], &[Arc::new(env)]);
+        assert_eq!(c.len(), 3);
+        assert_eq!(
+            c.get("team-b", "gpu-t4").unwrap().data["nodeSelector"],
+            json!({"gpu": "t4"})
+        );
+        assert_eq!(
+            c.get("team-a", "gpu-t4").unwrap().data["nodeSelector"],
+            json!({"gpu": "a100"})
+        );
+        assert!(c.get("x", "legacy-flavor").is_some());
+    }
 }
