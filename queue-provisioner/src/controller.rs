@@ -71,6 +71,18 @@ pub struct Ctx {
     pub keda: Option<(ApiResource, ApiResource)>,
     /// Consecutive failures per actor, for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Queues ensured recently (transport/queue → when, spec, info): within [`RECHECK`] a
+    /// reconcile only checks the queue still exists instead of declaring it again.
+    ensured: Mutex<HashMap<String, (Instant, QueueSpec, crate::queue::QueueInfo)>>,
+    /// Transport secrets applied recently per namespace/transport.
+    secrets_applied: Mutex<HashMap<String, Instant>>,
+}
+
+/// How long an ensured queue or applied secret is trusted before the full step runs again.
+const RECHECK: Duration = Duration::from_secs(60);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn gvk_resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
@@ -129,7 +141,7 @@ impl Ctx {
     }
 
     fn backoff(&self, key: &str, failed: bool) -> Duration {
-        let mut m = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = lock(&self.failures);
         if !failed {
             m.remove(key);
             return Duration::ZERO;
@@ -442,6 +454,34 @@ async fn apply_actor(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Er
     }))
 }
 
+/// Ensures one queue, or within [`RECHECK`] of the last ensure with the same spec only checks
+/// that it still exists (a vanished queue is then recreated at once).
+async fn ensure_cached(
+    ctx: &Ctx,
+    backend: &crate::queue::Backend,
+    transport: &str,
+    spec: QueueSpec,
+) -> Result<crate::queue::QueueInfo, QueueError> {
+    let key = format!("{transport}/{}", spec.name);
+    let cached = lock(&ctx.ensured)
+        .get(&key)
+        .filter(|(at, s, _)| at.elapsed() < RECHECK && *s == spec)
+        .map(|(_, _, info)| info.clone());
+    if let Some(mut info) = cached {
+        let res = backend.exists(&spec.name).await;
+        ctx.metrics.queue_op(backend.kind(), "exists", res.is_ok());
+        if res? {
+            info.created = false;
+            return Ok(info);
+        }
+    }
+    let res = backend.ensure(&spec).await;
+    ctx.metrics.queue_op(backend.kind(), "ensure", res.is_ok());
+    let info = res?;
+    lock(&ctx.ensured).insert(key, (Instant::now(), spec, info.clone()));
+    Ok(info)
+}
+
 async fn ensure_queues(
     ctx: &Ctx,
     actor: &AsyncActor,
@@ -451,15 +491,10 @@ async fn ensure_queues(
     let kind = backend.kind();
     for end in [naming::SINK_ACTOR, naming::SUMP_ACTOR] {
         let spec = queue_spec(&r.namespace, end, r.actor_timeout);
-        let res = backend.ensure(&spec).await;
-        ctx.metrics.queue_op(kind, "ensure", res.is_ok());
-        res?;
+        ensure_cached(ctx, &backend, &r.transport, spec).await?;
     }
-    let res = backend
-        .ensure(&queue_spec(&r.namespace, &r.actor, r.actor_timeout))
-        .await;
-    ctx.metrics.queue_op(kind, "ensure", res.is_ok());
-    let info = res?;
+    let spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout);
+    let info = ensure_cached(ctx, &backend, &r.transport, spec).await?;
     if info.created {
         // Both a first creation and the recreation of a vanished queue land here.
         let again = actor
@@ -503,12 +538,18 @@ async fn apply_objects(
     let transport = ctx.config.transports.get(&r.transport);
 
     // Transport credentials in the actor's namespace.
-    if let (Some(t), Ok((_, creds))) = (transport, ctx.transports.get(&r.transport).await) {
+    let skey = format!("{ns}/{}", r.transport);
+    let fresh = lock(&ctx.secrets_applied)
+        .get(&skey)
+        .is_some_and(|at| at.elapsed() < RECHECK);
+    if !fresh && let (Some(t), Ok((_, creds))) = (transport, ctx.transports.get(&r.transport).await)
+    {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
         for s in render::transport_secrets(ns, &r.transport, t, &creds) {
             let name = s.metadata.name.clone().unwrap_or_default();
             apply_typed(&secrets, &name, &s).await?;
         }
+        lock(&ctx.secrets_applied).insert(skey, Instant::now());
     }
     let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let sa_obj = render::service_account(r, labels, owner, &ctx.config);
@@ -674,6 +715,7 @@ async fn cleanup(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Error>
         .is_some_and(|t| t.enabled)
     {
         let (backend, _) = ctx.transports.get(&transport).await?;
+        lock(&ctx.ensured).remove(&format!("{transport}/{queue}"));
         let res = backend.delete(&queue).await;
         ctx.metrics.queue_op(backend.kind(), "delete", res.is_ok());
         if let Err(e) = res {
@@ -862,6 +904,8 @@ pub async fn run(
         env_configs,
         keda,
         failures: Mutex::new(HashMap::new()),
+        ensured: Mutex::new(HashMap::new()),
+        secrets_applied: Mutex::new(HashMap::new()),
     });
     info!("controller starting");
     controller
