@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -235,3 +237,36 @@ def test_kubectl_get_asyas_shows_printer_columns(namespace):
         # columns need "priority": 1. Reported; remove this branch once deploy/crds has it.
         pytest.xfail(f"deploy/crds: wide printer columns lack priority 1, so plain `get` shows {header}")
     assert header == default_cols, header
+
+
+WEBHOOK_BIN = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache/asya-rs/target")) / "debug" / "asya-webhook"
+
+
+@pytest.mark.skipif(not WEBHOOK_BIN.exists(), reason="asya-webhook not built (tests/e2e/up builds it)")
+@pytest.mark.parametrize("values", [
+    [],
+    ["--set", "transports.rabbitmq.enabled=false", "--set", "transports.sqs.enabled=true",
+     "--set", "actorServiceAccount.roleArn=arn:aws:iam::123456789012:role/asya-{actor}"],
+    ["-f", E2E_VALUES],
+], ids=["defaults", "sqs-only", "e2e-values"])
+def test_rendered_config_is_accepted_by_the_real_parser(values, tmp_path):
+    """The ConfigMap's config.yaml parses with asya_api::config::ClusterConfig (which rejects
+    unknown fields), as the webhook reads it: `asya-webhook validate --config`."""
+    doc = render(*values, "--show-only", "templates/configmap.yaml")[0]
+    config = tmp_path / "config.yaml"
+    config.write_text(doc["data"]["config.yaml"])
+    transport = yaml.safe_load(config.read_text())["defaultTransport"]
+    actor = tmp_path / "actor.yaml"
+    actor.write_text(yaml.safe_dump({
+        "apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {"image": "python:3.12-slim", "handler": "echo.handler", "transport": transport},
+    }))
+    out = run([WEBHOOK_BIN, "validate", "--config", config, "-f", actor], check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # And a transport the rendered config does not enable is refused by the same config.
+    other = "sqs" if transport == "rabbitmq" else "rabbitmq"
+    if not yaml.safe_load(config.read_text())["transports"][other]["enabled"]:
+        actor.write_text(actor.read_text().replace(f"transport: {transport}", f"transport: {other}"))
+        out = run([WEBHOOK_BIN, "validate", "--config", config, "-f", actor], check=False)
+        assert out.returncode == 1 and "spec.transport" in out.stdout + out.stderr, out.stdout + out.stderr
