@@ -197,6 +197,24 @@ def test_helm_install_every_object_accepted(installed_release):
         assert kubectl("get", "crd", "asyncactors.asya.sh").returncode == 0
 
 
+def test_helm_upgrade_changes_config_and_rolls_pods(installed_release):
+    release, ns, _ = installed_release
+    before = kubectl_json("get", "deployment", f"{release}-provisioner", "-n", ns)
+    args = ["--set", "webhook.failurePolicy.asyncActors=Ignore", "--set", "webhook.failurePolicy.pods=Ignore",
+            "--set", "policy.maxReplicas=7"]
+    if not crds_generated():
+        args.append("--skip-crds")
+    out = helm("upgrade", release, CHART, "-n", ns, *args, "--wait=false", timeout=300)
+    assert "STATUS: deployed" in out.stdout and "REVISION: 2" in out.stdout, out.stdout
+    cfg = yaml.safe_load(kubectl_json("get", "configmap", "asya-config", "-n", ns)["data"]["config.yaml"])
+    assert cfg["policy"]["maxReplicas"] == 7
+    after = kubectl_json("get", "deployment", f"{release}-provisioner", "-n", ns)
+    key = "checksum/config"
+    # The config checksum on the pod template rolls the pods, so they read the new config.
+    assert after["spec"]["template"]["metadata"]["annotations"][key] != \
+        before["spec"]["template"]["metadata"]["annotations"][key]
+
+
 def test_chart_crds_are_the_generated_ones():
     chart_crds = CHART / "crds"
     assert chart_crds.is_symlink() and chart_crds.resolve() == CRDS.resolve(), \
