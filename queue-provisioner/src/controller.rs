@@ -229,10 +229,14 @@ pub async fn reconcile(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, 
     })
     .instrument(span)
     .await
-    .map_err(|e| match e {
+    .or_else(|e| match e {
         kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => Err(e),
+        // The object is already gone (a stale event after our own finalizer removal).
+        kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(s)) if s.code == 404 => {
+            Ok(Action::await_change())
+        }
+        other => Err(Error::Finalizer(other.to_string())),
     });
     ctx.metrics
         .duration
