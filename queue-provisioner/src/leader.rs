@@ -115,6 +115,29 @@ pub async fn acquire(api: Api<Lease>, identity: String) {
     });
 }
 
+/// Gives the lease up on a clean shutdown, so a restarted or standby replica takes over at
+/// once instead of waiting for it to expire.
+pub async fn release(api: &Api<Lease>, identity: &str) {
+    let Ok(Some(mut lease)) = api.get_opt(LEASE_NAME).await else {
+        return;
+    };
+    let Some(spec) = lease.spec.as_mut() else {
+        return;
+    };
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return;
+    }
+    spec.holder_identity = None;
+    spec.renew_time = None;
+    match api
+        .replace(LEASE_NAME, &PostParams::default(), &lease)
+        .await
+    {
+        Ok(_) => info!("leader election: lease released"),
+        Err(e) => warn!(error = %e, "leader election: releasing the lease failed"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -98,21 +98,22 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(async move { axum::serve(listener, app).await });
     info!(addr = %args.metrics_addr, "metrics listening");
 
+    let identity = format!(
+        "{}-{}",
+        std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| "provisioner".into()),
+        std::process::id()
+    );
+    let leases = Api::<Lease>::namespaced(client.clone(), &args.namespace);
     if args.leader_elect {
-        let identity = format!(
-            "{}-{}",
-            std::env::var("POD_NAME")
-                .or_else(|_| std::env::var("HOSTNAME"))
-                .unwrap_or_else(|_| "provisioner".into()),
-            std::process::id()
-        );
-        leader::acquire(
-            Api::<Lease>::namespaced(client.clone(), &args.namespace),
-            identity,
-        )
-        .await;
+        leader::acquire(leases.clone(), identity.clone()).await;
         metrics.leader.set(1);
     }
+    // Returns on SIGTERM/SIGINT once in-flight reconciles finish.
     controller::run(client, Arc::new(config), args.namespace, metrics).await;
+    if args.leader_elect {
+        leader::release(&leases, &identity).await;
+    }
     Ok(())
 }
