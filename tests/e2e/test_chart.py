@@ -215,6 +215,39 @@ def test_helm_upgrade_changes_config_and_rolls_pods(installed_release):
         before["spec"]["template"]["metadata"]["annotations"][key]
 
 
+def test_installed_rbac_grants_exactly_what_each_component_needs(installed_release):
+    release, ns, _ = installed_release
+    webhook = f"system:serviceaccount:{ns}:{release}-webhook"
+    prov = f"system:serviceaccount:{ns}:{release}-provisioner"
+
+    def can(user, *args):
+        out = kubectl("auth", "can-i", *args, f"--as={user}", check=False)
+        return out.stdout.strip() == "yes"
+
+    # The webhook: reads its caches, patches caBundle of its own configurations only, and
+    # reads/updates its own TLS Secret only.
+    assert can(webhook, "watch", "asyncactors.asya.sh", "-A")
+    assert can(webhook, "list", "flavors.asya.sh")
+    assert can(webhook, "patch", f"mutatingwebhookconfigurations/{release}-webhook")
+    assert not can(webhook, "patch", "mutatingwebhookconfigurations/someone-elses")
+    assert can(webhook, "update", f"secrets/{release}-webhook-tls", "-n", ns)
+    assert not can(webhook, "get", "secrets/other", "-n", ns)
+    assert not can(webhook, "create", "asyncactors.asya.sh", "-n", "default")
+    assert not can(webhook, "create", "pods", "-n", "default")
+    # The provisioner: its actors' status and finalizers, the workloads and KEDA objects it
+    # owns, its Lease; never webhook configurations or cluster-wide secret listing.
+    assert can(prov, "patch", "asyncactors.asya.sh/status", "-n", "default")
+    assert can(prov, "update", "asyncactors.asya.sh/finalizers", "-n", "default")
+    assert can(prov, "create", "deployments.apps", "-n", "default")
+    assert can(prov, "delete", "scaledobjects.keda.sh", "-n", "default")
+    assert can(prov, "create", "leases.coordination.k8s.io", "-n", ns)
+    assert can(prov, "update", "leases.coordination.k8s.io/asya-queue-provisioner", "-n", ns)
+    assert not can(prov, "update", "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system")
+    assert not can(prov, "list", "secrets", "-A")
+    assert not can(prov, "patch", "mutatingwebhookconfigurations")
+    assert not can(prov, "create", "clusterroles.rbac.authorization.k8s.io")
+
+
 def test_chart_crds_are_the_generated_ones():
     chart_crds = CHART / "crds"
     assert chart_crds.is_symlink() and chart_crds.resolve() == CRDS.resolve(), \
