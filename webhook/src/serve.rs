@@ -179,11 +179,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let resolver = Arc::new(ReloadingResolver::new());
     match (&args.tls_cert, &args.tls_key, &args.self_managed_secret) {
         (Some(c), Some(k), _) => {
-            if let Err(e) = resolver.load_files(c, k) {
+            let mut watcher = FileWatcher::new(c, k);
+            if !watcher.poll(&resolver) {
                 // Not fatal: cert-manager may write the files shortly; /readyz says why.
-                tracing::warn!(error = %e, "certificate files not loadable yet");
+                tracing::warn!(cert = %c.display(), "certificate files not loadable yet");
             }
-            FileWatcher::new(c, k).spawn(resolver.clone(), args.cert_poll_interval);
+            watcher.spawn(resolver.clone(), args.cert_poll_interval);
         }
         (_, _, Some(secret)) => {
             self_managed(client.clone(), secret, &args, resolver.clone()).await?
