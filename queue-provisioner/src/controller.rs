@@ -820,7 +820,13 @@ pub async fn run(
     };
     let mut env_configs = None;
     let mut controller = Controller::new(actors, watcher::Config::default().any_semantic())
-        .with_config(kube::runtime::controller::Config::default().concurrency(16))
+        // Debounce: one actor's create fans out into a burst of watch events (finalizer,
+        // status, Deployment, pods); coalesce them into one reconcile.
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .concurrency(16)
+                .debounce(Duration::from_millis(500)),
+        )
         .owns(
             Api::<Deployment>::all(client.clone()),
             watcher::Config::default().labels(&format!(
