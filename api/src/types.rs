@@ -43,12 +43,12 @@ use crate::duration::DurationSpec;
     printcolumn = r#"{"name": "MAX", "type": "integer", "jsonPath": ".status.maxReplicas", "description": "Autoscaling upper bound"}"#,
     printcolumn = r#"{"name": "LAST-SCALE", "type": "string", "jsonPath": ".status.lastScale", "description": "Time and direction of the last scaling event"}"#,
     printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
-    printcolumn = r#"{"name": "DESIRED", "type": "integer", "jsonPath": ".status.desiredReplicas", "description": "Target replicas from KEDA's HPA"}"#,
-    printcolumn = r#"{"name": "WORKLOAD", "type": "string", "jsonPath": ".status.workloadKind", "description": "Deployment or StatefulSet"}"#,
-    printcolumn = r#"{"name": "TRANSPORT", "type": "string", "jsonPath": ".status.transportStatus", "description": "Transport readiness"}"#,
-    printcolumn = r#"{"name": "SCALING", "type": "string", "jsonPath": ".status.scalingMode", "description": "KEDA or Manual"}"#,
-    printcolumn = r#"{"name": "QUEUED", "type": "integer", "jsonPath": ".status.queuedMessages", "description": "Messages waiting in the queue"}"#,
-    printcolumn = r#"{"name": "PROCESSING", "type": "integer", "jsonPath": ".status.processingMessages", "description": "Messages being processed"}"#
+    printcolumn = r#"{"name": "DESIRED", "type": "integer", "jsonPath": ".status.desiredReplicas", "description": "Target replicas from KEDA's HPA", "priority": 1}"#,
+    printcolumn = r#"{"name": "WORKLOAD", "type": "string", "jsonPath": ".status.workloadKind", "description": "Deployment or StatefulSet", "priority": 1}"#,
+    printcolumn = r#"{"name": "TRANSPORT", "type": "string", "jsonPath": ".status.transportStatus", "description": "Transport readiness", "priority": 1}"#,
+    printcolumn = r#"{"name": "SCALING", "type": "string", "jsonPath": ".status.scalingMode", "description": "KEDA or Manual", "priority": 1}"#,
+    printcolumn = r#"{"name": "QUEUED", "type": "integer", "jsonPath": ".status.queuedMessages", "description": "Messages waiting in the queue", "priority": 1}"#,
+    printcolumn = r#"{"name": "PROCESSING", "type": "integer", "jsonPath": ".status.processingMessages", "description": "Messages being processed", "priority": 1}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AsyncActorSpec {
