@@ -291,3 +291,70 @@ def test_provisioner_killed_mid_reconcile_converges_after_restart(namespace):
     assert len(kubectl_json("get", "scaledobjects", "-n", ns)["items"]) == n
     queues = rabbit_queues()
     assert all(f"asya-{ns}-k{i:02d}" in queues for i in range(n))
+
+
+def test_statefulset_workload_shape(namespace):
+    ns = namespace
+    apply(ns, actor("stateful", {"workload": {"kind": "StatefulSet", "template": {"spec": {"containers": [
+        {"name": "asya-runtime", "image": "python:3.12-slim",
+         "env": [{"name": "ASYA_HANDLER", "value": "handlers.pipeline.double"}]}]}}}}))
+    sts = wait_for("statefulset", lambda: get("statefulset", ns, "stateful"))
+    assert sts["spec"]["template"]["metadata"]["labels"]["asya.sh/inject"] == "true"
+    assert get("deployment", ns, "stateful") is None
+    so = wait_for("scaledobject", lambda: get("scaledobject", ns, "stateful"))
+    assert so["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
+    wait_for("status says StatefulSet", lambda: status(ns, "stateful").get("workloadKind") == "StatefulSet")
+
+
+def example_actors():
+    import yaml
+
+    out = []
+    for f in sorted((ROOT / "deploy" / "examples").glob("**/*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "AsyncActor":
+                out.append(doc)
+    return out
+
+
+def test_example_actors_are_provisioned():
+    """`kubectl apply` of deploy/examples (flavors first, as its README says) in the
+    namespaces the examples name: every actor gets its queue, workload and ScaledObject."""
+    docs = example_actors()
+    if not docs:
+        pytest.skip("deploy/examples/ has no AsyncActor manifests yet")
+    examples = ROOT / "deploy" / "examples"
+    has_ec = kubectl("get", "crd", "environmentconfigs.apiextensions.crossplane.io", check=False).returncode == 0
+    # Without Crossplane's CRD the EnvironmentConfig flavors cannot be created; the actors
+    # that use them must then wait (phase Waiting), which is checked too.
+    kubectl("apply", "-f", examples / "flavors", timeout=120, check=has_ec)
+    kubectl("apply", "-f", examples / "actors", timeout=300)
+    waiting = []
+    for d in docs:
+        name, ns = d["metadata"]["name"], d["metadata"].get("namespace", "default")
+
+        def ready():
+            st = status(ns, name)
+            if st.get("phase") == "Waiting" and not has_ec:
+                return st
+            return st.get("transportStatus") == "Ready" and st.get("workloadKind") and st
+
+        st = wait_for(f"example {ns}/{name} provisioned", ready, timeout=180)
+        if st.get("phase") == "Waiting":
+            assert "waiting for flavors" in st["message"]
+            assert get("deployment", ns, name) is None
+            waiting.append(name)
+            continue
+        assert get(st["workloadKind"].lower(), ns, name) is not None, f"{ns}/{name} workload"
+        spec_transport = d["spec"].get("transport", "rabbitmq")
+        q = st["queueIdentifier"]
+        if spec_transport == "rabbitmq":
+            assert q in rabbit_queues(), f"{q} on the broker"
+        else:
+            assert sqs_queue_url(f"asya-{ns}-{d['spec'].get('actor', name)}"), f"{q} on SQS"
+        if st.get("scalingMode") == "KEDA":
+            assert get("scaledobject", ns, name) is not None, f"{ns}/{name} ScaledObject"
+        else:
+            assert get("scaledobject", ns, name) is None
+    assert len(waiting) < len(docs), f"every example waits for flavors: {waiting}"
+    print(f"\nexamples: {len(docs) - len(waiting)} provisioned, {len(waiting)} waiting for EnvironmentConfig flavors: {waiting}")
