@@ -358,3 +358,16 @@ def test_example_actors_are_provisioned():
             assert get("scaledobject", ns, name) is None
     assert len(waiting) < len(docs), f"every example waits for flavors: {waiting}"
     print(f"\nexamples: {len(docs) - len(waiting)} provisioned, {len(waiting)} waiting for EnvironmentConfig flavors: {waiting}")
+
+
+def test_vanished_queue_is_recreated(namespace):
+    ns = namespace
+    apply(ns, actor("phoenix", {**FLAT}))
+    wait_for("provisioned", lambda: status(ns, "phoenix").get("transportStatus") == "Ready")
+    q = f"asya-{ns}-phoenix"
+    out = subprocess.run([RABBIT_CTL, "ctl", "delete_queue", q], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert q not in rabbit_queues()
+    # The periodic requeue (20 s while pods are not ready, 60 s when settled) checks it.
+    wait_for("queue recreated by the periodic check", lambda: q in rabbit_queues(), timeout=90, interval=1.0)
+    wait_for("QueueRecreated event", lambda: "QueueRecreated" in kubectl("get", "events", "-n", ns, "-o", "json").stdout)
