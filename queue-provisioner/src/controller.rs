@@ -192,6 +192,35 @@ where
     api.patch(name, &apply_params(), &Patch::Apply(&v)).await
 }
 
+/// Field manager that keeps `spec.replicas` while KEDA's HPA takes it over.
+const HANDOFF_MANAGER: &str = "asya-queue-provisioner-handoff";
+
+/// Switching from fixed replicas to KEDA: our apply stops setting `spec.replicas`, and a field
+/// no manager owns any more is reset to its default (1), scaling a busy actor in. A handoff
+/// manager first claims the current value (the SSA ownership-transfer pattern), so the count
+/// stays until the HPA changes it.
+async fn hand_replicas_over<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let Some(current) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    let v = serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
+    let Some(replicas) = v.pointer("/spec/replicas").cloned() else {
+        return Ok(());
+    };
+    let body = json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()),
+                      "metadata": {"name": name}, "spec": {"replicas": replicas}});
+    api.patch(
+        name,
+        &PatchParams::apply(HANDOFF_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
 async fn delete_ignore_missing<K>(api: &Api<K>, name: &str) -> Result<bool, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
@@ -564,6 +593,18 @@ async fn apply_objects(
     let deps: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
     let before = actor.status.as_ref().and_then(|s| s.workload_kind.clone());
+    let was_manual = actor
+        .status
+        .as_ref()
+        .and_then(|s| s.scaling_mode.as_deref())
+        == Some("Manual");
+    if o.scaling_enabled && was_manual {
+        if r.workload_kind() == "StatefulSet" {
+            hand_replicas_over(&sts, &name).await?;
+        } else {
+            hand_replicas_over(&deps, &name).await?;
+        }
+    }
     let res = if r.workload_kind() == "StatefulSet" {
         if before.as_deref() == Some("Deployment") {
             delete_ignore_missing(&deps, &name).await?;

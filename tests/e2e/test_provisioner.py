@@ -189,6 +189,13 @@ def test_scaling_change_then_off_then_delete(namespace):
     wait_for("status Manual", lambda: status(ns, "scaler").get("scalingMode") == "Manual")
     assert status(ns, "scaler")["minReplicas"] == 2
 
+    # Back to KEDA: the ScaledObject returns and the running replicas are kept for the HPA to
+    # take over (not reset to the default 1).
+    kubectl("patch", "asyncactor", "scaler", "-n", ns, "--type=merge", "-p", '{"spec":{"scaling":{"enabled":true}}}')
+    wait_for("ScaledObject back", lambda: get("scaledobject", ns, "scaler") is not None)
+    wait_for("status KEDA", lambda: status(ns, "scaler").get("scalingMode") == "KEDA")
+    assert get("deployment", ns, "scaler")["spec"]["replicas"] == 2
+
     q = f"asya-{ns}-scaler"
     assert q in rabbit_queues()
     kubectl("delete", "asyncactor", "scaler", "-n", ns, "--wait=true", timeout=90)
