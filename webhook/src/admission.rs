@@ -301,7 +301,9 @@ pub fn settings_for_pod(
         ));
     };
     let ann = meta.annotations.clone().unwrap_or_default();
-    let obj = match ctx.actors.get(ns, &actor) {
+    let cached = ctx.actors.get(ns, &actor);
+    let from_cache = cached.is_some();
+    let obj = match cached {
         Some(obj) => obj,
         None => {
             let Some(handler) = ann.get(labels::ANNOTATION_HANDLER) else {
@@ -333,7 +335,6 @@ pub fn settings_for_pod(
                    "metadata": {"name": actor, "namespace": ns}, "spec": spec})
         }
     };
-    let from_cache = ctx.actors.get(ns, &actor).is_some();
     let review = actor_review(&obj, None, Some(ns), ctx);
     let source = if from_cache {
         format!("AsyncActor {ns}/{actor}")

@@ -297,6 +297,40 @@ async fn run() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("HTTP {st} {e}: {}", String::from_utf8_lossy(&r)))?;
     anyhow::ensure!(v["response"]["patch"].is_string(), "pod not patched: {v}");
 
+    // Where the time goes: the admission logic alone, no TLS or HTTP, one core.
+    {
+        let catalog = shared.catalog();
+        let ctx = asya_webhook::admission::Ctx {
+            config: &shared.config,
+            catalog: &catalog,
+            actors: shared.actors.as_ref(),
+            native_sidecar: true,
+        };
+        for (name, ep, body) in [
+            (
+                "validate",
+                asya_webhook::admission::Endpoint::ValidateActors,
+                &vbody,
+            ),
+            (
+                "inject",
+                asya_webhook::admission::Endpoint::MutatePods,
+                &pbody,
+            ),
+        ] {
+            let n = 3000;
+            let t = Instant::now();
+            for _ in 0..n {
+                let h = asya_webhook::admission::handle(ep, body, &ctx)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                std::hint::black_box(asya_webhook::admission::encode_review(&h.review)?);
+            }
+            println!(
+                "in-process handle+encode, {name}: {:.1} µs per request (one core)",
+                t.elapsed().as_secs_f64() * 1e6 / n as f64
+            );
+        }
+    }
     println!(
         "load: {conns} TLS keep-alive connections (HTTP/1.1), {secs}s per run, client and server share this machine's 2 cores"
     );
