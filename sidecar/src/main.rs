@@ -88,12 +88,31 @@ fn main() -> ExitCode {
                 }
             };
             init_logs(cfg.log_json);
-            // Two worker threads: the sidecar shares a small CPU budget with the runtime.
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
+            // One thread by default: the sidecar's work is I/O-bound and it shares a small CPU
+            // budget with the runtime and the broker; more threads cost memory, not speed.
+            let threads = match std::env::var("ASYA_WORKER_THREADS").ok().as_deref() {
+                None | Some("") => 1,
+                Some(v) => match v.trim().parse::<usize>() {
+                    Ok(n) if (1..=64).contains(&n) => n,
+                    _ => {
+                        eprintln!(
+                            "asya-sidecar: configuration error: ASYA_WORKER_THREADS: {v:?} is not a number in 1..=64"
+                        );
+                        return ExitCode::from(2);
+                    }
+                },
+            };
+            let built = if threads == 1 {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+            } else {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(threads)
+                    .enable_all()
+                    .build()
+            };
+            let rt = match built {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("asya-sidecar: cannot start the async runtime: {e}");
