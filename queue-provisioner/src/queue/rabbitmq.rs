@@ -1,15 +1,14 @@
 //! RabbitMQ queues through lapin: durable queues bound to the durable direct exchange `asya`
-//! with the queue's own name as routing key (DESIGN.md §4), the same rule the sidecar uses.
+//! with the queue's own name as routing key (DESIGN.md §4), declared by the
+//! sidecar's own `declare_bound_queue`, so both sides share one rule.
 //!
 //! One connection per transport, reconnected on demand. Every operation opens its own
 //! channel: a passive declare of a missing queue closes the channel (404), which must not
 //! break the other reconciles sharing the connection.
 
-use lapin::options::{
-    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
 use super::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
@@ -104,36 +103,9 @@ impl QueueOps for RabbitQueues {
         let existed = self.passive(&spec.name).await?.is_some();
         let ch = self.channel().await?;
         let rejected = |e: lapin::Error| QueueError::Rejected(format!("{}: {e}", spec.name));
-        ch.exchange_declare(
-            self.exchange.as_str().into(),
-            ExchangeKind::Direct,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(rejected)?;
-        ch.queue_declare(
-            spec.name.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(rejected)?;
-        ch.queue_bind(
-            spec.name.as_str().into(),
-            self.exchange.as_str().into(),
-            spec.name.as_str().into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(rejected)?;
+        asya_sidecar::transport::rabbitmq::declare_bound_queue(&ch, &self.exchange, &spec.name)
+            .await
+            .map_err(rejected)?;
         let _ = ch.close(200, "done".into()).await;
         Ok(QueueInfo {
             url: self.queue_url(&spec.name),

@@ -316,7 +316,19 @@ fn check_confirm(queue: &str, c: Confirmation) -> Result<(), TransportError> {
 }
 
 async fn declare_queue(ch: &Channel, exchange: &str, queue: &str) -> Result<(), TransportError> {
-    let rejected = |e: lapin::Error| TransportError::Rejected(format!("declare {queue}: {e}"));
+    declare_bound_queue(ch, exchange, queue)
+        .await
+        .map_err(|e| TransportError::Rejected(format!("declare {queue}: {e}")))
+}
+
+/// Declares the durable exchange and the durable queue `queue`, bound with its own name as
+/// routing key (DESIGN §4). The one topology rule: the provisioner calls this too, so where
+/// queues are created and where the sidecar publishes can never disagree.
+pub async fn declare_bound_queue(
+    ch: &Channel,
+    exchange: &str,
+    queue: &str,
+) -> Result<(), lapin::Error> {
     ch.exchange_declare(
         exchange.into(),
         ExchangeKind::Direct,
@@ -326,8 +338,7 @@ async fn declare_queue(ch: &Channel, exchange: &str, queue: &str) -> Result<(), 
         },
         FieldTable::default(),
     )
-    .await
-    .map_err(rejected)?;
+    .await?;
     ch.queue_declare(
         queue.into(),
         QueueDeclareOptions {
@@ -336,8 +347,7 @@ async fn declare_queue(ch: &Channel, exchange: &str, queue: &str) -> Result<(), 
         },
         FieldTable::default(),
     )
-    .await
-    .map_err(rejected)?;
+    .await?;
     ch.queue_bind(
         queue.into(),
         exchange.into(),
@@ -345,8 +355,7 @@ async fn declare_queue(ch: &Channel, exchange: &str, queue: &str) -> Result<(), 
         QueueBindOptions::default(),
         FieldTable::default(),
     )
-    .await
-    .map_err(rejected)?;
+    .await?;
     Ok(())
 }
 
