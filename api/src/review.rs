@@ -191,16 +191,12 @@ pub fn review_actor(req: &ReviewRequest<'_>) -> ActorReview {
     };
     out.warnings.extend(resolution.warnings.iter().cloned());
     out.missing_flavors = resolution.missing.clone();
-    let errors = check_effective(&resolution, &namespace, req.config);
+    let (effective, errors) = check_effective(&resolution, &namespace, req.config);
     out.errors.extend(errors);
     if out.errors.is_empty() {
         let Resolution {
-            spec: mut effective,
-            flavors,
-            missing,
-            ..
+            flavors, missing, ..
         } = resolution;
-        apply_defaults(&mut effective);
         if effective.workload.is_some() && crate::resolved::handler_of(&effective).is_none() {
             out.warnings.push("no handler set (spec.handler or ASYA_HANDLER in the asya-runtime container): the image must set ASYA_HANDLER itself".into());
         }
@@ -219,20 +215,27 @@ pub fn review_actor(req: &ReviewRequest<'_>) -> ActorReview {
 /// Validation and policy on the merged spec, with each error attributed to the flavor that
 /// set the value. While flavors are missing, a required field may still arrive with them, so
 /// "Required" errors wait rather than reject.
-fn check_effective(res: &Resolution, namespace: &str, config: &ClusterConfig) -> FieldErrors {
+/// Returns the defaulted spec it checked too, so the caller does not default it again.
+fn check_effective(
+    res: &Resolution,
+    namespace: &str,
+    config: &ClusterConfig,
+) -> (AsyncActorSpec, FieldErrors) {
     let mut effective = res.spec.clone();
     apply_defaults(&mut effective);
     let ctx = Context { namespace, config };
     let mut errs = validate::validate_spec(&effective, &ctx);
     errs.extend(policy::check(&effective, namespace, &config.policy));
-    errs.into_iter()
+    let errs = errs
+        .into_iter()
         .filter(|e| res.missing.is_empty() || !matches!(e.kind, ErrorKind::Required { .. }))
         .map(|e| {
             let origin = res.origins.flavor_of(&e.path).map(str::to_string);
             e.from_flavor(origin.as_deref())
         })
         .collect::<Vec<_>>()
-        .into()
+        .into();
+    (effective, errs)
 }
 
 impl From<Vec<FieldError>> for FieldErrors {
