@@ -414,7 +414,8 @@ pub struct AsyncActorStatus {
     version = "v1alpha1",
     kind = "Flavor",
     shortname = "flv",
-    category = "asya",
+    // Not in category `asya`: kubectl expands a category before a short name, so a second
+    // member would make `kubectl get asya NAME` look the name up as a Flavor too.
     derive = "Default",
     derive = "PartialEq",
     doc = "A named partial AsyncActor spec that actors merge in by listing it in spec.flavors.",
