@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 
 use asya_api::ClusterConfig;
 use asya_webhook::validate_cmd::{ObjectReport, read_documents, render, validate_documents};
+use serde::Deserialize;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -146,7 +147,29 @@ fn every_example_file_holds_objects_and_config_files_are_skipped() {
             );
         }
     }
-    let configs = yaml_files(&examples().join("config"));
+    // `kubectl apply -R -f deploy/examples/` fails on any YAML document that is not a
+    // Kubernetes object, so every document under it has apiVersion and kind.
+    let mut dirs = vec![examples()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for doc in serde_yaml::Deserializer::from_str(&text) {
+                    let v = serde_json::Value::deserialize(doc).unwrap();
+                    assert!(
+                        v["apiVersion"].is_string() && v["kind"].is_string(),
+                        "{}: a document without apiVersion/kind breaks kubectl apply -R",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+    // The cluster configurations live beside the examples, not in them.
+    let configs = yaml_files(&root().join("deploy/config"));
     assert_eq!(configs.len(), 3);
     for file in configs {
         assert!(file.to_string_lossy().ends_with(".config.yaml"));
@@ -164,13 +187,9 @@ fn examples_under_each_cluster_configuration() {
     // Under a configuration with one transport, the only rejections are actors that name the
     // other transport explicitly.
     let cases = [
-        ("deploy/examples/config/001-sqs.config.yaml", "rabbitmq", 11),
-        ("deploy/examples/config/001-rabbitmq.config.yaml", "sqs", 4),
-        (
-            "deploy/examples/config/004-operator-values.config.yaml",
-            "sqs",
-            4,
-        ),
+        ("deploy/config/001-sqs.config.yaml", "rabbitmq", 11),
+        ("deploy/config/001-rabbitmq.config.yaml", "sqs", 4),
+        ("deploy/config/004-operator-values.config.yaml", "sqs", 4),
     ];
     for (config, other, expected_rejections) in cases {
         let reports = validate_dir(&examples(), &load_config(config));
@@ -192,13 +211,13 @@ fn examples_under_each_cluster_configuration() {
             );
         }
     }
-    let sqs = load_config("deploy/examples/config/001-sqs.config.yaml");
+    let sqs = load_config("deploy/config/001-sqs.config.yaml");
     assert_eq!(sqs.default_transport, "sqs");
     assert_eq!(
         sqs.service_account.actor_role_arn.as_deref(),
         Some("arn:aws:iam::ACCOUNT:role/asya-actor-role")
     );
-    let rabbit = load_config("deploy/examples/config/001-rabbitmq.config.yaml");
+    let rabbit = load_config("deploy/config/001-rabbitmq.config.yaml");
     let t = rabbit.transport("rabbitmq").unwrap();
     assert_eq!(t.config.port, Some(5672));
     assert!(!t.rabbitmq_tls());
@@ -308,7 +327,7 @@ fn cli_rejects_an_invalid_fixture_with_its_message() {
     // With the cluster configuration the fixture names.
     let o = cli(&[
         "--config",
-        "deploy/examples/config/004-operator-values.config.yaml",
+        "deploy/config/004-operator-values.config.yaml",
         "-f",
         "tests/fixtures/invalid/transport-not-enabled.yaml",
     ]);
