@@ -18,12 +18,13 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
-# Real servers the tests talk to (RabbitMQ, the SQS server, the test cluster).
+# Real servers the tests talk to: the test cluster (kube-apiserver and controller manager),
+# which starts RabbitMQ and the SQS server first (tests/services/up).
 services:
-	./tests/services/up
+	./tests/cluster/up
 
 unit:
-	source tests/services/env && cargo test --workspace --locked
+	source tests/cluster/env && cargo test --workspace --locked
 	python3 -m pytest -q sidecar/runtime/tests
 
 e2e:

@@ -24,8 +24,9 @@ pub struct KubeBackend {
     validating: Api<ValidatingWebhookConfiguration>,
     mutating_names: Vec<String>,
     validating_names: Vec<String>,
-    /// resourceVersion of the Secret as last read: updates are conditional on it.
-    seen_version: Mutex<Option<String>>,
+    /// The Secret's metadata as last read. Updates carry its resourceVersion (so they are
+    /// conditional) and keep its labels, annotations and owners (the chart may set them).
+    seen: Mutex<Option<ObjectMeta>>,
 }
 
 impl KubeBackend {
@@ -43,7 +44,7 @@ impl KubeBackend {
             validating: Api::all(client),
             mutating_names,
             validating_names,
-            seen_version: Mutex::new(None),
+            seen: Mutex::new(None),
         }
     }
 }
@@ -60,11 +61,10 @@ fn is_conflict(e: &kube::Error) -> bool {
 impl CertBackend for KubeBackend {
     async fn load(&self) -> Result<Option<StoredCerts>, CertError> {
         let Some(secret) = self.secrets.get_opt(&self.secret_name).await? else {
-            *self.seen_version.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = None;
             return Ok(None);
         };
-        *self.seen_version.lock().unwrap_or_else(|e| e.into_inner()) =
-            secret.metadata.resource_version.clone();
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Some(secret.metadata.clone());
         let data = secret.data.unwrap_or_default();
         let (Some(ca_cert), Some(ca_key)) = (text(&data, "ca.crt"), text(&data, "ca.key")) else {
             // An empty Secret (e.g. pre-created by the chart) means "generate".
@@ -101,26 +101,24 @@ impl CertBackend for KubeBackend {
         if let Some(p) = &certs.previous_ca_pem {
             put("ca-previous.crt", p);
         }
-        let version = self
-            .seen_version
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let exists = seen.is_some();
+        let mut metadata = seen.unwrap_or_else(|| ObjectMeta {
+            name: Some(self.secret_name.clone()),
+            ..Default::default()
+        });
+        metadata.managed_fields = None;
+        metadata.labels.get_or_insert_with(BTreeMap::new).insert(
+            "app.kubernetes.io/managed-by".to_string(),
+            "asya-webhook".to_string(),
+        );
         let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(self.secret_name.clone()),
-                resource_version: version.clone(),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/managed-by".to_string(),
-                    "asya-webhook".to_string(),
-                )])),
-                ..Default::default()
-            },
+            metadata,
             data: Some(data),
             type_: Some("Opaque".into()),
             ..Default::default()
         };
-        let res = if version.is_some() {
+        let res = if exists {
             self.secrets
                 .replace(&self.secret_name, &PostParams::default(), &secret)
                 .await
