@@ -3,15 +3,21 @@
 Every test talks to the real test cluster through target/test-cluster/bin/{kubectl,helm};
 nothing here is a stand-in for a server. `wait_for` polls a condition with a deadline: no test
 sleeps in place of waiting.
+
+Tests marked `disruptive` stop a shared service (the webhook, the broker, the provisioner) and
+restore it before they end, pass or fail; they always run, after every other test, so the rest
+of the suite never sees the outage. `-m "not disruptive"` leaves them out.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +29,7 @@ KUBECTL = Path(os.environ.get("ASYA_TEST_KUBECTL", CLUSTER / "bin" / "kubectl"))
 HELM = Path(os.environ.get("ASYA_TEST_HELM", CLUSTER / "bin" / "helm"))
 CHART = ROOT / "deploy" / "chart"
 CRDS = ROOT / "deploy" / "crds"
+STATE = CLUSTER / "e2e"
 
 
 class CommandError(AssertionError):
@@ -85,6 +92,42 @@ def crds_generated() -> bool:
 def webhook_enabled() -> bool:
     f = CLUSTER / "e2e" / "webhook-enabled"
     return f.exists() and f.read_text().strip() == "1"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "disruptive: stops a shared service and restores it; runs after every other test")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # Stable: the disruptive tests keep their relative order, after all the others.
+    items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
+
+
+def e2e_up():
+    """tests/e2e/up: (re)starts whatever of the environment is not running (idempotent)."""
+    run([ROOT / "tests" / "e2e" / "up"], timeout=600)
+
+
+def pid_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def stop_process(name: str, sig=signal.SIGTERM) -> int:
+    """Stops the local process NAME started by tests/e2e/up (webhook, provisioner); returns its pid."""
+    pid = int((STATE / f"{name}.pid").read_text().strip())
+    os.kill(pid, sig)
+    wait_for(f"the {name} to stop", lambda: not pid_alive(pid), timeout=20)
+    return pid
+
+
+@contextmanager
+def process_stopped(name: str, sig=signal.SIGTERM):
+    """The local process NAME is stopped inside the block and started again by tests/e2e/up
+    when the block ends, however it ends."""
+    try:
+        yield stop_process(name, sig)
+    finally:
+        e2e_up()
 
 
 @pytest.fixture(scope="session", autouse=True)

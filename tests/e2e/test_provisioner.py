@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import time
-from pathlib import Path
+from contextlib import contextmanager
 
 import pytest
 
-from conftest import ROOT, kubectl, kubectl_json, wait_for, webhook_enabled
+from conftest import ROOT, STATE, kubectl, kubectl_json, process_stopped, wait_for, webhook_enabled
 
 RABBIT_CTL = os.environ.get("ASYA_TEST_RABBITMQ_CTL", str(ROOT / "tests" / "services" / "rabbitmq"))
 SQS_ENDPOINT = os.environ.get("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566")
-STATE = ROOT / "target" / "test-cluster" / "e2e"
+RABBIT_PORT = int(os.environ.get("ASYA_TEST_RABBITMQ_PORT", "5672"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -229,17 +231,33 @@ def test_flavor_change_and_missing_flavor(namespace):
         kubectl("delete", "flavor", flavor, "--ignore-not-found")
 
 
-@pytest.mark.skipif(os.environ.get("ASYA_E2E_DISRUPTIVE") != "1",
-                    reason="stops the shared RabbitMQ; set ASYA_E2E_DISRUPTIVE=1 (CI runs it alone)")
+def rabbit_accepts_connections() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", RABBIT_PORT), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def broker_stopped():
+    """RabbitMQ is stopped inside the block and back, accepting connections, when it ends."""
+    try:
+        subprocess.run([RABBIT_CTL, "stop"], check=True, timeout=120)
+        yield
+    finally:
+        # `start` returns once the node runs and listens (tests/services/rabbitmq wait_ready).
+        subprocess.run([RABBIT_CTL, "start"], check=True, timeout=180)
+        wait_for("RabbitMQ accepting connections", rabbit_accepts_connections, timeout=60)
+
+
+@pytest.mark.disruptive
 def test_broker_down_then_recovers(namespace):
     ns = namespace
-    subprocess.run([RABBIT_CTL, "stop"], check=True, timeout=120)
-    try:
+    with broker_stopped():
         apply(ns, actor("outage", {**FLAT}))
         st = wait_for("TransportError while the broker is down", phase_is(ns, "outage", "TransportError"), timeout=60)
         assert {c["type"]: c["status"] for c in st["conditions"]}["TransportReady"] == "False"
-    finally:
-        subprocess.run([RABBIT_CTL, "start"], check=True, timeout=180)
     wait_for("recovered", lambda: status(ns, "outage").get("transportStatus") == "Ready", timeout=120)
     assert f"asya-{ns}-outage" in rabbit_queues()
 
@@ -270,8 +288,7 @@ def test_200_actors_converge(namespace):
     (STATE / "provisioner-bench.txt").write_text(f"actors={n} apply_s={applied:.1f} converge_s={elapsed:.1f}\n")
 
 
-@pytest.mark.skipif(os.environ.get("ASYA_E2E_DISRUPTIVE") != "1",
-                    reason="kills the shared provisioner; set ASYA_E2E_DISRUPTIVE=1 (CI runs it alone)")
+@pytest.mark.disruptive
 def test_provisioner_killed_mid_reconcile_converges_after_restart(namespace):
     ns = namespace
     n = 40
@@ -284,10 +301,9 @@ def test_provisioner_killed_mid_reconcile_converges_after_restart(namespace):
         return any(a.get("status") for a in items)
 
     wait_for("the provisioner to be mid-way", some_started, timeout=60, interval=0.05)
-    pid = int((STATE / "provisioner.pid").read_text())
-    os.kill(pid, 9)  # no clean shutdown: the lease stays held until it expires
-    wait_for("provisioner gone", lambda: not Path(f"/proc/{pid}").exists(), timeout=10)
-    subprocess.run([str(ROOT / "tests" / "e2e" / "up")], check=True, capture_output=True, timeout=600)
+    # SIGKILL, no clean shutdown: the lease stays held until it expires. tests/e2e/up restarts it.
+    with process_stopped("provisioner", signal.SIGKILL):
+        pass
 
     def converged():
         items = kubectl_json("get", "asyncactors", "-n", ns)["items"]

@@ -8,20 +8,16 @@ API server stored.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import CLUSTER, ROOT, kubectl, kubectl_json, run, wait_for, webhook_enabled
+from conftest import ROOT, kubectl, kubectl_json, process_stopped, wait_for, webhook_enabled
 
 EXAMPLES = ROOT / "deploy" / "examples"
 INVALID = ROOT / "tests" / "fixtures" / "invalid"
-STATE = CLUSTER / "e2e"
 
 pytestmark = pytest.mark.skipif(not webhook_enabled(), reason="the webhook is not running in this environment (see tests/e2e/up output)")
 
@@ -218,18 +214,13 @@ def test_unlabelled_pod_is_untouched(namespace):
     assert "command" not in stored["spec"]["containers"][0]
 
 
+@pytest.mark.disruptive
 def test_webhook_stopped_unlabelled_pods_still_admitted(namespace):
-    """Last on purpose: stops the webhook, then starts it again through tests/e2e/up."""
-    pidf = STATE / "webhook.pid"
-    pid = int(pidf.read_text().strip())
-    os.kill(pid, signal.SIGTERM)
-    wait_for("the webhook to stop", lambda: subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0, timeout=20)
-    try:
+    """Stops the webhook, then starts it again through tests/e2e/up."""
+    with process_stopped("webhook"):
         apply_doc(pod_doc(namespace, "while-down", {"app": "x"}), check=True)
         assert kubectl_json("get", "pod", "while-down", "-n", namespace)["metadata"]["name"] == "while-down"
         # A labelled pod is refused (failurePolicy Fail): never created without its sidecar.
         p = apply_doc(pod_doc(namespace, "labelled-while-down", {"asya.sh/inject": "true", "asya.sh/actor": "a"},
                               {"asya.sh/handler": "m.f"}))
         assert p.returncode != 0, p.stdout
-    finally:
-        run([ROOT / "tests" / "e2e" / "up"], timeout=600)
