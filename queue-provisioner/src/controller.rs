@@ -11,9 +11,11 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams,
 };
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -445,13 +447,27 @@ async fn apply_actor(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Er
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &resolved.namespace);
     let lp = ListParams::default().labels(&format!("{}={}", labels::ACTOR, resolved.name));
     let pods = pods_api.list(&lp).await?;
-    for p in &pods.items {
-        if status::needs_replacing(p) {
-            let pn = p.name_any();
-            delete_ignore_missing(&pods_api, &pn).await?;
-            ctx.event(&actor, true, "PodWithoutSidecarReplaced",
-                format!("pod {pn} carries no asya-sidecar (created while the injection webhook was unavailable); deleted so its controller recreates it with the sidecar")).await;
+    let bare: Vec<&Pod> = pods
+        .items
+        .iter()
+        .filter(|p| status::needs_replacing(p))
+        .collect();
+    // Replaced only once injection works again: deleting while the webhook is still down
+    // would only bring another pod without the sidecar, in a loop.
+    let injection_down = match bare.first() {
+        Some(p) => !injection_works(&pods_api, p).await,
+        None => false,
+    };
+    for p in &bare {
+        let pn = p.name_any();
+        if injection_down {
+            ctx.event(&actor, true, "PodWithoutSidecar",
+                format!("pod {pn} carries no asya-sidecar and injection still fails (the webhook is unavailable); it is replaced once injection works")).await;
+            continue;
         }
+        delete_ignore_missing(&pods_api, &pn).await?;
+        ctx.event(&actor, true, "PodWithoutSidecarReplaced",
+            format!("pod {pn} carries no asya-sidecar (created while the injection webhook was unavailable); deleted so its controller recreates it with the sidecar")).await;
     }
     o.pods = pods
         .items
@@ -480,11 +496,51 @@ async fn apply_actor(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Er
     // The periodic requeue is also the check that the queue still exists.
     Ok(Action::requeue(if failed {
         backoff
+    } else if injection_down {
+        Duration::from_secs(10)
     } else if settled {
         Duration::from_secs(60)
     } else {
         Duration::from_secs(20)
     }))
+}
+
+/// Whether the injection webhook works now: a server-side dry run of creating a copy of
+/// `pod` (nothing is stored) comes back with the sidecar. A refusal (webhook down with
+/// failurePolicy Fail) counts as not working. Needs RBAC `create` on pods (a dry run is
+/// authorized like a create).
+async fn injection_works(api: &Api<Pod>, pod: &Pod) -> bool {
+    let mut spec = pod.spec.clone().unwrap_or_default();
+    // Set by the scheduler and the priority admission on the original; not for a new pod.
+    spec.node_name = None;
+    spec.priority = None;
+    let probe = Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-probe-", pod.name_any())),
+            labels: pod.metadata.labels.clone(),
+            annotations: pod.metadata.annotations.clone(),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    };
+    let pp = PostParams {
+        dry_run: true,
+        field_manager: Some(MANAGER.into()),
+    };
+    match api.create(&pp, &probe).await {
+        Ok(created) => !status::needs_replacing(&created),
+        // Without RBAC `create` on pods the dry run is refused before admission: replace
+        // without knowing (as if injection worked).
+        Err(kube::Error::Api(s)) if s.code == 403 && !s.message.contains("webhook") => {
+            warn!(error = %s.message, "no permission to dry-run a pod create; replacing pods without the sidecar unchecked");
+            true
+        }
+        Err(e) => {
+            warn!(pod = %pod.name_any(), error = %e, "injection probe (dry-run pod create) failed");
+            false
+        }
+    }
 }
 
 /// Ensures one queue, or within [`RECHECK`] of the last ensure with the same spec only checks

@@ -403,3 +403,64 @@ def test_vanished_queue_is_recreated(namespace):
     # The periodic requeue (20 s while pods are not ready, 60 s when settled) checks it.
     wait_for("queue recreated by the periodic check", lambda: q in rabbit_queues(), timeout=90, interval=1.0)
     wait_for("QueueRecreated event", lambda: "QueueRecreated" in kubectl("get", "events", "-n", ns, "-o", "json").stdout)
+
+
+def pods_of(ns: str, name: str) -> list[dict]:
+    return [p for p in kubectl_json("get", "pods", "-n", ns, "-l", f"asya.sh/actor={name}")["items"]
+            if not p["metadata"].get("deletionTimestamp")]
+
+
+def has_sidecar(pod: dict) -> bool:
+    spec = pod["spec"]
+    return any(c["name"] == "asya-sidecar" for c in spec["containers"] + spec.get("initContainers", []))
+
+
+def events_about(ns: str, reason: str, text: str) -> list[dict]:
+    return [e for e in kubectl_json("get", "events", "-n", ns)["items"]
+            if e.get("reason") == reason and text in (e.get("message") or e.get("note") or "")]
+
+
+def pods_failure_policy() -> str:
+    conf = kubectl_json("get", "mutatingwebhookconfiguration", "-l", "app.kubernetes.io/instance=asya")["items"][0]
+    return next(w["failurePolicy"] for w in conf["webhooks"] if w["name"] == "pods.inject.asya.sh")
+
+
+def admit_pods_without_webhook():
+    """failurePolicy Ignore on the pod injection webhook: with the webhook down, labelled pods
+    are created without the sidecar (tests/e2e/up applies the configuration again)."""
+    conf = kubectl_json("get", "mutatingwebhookconfiguration", "-l", "app.kubernetes.io/instance=asya")["items"][0]
+    i = next(i for i, w in enumerate(conf["webhooks"]) if w["name"] == "pods.inject.asya.sh")
+    kubectl("patch", "mutatingwebhookconfiguration", conf["metadata"]["name"], "--type=json", "-p",
+            json.dumps([{"op": "replace", "path": f"/webhooks/{i}/failurePolicy", "value": "Ignore"}]))
+
+
+@pytest.mark.disruptive
+def test_pod_without_sidecar_is_replaced_once_injection_works(namespace):
+    if not webhook_enabled():
+        pytest.skip("the webhook is not running in this environment")
+    ns = namespace
+    apply(ns, actor("bare", {**FLAT, "scaling": {"enabled": False}, "replicas": 1}))
+    first = wait_for("an injected pod", lambda: [p for p in pods_of(ns, "bare") if has_sidecar(p)], timeout=60)[0]
+    with process_stopped("webhook"):
+        admit_pods_without_webhook()
+        kubectl("delete", "pod", first["metadata"]["name"], "-n", ns, "--wait=false")
+        # The ReplicaSet recreates the pod; the API server ignores the unreachable webhook.
+        bare = wait_for("a pod without the sidecar", lambda: [p for p in pods_of(ns, "bare") if not has_sidecar(p)],
+                        timeout=60)[0]
+        bare_name, bare_uid = bare["metadata"]["name"], bare["metadata"]["uid"]
+        # The provisioner sees it but keeps it while injection fails: deleting it now would
+        # only bring another pod without the sidecar.
+        wait_for("PodWithoutSidecar event", lambda: events_about(ns, "PodWithoutSidecar", bare_name), timeout=60)
+        assert kubectl_json("get", "pod", bare_name, "-n", ns)["metadata"]["uid"] == bare_uid
+        assert not events_about(ns, "PodWithoutSidecarReplaced", bare_name)
+    assert pods_failure_policy() == "Fail", "tests/e2e/up restored the webhook configuration"
+
+    def replaced():
+        pods = pods_of(ns, "bare")
+        return (all(p["metadata"]["name"] != bare_name for p in pods) and pods and all(has_sidecar(p) for p in pods)
+                and pods)
+
+    pods = wait_for("the pod replaced by one with the sidecar", replaced, timeout=60)
+    assert len(pods) == 1
+    ev = wait_for("PodWithoutSidecarReplaced event", lambda: events_about(ns, "PodWithoutSidecarReplaced", bare_name))
+    assert ev[0]["type"] == "Warning"
