@@ -809,6 +809,7 @@ async fn cleanup(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Error>
         .clone()
         .unwrap_or_else(|| ctx.config.default_transport.clone());
     let queue = naming::actor_queue(&ns, &actor_name);
+    let mut delay_queues = Vec::new();
     if ctx
         .config
         .transports
@@ -817,17 +818,26 @@ async fn cleanup(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Error>
     {
         let (backend, _) = ctx.transports.get(&transport).await?;
         lock(&ctx.ensured).remove(&format!("{transport}/{queue}"));
-        let res = backend.delete(&queue).await;
+        // The retry policies (flavors included, when they still resolve) name the delay queues.
+        let resolved = asya_api::review::review_typed(&actor, &ctx.catalog(), &ctx.config).resolved;
+        let resiliency = match &resolved {
+            Some(r) => r.spec.resiliency.as_ref(),
+            None => actor.spec.resiliency.as_ref(),
+        };
+        let res = backend.delete_actor_queue(&queue, resiliency).await;
         ctx.metrics.queue_op(backend.kind(), "delete", res.is_ok());
-        if let Err(e) = res {
-            ctx.event(
-                &actor,
-                true,
-                "QueueDeleteFailed",
-                format!("deleting queue {queue}: {e}; retrying"),
-            )
-            .await;
-            return Err(e.into());
+        match res {
+            Ok(extra) => delay_queues = extra,
+            Err(e) => {
+                ctx.event(
+                    &actor,
+                    true,
+                    "QueueDeleteFailed",
+                    format!("deleting queue {queue}: {e}; retrying"),
+                )
+                .await;
+                return Err(e.into());
+            }
         }
     }
     // Owner references would let the garbage collector do this; deleting now frees the
@@ -851,7 +861,21 @@ async fn cleanup(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Error>
         &actor,
         false,
         "QueueDeleted",
-        format!("queue {queue} deleted"),
+        if delay_queues.is_empty() {
+            format!("queue {queue} deleted")
+        } else {
+            // An event note holds 1 kB: name a few.
+            let more = delay_queues.len().saturating_sub(4);
+            format!(
+                "queue {queue} deleted, with its retry delay queues {}{}",
+                delay_queues[..delay_queues.len() - more].join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )
+        },
     )
     .await;
     info!(namespace = %ns, name = %name, queue = %queue, "actor cleaned up");

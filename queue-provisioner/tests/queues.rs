@@ -89,6 +89,70 @@ async fn rabbitmq_create_bind_delete_recreate() {
     q.delete(&s.name).await.unwrap();
 }
 
+/// A deleted actor's delay queues go with its queue: the sidecar's own send path declares one
+/// for a delayed retry; the provisioner's delete finds it from the retry policy.
+#[tokio::test]
+async fn rabbitmq_delete_takes_the_sidecars_delay_queues() {
+    use asya_sidecar::transport::Transport;
+    use asya_sidecar::transport::rabbitmq::{RabbitSettings, RabbitTransport};
+
+    let url = env("ASYA_TEST_RABBITMQ_URL");
+    let q = RabbitQueues::new(url.clone(), "asya");
+    let s = spec(&unique("it"), "retrier");
+    q.ensure(&s).await.unwrap();
+    let resiliency: asya_api::types::Resiliency = serde_json::from_value(serde_json::json!({
+        "policies": {
+            "default": {"maxAttempts": 3, "backoff": "exponential", "initialInterval": "2s", "maxInterval": "30s"},
+            "never-used": {"maxAttempts": 2, "backoff": "constant", "initialInterval": "9s"}
+        }
+    }))
+    .unwrap();
+    let sidecar = RabbitTransport::new(
+        RabbitSettings {
+            url,
+            exchange: "asya".into(),
+            queue: s.name.clone(),
+            prefetch: 1,
+            auto_create: false,
+            max_redeliveries: 3,
+            publish_only: true,
+        },
+        Box::new(|| {}),
+    );
+    sidecar.ensure_connected().await;
+    // The first retry of the default policy waits 2 s.
+    sidecar
+        .send(&[asya_sidecar::transport::Outgoing {
+            queue: s.name.clone(),
+            body: b"{}".to_vec(),
+            delay: Some(Duration::from_secs(2)),
+        }])
+        .await
+        .unwrap();
+    let delay_q = format!("{}.delay-2000ms", s.name);
+    assert!(
+        q.exists(&delay_q).await.unwrap(),
+        "the sidecar declared {delay_q}"
+    );
+
+    let deleted = q
+        .delete_with_delay_queues(&s.name, Some(&resiliency))
+        .await
+        .unwrap();
+    // 2 s and 4 s for the default policy, 9 s for the other: deleting absent ones is fine.
+    assert_eq!(
+        deleted,
+        [
+            delay_q.clone(),
+            format!("{}.delay-4000ms", s.name),
+            format!("{}.delay-9000ms", s.name)
+        ]
+    );
+    assert!(!q.exists(&s.name).await.unwrap());
+    assert!(!q.exists(&delay_q).await.unwrap(), "{delay_q} deleted");
+    sidecar.close().await;
+}
+
 #[tokio::test]
 async fn rabbitmq_unreachable_is_unavailable() {
     let q = RabbitQueues::new("amqp://guest:guest@127.0.0.1:1/%2f".into(), "asya");

@@ -464,3 +464,20 @@ def test_pod_without_sidecar_is_replaced_once_injection_works(namespace):
     assert len(pods) == 1
     ev = wait_for("PodWithoutSidecarReplaced event", lambda: events_about(ns, "PodWithoutSidecarReplaced", bare_name))
     assert ev[0]["type"] == "Warning"
+
+
+def test_deleted_actor_takes_its_retry_delay_queues(namespace):
+    """The delay queues the sidecar declares for retries (`{queue}.delay-{ms}ms`, one per backoff
+    of the retry policies) are deleted with the actor's queue: the event names the ones the
+    actor's policy implies (queue-provisioner/tests/queues.rs checks on the broker that a delay
+    queue declared by the sidecar's send path goes)."""
+    ns = namespace
+    apply(ns, actor("retrier", {**FLAT, "resiliency": {"policies": {
+        "default": {"maxAttempts": 3, "backoff": "exponential", "initialInterval": "2s", "maxInterval": "30s"}}}}))
+    wait_for("provisioned", lambda: status(ns, "retrier").get("transportStatus") == "Ready")
+    q = f"asya-{ns}-retrier"
+    kubectl("delete", "asyncactor", "retrier", "-n", ns, "--wait=true", timeout=90)
+    ev = wait_for("QueueDeleted event", lambda: events_about(ns, "QueueDeleted", q))
+    note = ev[0].get("message") or ev[0].get("note")
+    assert f"{q}.delay-2000ms" in note and f"{q}.delay-4000ms" in note, note
+    assert q not in rabbit_queues()

@@ -87,6 +87,19 @@ impl Backend {
             Backend::Sqs(_) => "sqs",
         }
     }
+
+    /// Deletes a deleted actor's queue and what the transport keeps beside it for retries
+    /// (RabbitMQ's delay queues; SQS delays in the queue itself). Returns those extra queues.
+    pub async fn delete_actor_queue(
+        &self,
+        name: &str,
+        resiliency: Option<&asya_api::types::Resiliency>,
+    ) -> Result<Vec<String>, QueueError> {
+        match self {
+            Backend::Rabbit(b) => b.delete_with_delay_queues(name, resiliency).await,
+            Backend::Sqs(b) => b.delete(name).await.map(|()| Vec::new()),
+        }
+    }
 }
 
 impl QueueOps for Backend {

@@ -6,6 +6,11 @@
 //! channel: a passive declare of a missing queue closes the channel (404), which must not
 //! break the other reconciles sharing the connection.
 
+use std::collections::BTreeSet;
+
+use asya_api::types::Resiliency;
+use asya_sidecar::resiliency::{Plan, backoff_delay};
+use asya_sidecar::transport::rabbitmq::RabbitTransport;
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -43,7 +48,50 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// Attempts per policy looked at; a policy with more distinct delays than this leaves the
+/// rest to the broker (the sidecar declares delay queues with `x-expires`).
+const MAX_DELAYS_PER_POLICY: u32 = 1000;
+
+/// The delay queues the sidecar may declare for retries into `queue`: one per distinct backoff
+/// of the actor's retry policies, named by the sidecar's own rule. An invalid policy (the
+/// sidecar would not start) has none.
+pub fn delay_queues(queue: &str, resiliency: Option<&Resiliency>) -> BTreeSet<String> {
+    let Some(plan) = resiliency.and_then(|r| Plan::from_spec(r).ok()) else {
+        return BTreeSet::new();
+    };
+    let mut out = BTreeSet::new();
+    for p in plan.policies.values() {
+        // Attempt n failed and n < maxAttempts: the retry waits backoff_delay(n).
+        for attempt in 1..p.max_attempts.min(MAX_DELAYS_PER_POLICY + 1) {
+            let d = backoff_delay(p, attempt);
+            if !d.is_zero() {
+                out.insert(RabbitTransport::delay_queue(queue, d));
+            }
+            if d >= p.max {
+                break;
+            }
+        }
+    }
+    out
+}
+
 impl RabbitQueues {
+    /// Deletes the actor's queue and the delay queues its retry policies use (messages waiting
+    /// there would only dead-letter into the deleted queue). Returns the delay queues deleted.
+    pub async fn delete_with_delay_queues(
+        &self,
+        queue: &str,
+        resiliency: Option<&Resiliency>,
+    ) -> Result<Vec<String>, QueueError> {
+        self.delete(queue).await?;
+        let mut deleted = Vec::new();
+        for q in delay_queues(queue, resiliency) {
+            self.delete(&q).await?;
+            deleted.push(q);
+        }
+        Ok(deleted)
+    }
+
     pub fn new(url: String, exchange: &str) -> Self {
         RabbitQueues {
             display: redact(&url),
@@ -138,7 +186,32 @@ impl QueueOps for RabbitQueues {
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::{delay_queues, redact};
+
+    #[test]
+    fn delay_queues_follow_each_policy_backoff_up_to_its_cap() {
+        let r: asya_api::types::Resiliency = serde_json::from_value(serde_json::json!({
+            "policies": {
+                "default": {"maxAttempts": 6, "backoff": "exponential", "initialInterval": "1s", "maxInterval": "5s"},
+                "slow": {"maxAttempts": 3, "backoff": "constant", "initialInterval": "500ms"},
+                "once": {"maxAttempts": 1, "initialInterval": "7s"}
+            }
+        }))
+        .unwrap();
+        let got: Vec<String> = delay_queues("asya-ns-a", Some(&r)).into_iter().collect();
+        // default: 1s 2s 4s 5s (capped; attempt 5 would be 5s again); slow: 500ms; once: none.
+        assert_eq!(
+            got,
+            [
+                "asya-ns-a.delay-1000ms",
+                "asya-ns-a.delay-2000ms",
+                "asya-ns-a.delay-4000ms",
+                "asya-ns-a.delay-5000ms",
+                "asya-ns-a.delay-500ms",
+            ]
+        );
+        assert!(delay_queues("asya-ns-a", None).is_empty());
+    }
 
     #[test]
     fn redacts_password() {

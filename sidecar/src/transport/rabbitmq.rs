@@ -260,8 +260,9 @@ impl RabbitTransport {
     }
 
     /// The queue a delayed retry waits in. Dots cannot occur in actor names, so these
-    /// names never collide with an actor's queue.
-    fn delay_queue(queue: &str, delay: Duration) -> String {
+    /// names never collide with an actor's queue. Public: the provisioner deletes an actor's
+    /// delay queues by this rule.
+    pub fn delay_queue(queue: &str, delay: Duration) -> String {
         format!("{queue}.delay-{}ms", delay.as_millis())
     }
 
