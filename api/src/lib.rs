@@ -26,4 +26,4 @@ pub mod review;
 pub mod validate;
 
 pub use resolved::ResolvedActor;
-pub use review::{ActorReview, ReviewRequest, review_actor};
+pub use review::{ActorReview, ReviewRequest, review_actor, review_actor_decision};

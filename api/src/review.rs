@@ -3,6 +3,7 @@
 //! enforce policy. The webhook, `asya-webhook validate` and the provisioner all call this.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::ClusterConfig;
@@ -58,14 +59,25 @@ fn parse_spec(
             errors.push(FieldError::required("spec", "an AsyncActor needs a spec"));
             return None;
         }
-        Some(s) => s.clone(),
+        Some(s) => s,
     };
+    // Fast path: most specs parse; tracking the path of every field costs an allocation per
+    // key, so it is only done again to name the path of an error.
     let mut unknown = Vec::new();
-    let result: Result<AsyncActorSpec, _> = serde_path_to_error::deserialize(
-        serde_ignored::Deserializer::new(&raw, &mut |p: serde_ignored::Path<'_>| {
-            unknown.push(p.to_string())
-        }),
-    );
+    let fast = AsyncActorSpec::deserialize(serde_ignored::Deserializer::new(
+        raw,
+        &mut |p: serde_ignored::Path<'_>| unknown.push(p.to_string()),
+    ));
+    let result: Result<AsyncActorSpec, _> = match fast {
+        Ok(spec) => Ok(spec),
+        Err(_) => {
+            unknown.clear();
+            serde_path_to_error::deserialize(serde_ignored::Deserializer::new(
+                raw,
+                &mut |p: serde_ignored::Path<'_>| unknown.push(p.to_string()),
+            ))
+        }
+    };
     for u in unknown {
         if u == "command" {
             errors.push(FieldError::forbidden("spec.command", "the runtime container's command is managed by Asya; use spec.pythonExecutable to choose the interpreter"));
@@ -82,7 +94,7 @@ fn parse_spec(
             } else {
                 format!("spec.{path}")
             };
-            let value = lookup(&raw, e.path()).cloned().unwrap_or(Value::Null);
+            let value = lookup(raw, e.path()).cloned().unwrap_or(Value::Null);
             errors.push(FieldError::invalid(at, value, e.inner().to_string()));
             None
         }
@@ -120,11 +132,22 @@ fn prepare(
 
 /// Reviews one AsyncActor.
 pub fn review_actor(req: &ReviewRequest<'_>) -> ActorReview {
+    review(req, true)
+}
+
+/// [`review_actor`] without [`ActorReview::mutated`] (left `None`), for callers that need
+/// only the decision and the resolved actor (validation, injection): it saves copying the
+/// object. Everything else is the same.
+pub fn review_actor_decision(req: &ReviewRequest<'_>) -> ActorReview {
+    review(req, false)
+}
+
+fn review(req: &ReviewRequest<'_>, with_mutated: bool) -> ActorReview {
     let mut out = ActorReview::default();
     let meta: ObjectMeta = req
         .object
         .get("metadata")
-        .and_then(|m| serde_json::from_value(m.clone()).ok())
+        .and_then(|m| ObjectMeta::deserialize(m).ok())
         .unwrap_or_default();
     let name = meta
         .name
@@ -176,11 +199,13 @@ pub fn review_actor(req: &ReviewRequest<'_>) -> ActorReview {
         }
     }
 
-    let mut mutated = req.object.clone();
-    if let (Some(obj), Ok(v)) = (mutated.as_object_mut(), serde_json::to_value(&spec)) {
-        obj.insert("spec".into(), v);
+    if with_mutated {
+        let mut mutated = req.object.clone();
+        if let (Some(obj), Ok(v)) = (mutated.as_object_mut(), serde_json::to_value(&spec)) {
+            obj.insert("spec".into(), v);
+        }
+        out.mutated = Some(mutated);
     }
-    out.mutated = Some(mutated);
 
     let resolution = match flavor::resolve(&spec, &namespace, req.catalog, &req.config.policy) {
         Ok(r) => r,
@@ -189,14 +214,18 @@ pub fn review_actor(req: &ReviewRequest<'_>) -> ActorReview {
             return out;
         }
     };
-    out.warnings.extend(resolution.warnings.iter().cloned());
-    out.missing_flavors = resolution.missing.clone();
-    let (effective, errors) = check_effective(&resolution, &namespace, req.config);
+    let Resolution {
+        spec: merged,
+        flavors,
+        missing,
+        warnings,
+        origins,
+    } = resolution;
+    out.warnings.extend(warnings);
+    out.missing_flavors = missing.clone();
+    let (effective, errors) = check_effective(merged, &missing, &origins, &namespace, req.config);
     out.errors.extend(errors);
     if out.errors.is_empty() {
-        let Resolution {
-            flavors, missing, ..
-        } = resolution;
         if effective.workload.is_some() && crate::resolved::handler_of(&effective).is_none() {
             out.warnings.push("no handler set (spec.handler or ASYA_HANDLER in the asya-runtime container): the image must set ASYA_HANDLER itself".into());
         }
@@ -217,20 +246,21 @@ pub fn review_actor(req: &ReviewRequest<'_>) -> ActorReview {
 /// "Required" errors wait rather than reject.
 /// Returns the defaulted spec it checked too, so the caller does not default it again.
 fn check_effective(
-    res: &Resolution,
+    mut effective: AsyncActorSpec,
+    missing: &[String],
+    origins: &crate::flavor::Origins,
     namespace: &str,
     config: &ClusterConfig,
 ) -> (AsyncActorSpec, FieldErrors) {
-    let mut effective = res.spec.clone();
     apply_defaults(&mut effective);
     let ctx = Context { namespace, config };
     let mut errs = validate::validate_spec(&effective, &ctx);
     errs.extend(policy::check(&effective, namespace, &config.policy));
     let errs = errs
         .into_iter()
-        .filter(|e| res.missing.is_empty() || !matches!(e.kind, ErrorKind::Required { .. }))
+        .filter(|e| missing.is_empty() || !matches!(e.kind, ErrorKind::Required { .. }))
         .map(|e| {
-            let origin = res.origins.flavor_of(&e.path).map(str::to_string);
+            let origin = origins.flavor_of(&e.path).map(str::to_string);
             e.from_flavor(origin.as_deref())
         })
         .collect::<Vec<_>>()
