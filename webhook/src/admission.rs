@@ -7,14 +7,16 @@ use asya_api::config::ClusterConfig;
 use asya_api::error::FieldErrors;
 use asya_api::flavor::FlavorCatalog;
 use asya_api::labels;
-use asya_api::review::{ActorReview, ReviewRequest, review_actor};
+use asya_api::review::{ActorReview, ReviewRequest, review_actor, review_actor_decision};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::response::{StatusCause, StatusDetails, StatusSummary};
 use serde_json::{Value, json};
 
 use crate::inject::{ActorSettings, inject_pod, is_injected, wants_injection};
+use crate::patch::pod_patch;
 
 pub const ACTOR_GROUP: &str = "asya.sh";
 pub const ACTOR_KIND: &str = "AsyncActor";
@@ -62,6 +64,59 @@ pub struct Ctx<'a> {
 #[error("{0}")]
 pub struct BadRequest(pub String);
 
+/// An admitted object as the request carries it, kept as JSON: review and injection read
+/// JSON, so parsing it into a `DynamicObject` and serializing it back is saved. Like a
+/// `DynamicObject`, it must be a JSON object whose `metadata`, when present, parses as
+/// `ObjectMeta`.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(transparent)]
+pub struct RawObject {
+    pub value: Value,
+    #[serde(skip)]
+    metadata: ObjectMeta,
+}
+
+impl<'de> serde::Deserialize<'de> for RawObject {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let value = Value::deserialize(d)?;
+        let Value::Object(map) = &value else {
+            return Err(D::Error::invalid_type(
+                serde::de::Unexpected::Other("a non-object"),
+                &"an object",
+            ));
+        };
+        let metadata = match map.get("metadata") {
+            Some(m) => ObjectMeta::deserialize(m).map_err(D::Error::custom)?,
+            None => ObjectMeta::default(),
+        };
+        Ok(RawObject { value, metadata })
+    }
+}
+
+impl kube::Resource for RawObject {
+    type DynamicType = ();
+    type Scope = kube::core::DynamicResourceScope;
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// The outcome, for the response and the metrics.
 #[derive(Debug)]
 pub struct Handled {
@@ -82,7 +137,7 @@ fn op_name(op: &Operation) -> &'static str {
 
 /// Parse and answer one AdmissionReview body.
 pub fn handle(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Result<Handled, BadRequest> {
-    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+    let review: AdmissionReview<RawObject> = serde_json::from_slice(body)
         .map_err(|e| BadRequest(format!("body is not an AdmissionReview: {e}")))?;
     if review.types.kind != "AdmissionReview" || review.types.api_version != "admission.k8s.io/v1" {
         return Err(BadRequest(format!(
@@ -90,7 +145,7 @@ pub fn handle(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Result<Handled,
             review.types.api_version, review.types.kind
         )));
     }
-    let req: AdmissionRequest<DynamicObject> = review
+    let mut req: AdmissionRequest<RawObject> = review
         .try_into()
         .map_err(|_| BadRequest("AdmissionReview has no request".into()))?;
     let operation = op_name(&req.operation);
@@ -100,7 +155,7 @@ pub fn handle(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Result<Handled,
 
     let resp = match endpoint {
         Endpoint::ValidateActors | Endpoint::MutateActors => actor(endpoint, &req, resp, ctx),
-        Endpoint::MutatePods => pod(&req, resp, ctx),
+        Endpoint::MutatePods => pod(&mut req, resp, ctx),
     };
     let result = if !resp.allowed {
         "denied"
@@ -168,7 +223,7 @@ fn with_warnings(mut resp: AdmissionResponse, warnings: Vec<String>) -> Admissio
 fn kind_mismatch(
     resp: AdmissionResponse,
     want: &str,
-    req: &AdmissionRequest<DynamicObject>,
+    req: &AdmissionRequest<RawObject>,
 ) -> AdmissionResponse {
     let k = &req.kind;
     deny(
@@ -183,19 +238,31 @@ fn kind_mismatch(
     )
 }
 
-fn actor_review(obj: &Value, old: Option<&Value>, ns: Option<&str>, ctx: &Ctx<'_>) -> ActorReview {
-    review_actor(&ReviewRequest {
+/// `mutated`: whether the caller needs [`ActorReview::mutated`] (only the mutating endpoint).
+fn actor_review(
+    obj: &Value,
+    old: Option<&Value>,
+    ns: Option<&str>,
+    ctx: &Ctx<'_>,
+    mutated: bool,
+) -> ActorReview {
+    let req = ReviewRequest {
         object: obj,
         old_object: old,
         namespace: ns,
         catalog: ctx.catalog,
         config: ctx.config,
-    })
+    };
+    if mutated {
+        review_actor(&req)
+    } else {
+        review_actor_decision(&req)
+    }
 }
 
 fn actor(
     endpoint: Endpoint,
-    req: &AdmissionRequest<DynamicObject>,
+    req: &AdmissionRequest<RawObject>,
     resp: AdmissionResponse,
     ctx: &Ctx<'_>,
 ) -> AdmissionResponse {
@@ -205,11 +272,7 @@ fn actor(
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return resp;
     }
-    let Some(obj) = req
-        .object
-        .as_ref()
-        .and_then(|o| serde_json::to_value(o).ok())
-    else {
+    let Some(obj) = req.object.as_ref().map(|o| &o.value) else {
         return deny(
             resp,
             400,
@@ -219,14 +282,12 @@ fn actor(
         );
     };
     let old = match req.operation {
-        Operation::Update => req
-            .old_object
-            .as_ref()
-            .and_then(|o| serde_json::to_value(o).ok()),
+        Operation::Update => req.old_object.as_ref().map(|o| &o.value),
         _ => None,
     };
     let ns = req.namespace.as_deref();
-    let review = actor_review(&obj, old.as_ref(), ns, ctx);
+    let mutating = endpoint == Endpoint::MutateActors;
+    let review = actor_review(obj, old, ns, ctx, mutating);
     let what = format!("AsyncActor {:?}", req.name);
     if !review.allowed() {
         return with_warnings(deny_fields(resp, &what, &review.errors), review.warnings);
@@ -237,14 +298,14 @@ fn actor(
             let Some(mutated) = review.mutated.as_ref() else {
                 return with_warnings(resp, review.warnings);
             };
-            let patch = json_patch::diff(&obj, mutated);
+            let patch = json_patch::diff(obj, mutated);
             if patch.0.is_empty() {
                 // Nothing rewritten: the validating webhook reports the warnings.
                 return resp;
             }
             // Only the warnings the rewrite resolves (aliases); the validating webhook sees
             // the rewritten object and reports the rest, so none is shown twice.
-            let after = actor_review(mutated, old.as_ref(), ns, ctx);
+            let after = actor_review(mutated, old, ns, ctx, false);
             let warnings = review
                 .warnings
                 .into_iter()
@@ -335,7 +396,7 @@ pub fn settings_for_pod(
                    "metadata": {"name": actor, "namespace": ns}, "spec": spec})
         }
     };
-    let review = actor_review(&obj, None, Some(ns), ctx);
+    let review = actor_review(&obj, None, Some(ns), ctx, false);
     let source = if from_cache {
         format!("AsyncActor {ns}/{actor}")
     } else {
@@ -364,7 +425,7 @@ pub fn settings_for_pod(
 }
 
 fn pod(
-    req: &AdmissionRequest<DynamicObject>,
+    req: &mut AdmissionRequest<RawObject>,
     resp: AdmissionResponse,
     ctx: &Ctx<'_>,
 ) -> AdmissionResponse {
@@ -375,11 +436,7 @@ fn pod(
     if req.operation != Operation::Create {
         return resp;
     }
-    let Some(obj) = req
-        .object
-        .as_ref()
-        .and_then(|o| serde_json::to_value(o).ok())
-    else {
+    let Some(obj) = req.object.take().map(|o| o.value) else {
         return deny(
             resp,
             400,
@@ -420,12 +477,8 @@ fn pod(
             );
         }
     };
-    // Diff typed-before against typed-after, so fields this k8s-openapi does not know are
-    // neither touched nor removed.
-    let before = match serde_json::to_value(&pod) {
-        Ok(v) => v,
-        Err(e) => return deny(resp, 500, "InternalError", e.to_string(), vec![]),
-    };
+    // The patch compares typed-before with typed-after (see `patch`).
+    let before = pod.clone();
     let Some(spec) = pod.spec.as_mut() else {
         return deny(resp, 400, "BadRequest", "pod has no spec".into(), vec![]);
     };
@@ -444,11 +497,10 @@ fn pod(
             vec![],
         );
     }
-    let after = match serde_json::to_value(&pod) {
-        Ok(v) => v,
+    let patch = match pod_patch(before, pod) {
+        Ok(p) => p,
         Err(e) => return deny(resp, 500, "InternalError", e.to_string(), vec![]),
     };
-    let patch = json_patch::diff(&before, &after);
     match resp.clone().with_patch(patch) {
         Ok(r) => with_warnings(r, warnings),
         Err(e) => deny(

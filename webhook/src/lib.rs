@@ -6,6 +6,7 @@ pub mod cache;
 pub mod client;
 pub mod inject;
 pub mod inject_cmd;
+pub mod patch;
 pub mod serve;
 pub mod server;
 pub mod telemetry;

@@ -1,0 +1,279 @@
+//! The JSONPatch of an injection, computed from the typed pod before and after.
+//!
+//! The result is the same as `json_patch::diff` of the two pods serialized whole (the
+//! tests check it op for op), but only the parts injection touches are serialized and
+//! compared: `metadata.annotations`, `spec.volumes`, `spec.initContainers` and
+//! `spec.containers`, element by element. If anything else differs, it falls back to the
+//! whole-pod diff. Diffing typed-before against typed-after means fields this k8s-openapi
+//! does not know are neither touched nor removed.
+
+use std::collections::BTreeMap;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
+use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+use serde::Serialize;
+use serde_json::Value;
+
+/// The parts of a pod injection may change, taken out of it.
+#[derive(Default)]
+struct Touched {
+    annotations: Option<BTreeMap<String, String>>,
+    volumes: Option<Vec<Volume>>,
+    init_containers: Option<Vec<Container>>,
+    containers: Vec<Container>,
+}
+
+impl Touched {
+    /// Takes the parts out, or `None` (nothing taken) when the pod has no spec.
+    fn take(pod: &mut Pod) -> Option<Self> {
+        let spec = pod.spec.as_mut()?;
+        Some(Touched {
+            annotations: pod.metadata.annotations.take(),
+            volumes: spec.volumes.take(),
+            init_containers: spec.init_containers.take(),
+            containers: std::mem::take(&mut spec.containers),
+        })
+    }
+
+    fn put_back(self, pod: &mut Pod) {
+        pod.metadata.annotations = self.annotations;
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.volumes = self.volumes;
+            spec.init_containers = self.init_containers;
+            spec.containers = self.containers;
+        }
+    }
+}
+
+fn ptr(tokens: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+fn add(path: PointerBuf, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation { path, value })
+}
+
+/// The whole-pod diff, the reference the fast path must equal.
+pub fn full_diff(before: &Pod, after: &Pod) -> Result<Patch, serde_json::Error> {
+    Ok(json_patch::diff(
+        &serde_json::to_value(before)?,
+        &serde_json::to_value(after)?,
+    ))
+}
+
+/// The patch turning `before` into `after` (see the module doc).
+pub fn pod_patch(mut before: Pod, mut after: Pod) -> Result<Patch, serde_json::Error> {
+    let (Some(b), Some(a)) = (Touched::take(&mut before), Touched::take(&mut after)) else {
+        return full_diff(&before, &after);
+    };
+    if before != after {
+        b.put_back(&mut before);
+        a.put_back(&mut after);
+        return full_diff(&before, &after);
+    }
+    let mut ops = Vec::new();
+    map_ops(
+        ptr(&["metadata", "annotations"]),
+        b.annotations.as_ref(),
+        a.annotations.as_ref(),
+        &mut ops,
+    )?;
+    // In the order `json_patch::diff` visits them (object keys sorted).
+    list_ops(
+        ptr(&["spec", "containers"]),
+        Some(&b.containers),
+        Some(&a.containers),
+        &mut ops,
+    )?;
+    list_ops(
+        ptr(&["spec", "initContainers"]),
+        b.init_containers.as_ref(),
+        a.init_containers.as_ref(),
+        &mut ops,
+    )?;
+    list_ops(
+        ptr(&["spec", "volumes"]),
+        b.volumes.as_ref(),
+        a.volumes.as_ref(),
+        &mut ops,
+    )?;
+    Ok(Patch(ops))
+}
+
+/// A field absent before and present after (or the reverse) as one op, as the diff does.
+fn whole<T: Serialize + PartialEq>(
+    path: &PointerBuf,
+    before: Option<&T>,
+    after: Option<&T>,
+    ops: &mut Vec<PatchOperation>,
+) -> Result<bool, serde_json::Error> {
+    match (before, after) {
+        (None, None) => Ok(true),
+        (None, Some(a)) => {
+            ops.push(add(path.clone(), serde_json::to_value(a)?));
+            Ok(true)
+        }
+        (Some(_), None) => {
+            ops.push(PatchOperation::Remove(RemoveOperation {
+                path: path.clone(),
+            }));
+            Ok(true)
+        }
+        (Some(b), Some(a)) => Ok(b == a),
+    }
+}
+
+fn map_ops(
+    path: PointerBuf,
+    before: Option<&BTreeMap<String, String>>,
+    after: Option<&BTreeMap<String, String>>,
+    ops: &mut Vec<PatchOperation>,
+) -> Result<(), serde_json::Error> {
+    if whole(&path, before, after, ops)? {
+        return Ok(());
+    }
+    let (Some(b), Some(a)) = (before, after) else {
+        return Ok(());
+    };
+    for (k, v) in a {
+        let p = path.with_trailing_token(k.as_str());
+        match b.get(k) {
+            None => ops.push(add(p, Value::String(v.clone()))),
+            Some(old) if old != v => ops.push(PatchOperation::Replace(ReplaceOperation {
+                path: p,
+                value: Value::String(v.clone()),
+            })),
+            Some(_) => {}
+        }
+    }
+    for k in b.keys().filter(|k| !a.contains_key(*k)) {
+        ops.push(PatchOperation::Remove(RemoveOperation {
+            path: path.with_trailing_token(k.as_str()),
+        }));
+    }
+    Ok(())
+}
+
+/// Index by index, like `json_patch::diff` on arrays: changed items diffed in place,
+/// extra items added at their index, missing ones removed.
+fn list_ops<T: Serialize + PartialEq>(
+    path: PointerBuf,
+    before: Option<&Vec<T>>,
+    after: Option<&Vec<T>>,
+    ops: &mut Vec<PatchOperation>,
+) -> Result<(), serde_json::Error> {
+    if whole(&path, before, after, ops)? {
+        return Ok(());
+    }
+    let (Some(b), Some(a)) = (before, after) else {
+        return Ok(());
+    };
+    for i in 0..b.len().max(a.len()) {
+        match (b.get(i), a.get(i)) {
+            (Some(x), Some(y)) if x != y => {
+                let item = path.with_trailing_token(i);
+                let d = json_patch::diff(&serde_json::to_value(x)?, &serde_json::to_value(y)?);
+                ops.extend(d.0.into_iter().map(|op| prefixed(&item, op)));
+            }
+            (Some(_), Some(_)) => {}
+            (None, Some(y)) => ops.push(add(path.with_trailing_token(i), serde_json::to_value(y)?)),
+            // Removing shifts what follows: every removal is at the first index past `after`.
+            (Some(_), None) => ops.push(PatchOperation::Remove(RemoveOperation {
+                path: path.with_trailing_token(a.len()),
+            })),
+            (None, None) => {}
+        }
+    }
+    Ok(())
+}
+
+fn prefixed(prefix: &PointerBuf, op: PatchOperation) -> PatchOperation {
+    let join = |p: &PointerBuf| prefix.concat(p);
+    match op {
+        PatchOperation::Add(o) => add(join(&o.path), o.value),
+        PatchOperation::Remove(o) => PatchOperation::Remove(RemoveOperation {
+            path: join(&o.path),
+        }),
+        PatchOperation::Replace(o) => PatchOperation::Replace(ReplaceOperation {
+            path: join(&o.path),
+            value: o.value,
+        }),
+        // `diff` emits only the three above; keep anything else as it came.
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inject::{ActorSettings, inject_pod};
+    use asya_api::config::ClusterConfig;
+    use serde_json::json;
+
+    fn settings() -> ActorSettings {
+        ActorSettings {
+            actor: "echo".into(),
+            transport: "rabbitmq".into(),
+            handler: Some("echo.handle".into()),
+            handler_mode: "payload".into(),
+            python_executable: "python3".into(),
+            actor_timeout_secs: 300,
+            resiliency_json: r#"{"actorTimeout":"5m"}"#.into(),
+            sidecar_image: None,
+            sidecar_pull_policy: None,
+            sidecar_resources: None,
+            sidecar_env: vec![],
+        }
+    }
+
+    fn pods() -> Vec<Value> {
+        vec![
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "app", "image": "i"}]}}),
+            json!({"metadata": {"name": "p", "annotations": {"a~b/c": "keep"}, "labels": {"x": "y"}},
+                   "spec": {"containers": [{"name": "asya-runtime", "image": "i", "args": ["x"],
+                                            "env": [{"name": "ASYA_HANDLER", "value": "old"}, {"name": "K", "value": "v"}],
+                                            "volumeMounts": [{"name": "m", "mountPath": "/m"}]},
+                                           {"name": "other", "image": "o"}],
+                            "initContainers": [{"name": "setup", "image": "s"}],
+                            "volumes": [{"name": "m", "emptyDir": {}}]}}),
+            json!({"metadata": {"name": "p", "annotations": {}},
+                   "spec": {"containers": [{"name": "asya-sidecar", "image": "old"}, {"name": "asya-runtime", "image": "i"}],
+                            "initContainers": [{"name": "asya-install-runtime", "image": "old"}, {"name": "a", "image": "a"}, {"name": "b", "image": "b"}],
+                            "volumes": [{"name": "asya-socket", "emptyDir": {}}]}}),
+        ]
+    }
+
+    #[test]
+    fn same_ops_as_the_whole_pod_diff() {
+        let cfg = ClusterConfig::default();
+        for native in [true, false] {
+            for v in pods() {
+                let before: Pod = serde_json::from_value(v).unwrap();
+                let mut after = before.clone();
+                let spec = after.spec.as_mut().unwrap();
+                inject_pod(&mut after.metadata, spec, &settings(), &cfg, native).unwrap();
+                let want = full_diff(&before, &after).unwrap();
+                let got = pod_patch(before.clone(), after.clone()).unwrap();
+                assert_eq!(
+                    serde_json::to_value(&got).unwrap(),
+                    serde_json::to_value(&want).unwrap()
+                );
+                let mut applied = serde_json::to_value(&before).unwrap();
+                json_patch::patch(&mut applied, &got).unwrap();
+                assert_eq!(applied, serde_json::to_value(&after).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn other_changes_fall_back_to_the_whole_diff() {
+        let before: Pod = serde_json::from_value(pods().remove(1)).unwrap();
+        let mut after = before.clone();
+        after.metadata.labels = None;
+        after.spec.as_mut().unwrap().node_name = Some("n".into());
+        after.spec.as_mut().unwrap().containers.pop();
+        let got = pod_patch(before.clone(), after.clone()).unwrap();
+        assert_eq!(got, full_diff(&before, &after).unwrap());
+    }
+}
