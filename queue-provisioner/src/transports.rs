@@ -13,7 +13,7 @@ use tokio::sync::Mutex;
 use crate::queue::rabbitmq::RabbitQueues;
 use crate::queue::sqs::{SqsQueues, StaticCredentials};
 use crate::queue::{Backend, QueueError};
-use crate::render::{TransportCredentials, amqp_url};
+use crate::render::{TransportCredentials, amqp_url, management_url};
 
 pub struct Transports {
     config: Arc<ClusterConfig>,
@@ -71,10 +71,17 @@ impl Transports {
             if let Some(r) = &c.password_secret_ref {
                 creds.password = Some(secret_key(&self.secrets, &r.name, &r.key).await?);
             }
-            Backend::Rabbit(Box::new(RabbitQueues::new(
-                amqp_url(c, creds.password.as_deref()),
-                RABBITMQ_EXCHANGE,
-            )))
+            let mut q =
+                RabbitQueues::new(amqp_url(c, creds.password.as_deref()), RABBITMQ_EXCHANGE);
+            if let Some(base) = management_url(c) {
+                q = q.with_management(
+                    &base,
+                    c.vhost.as_deref().unwrap_or("/"),
+                    c.username.as_deref().unwrap_or("guest"),
+                    creds.password.as_deref().unwrap_or_default(),
+                );
+            }
+            Backend::Rabbit(Box::new(q))
         } else {
             let keys = match &c.credentials_secret_ref {
                 Some(r) => Some(StaticCredentials {

@@ -153,6 +153,65 @@ async fn rabbitmq_delete_takes_the_sidecars_delay_queues() {
     sidecar.close().await;
 }
 
+/// With the management API, status gets unacknowledged (in-flight) messages too.
+#[tokio::test]
+async fn rabbitmq_management_counts_ready_and_unacknowledged() {
+    let url = env("ASYA_TEST_RABBITMQ_URL");
+    let q = RabbitQueues::new(url.clone(), "asya").with_management(
+        &env("ASYA_TEST_RABBITMQ_MANAGEMENT_URL"),
+        "/",
+        "guest",
+        "guest",
+    );
+    let s = spec(&unique("it"), "counted");
+    q.ensure(&s).await.unwrap();
+    let conn = lapin::Connection::connect(&url, Default::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    for _ in 0..3 {
+        ch.basic_publish(
+            "asya".into(),
+            s.name.as_str().into(),
+            Default::default(),
+            b"{}",
+            lapin::BasicProperties::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    // One message taken and not acknowledged: in flight, as with a handler running.
+    let held = ch
+        .basic_get(s.name.as_str().into(), Default::default())
+        .await
+        .unwrap()
+        .expect("a message");
+    let want = asya_queue_provisioner::queue::QueueDepth {
+        queued: Some(2),
+        processing: Some(1),
+    };
+    // The management API refreshes its counts every second (tests/services/rabbitmq).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let d = q.depth(&s.name).await.unwrap();
+        if d == want {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "counts {d:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    held.acker.ack(Default::default()).await.unwrap();
+    q.delete(&s.name).await.unwrap();
+    // A missing queue has no counts.
+    assert_eq!(q.depth(&s.name).await.unwrap().queued, None);
+}
+
 #[tokio::test]
 async fn rabbitmq_unreachable_is_unavailable() {
     let q = RabbitQueues::new("amqp://guest:guest@127.0.0.1:1/%2f".into(), "asya");

@@ -7,6 +7,9 @@
 //! break the other reconciles sharing the connection.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use asya_api::types::Resiliency;
 use asya_sidecar::resiliency::{Plan, backoff_delay};
@@ -24,6 +27,92 @@ pub struct RabbitQueues {
     display: String,
     exchange: String,
     connection: Mutex<Option<Connection>>,
+    management: Option<Management>,
+}
+
+type HttpClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Empty<hyper::body::Bytes>,
+>;
+
+/// RabbitMQ's management API, for the counts AMQP does not tell (unacknowledged messages).
+struct Management {
+    base: String,
+    vhost: String,
+    authorization: String,
+    client: HttpClient,
+    /// Whether this outage was logged already (depth is asked on every reconcile).
+    warned: AtomicBool,
+}
+
+impl Management {
+    fn new(
+        base: &str,
+        vhost: &str,
+        user: &str,
+        password: &str,
+    ) -> Result<Management, std::io::Error> {
+        use base64::Engine;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(provider)?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build(https);
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        Ok(Management {
+            base: base.trim_end_matches('/').to_string(),
+            vhost: vhost.to_string(),
+            authorization: format!("Basic {token}"),
+            client,
+            warned: AtomicBool::new(false),
+        })
+    }
+
+    /// Ready and unacknowledged counts; `None` for a missing queue, or counts not yet
+    /// collected (a queue a moment old).
+    async fn counts(&self, name: &str) -> Result<Option<QueueDepth>, String> {
+        use http_body_util::BodyExt;
+        let enc = crate::render::encode;
+        let uri = format!(
+            "{}/api/queues/{}/{}",
+            self.base,
+            enc(&self.vhost),
+            enc(name)
+        );
+        let req = hyper::Request::get(&uri)
+            .header(hyper::header::AUTHORIZATION, &self.authorization)
+            .body(http_body_util::Empty::new())
+            .map_err(|e| e.to_string())?;
+        let resp = tokio::time::timeout(Duration::from_secs(5), self.client.request(req))
+            .await
+            .map_err(|_| format!("GET {uri}: no answer in 5s"))?
+            .map_err(|e| format!("GET {uri}: {e}"))?;
+        let status = resp.status();
+        if status == hyper::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(format!("GET {uri}: {status}"));
+        }
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("GET {uri}: {e}"))?
+            .to_bytes();
+        let v: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| format!("GET {uri}: {e}"))?;
+        let ready = v.get("messages_ready").and_then(|n| n.as_i64());
+        let unacked = v.get("messages_unacknowledged").and_then(|n| n.as_i64());
+        Ok(ready.zip(unacked).map(|(queued, processing)| QueueDepth {
+            queued: Some(queued),
+            processing: Some(processing),
+        }))
+    }
 }
 
 fn unavailable(e: impl std::fmt::Display) -> QueueError {
@@ -98,7 +187,19 @@ impl RabbitQueues {
             url,
             exchange: exchange.to_string(),
             connection: Mutex::new(None),
+            management: None,
         }
+    }
+
+    /// Also asks the management API at `base` (`http[s]://host:port`) for message counts.
+    pub fn with_management(mut self, base: &str, vhost: &str, user: &str, password: &str) -> Self {
+        match Management::new(base, vhost, user, password) {
+            Ok(m) => self.management = Some(m),
+            Err(e) => {
+                tracing::warn!(error = %e, "RabbitMQ management API client not available; queued counts only")
+            }
+        }
+        self
     }
 
     async fn channel(&self) -> Result<Channel, QueueError> {
@@ -177,6 +278,20 @@ impl QueueOps for RabbitQueues {
 
     async fn depth(&self, name: &str) -> Result<QueueDepth, QueueError> {
         // AMQP tells ready messages only; unacknowledged ones need the management API.
+        if let Some(m) = &self.management {
+            match m.counts(name).await {
+                Ok(Some(d)) => {
+                    m.warned.store(false, Ordering::Relaxed);
+                    return Ok(d);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    if !m.warned.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "RabbitMQ management API unavailable; queued counts from AMQP only");
+                    }
+                }
+            }
+        }
         Ok(QueueDepth {
             queued: self.passive(name).await?.map(i64::from),
             processing: None,

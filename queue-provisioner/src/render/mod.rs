@@ -44,7 +44,7 @@ pub fn service_account(
 }
 
 /// Percent-encodes a URL component (userinfo, vhost).
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     let mut out = String::new();
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -56,12 +56,26 @@ fn encode(s: &str) -> String {
     out
 }
 
-/// The AMQP URL of a RabbitMQ transport. TLS is on by default except on loopback, as the
-/// webhook renders it for the sidecar.
-pub fn amqp_url(c: &TransportSettings, password: Option<&str>) -> String {
+/// The broker host and whether it is reached over TLS (on by default but for loopback).
+fn rabbit_host(c: &TransportSettings) -> (String, bool) {
     let host = c.host.clone().unwrap_or_else(|| "localhost".into());
     let loopback = host == "localhost" || host.starts_with("127.") || host == "::1";
     let tls = c.tls.unwrap_or(!loopback);
+    (host, tls)
+}
+
+/// The management API's base URL when `managementPort` is configured (HTTPS when AMQP uses TLS).
+pub fn management_url(c: &TransportSettings) -> Option<String> {
+    let port = c.management_port?;
+    let (host, tls) = rabbit_host(c);
+    let scheme = if tls { "https" } else { "http" };
+    Some(format!("{scheme}://{host}:{port}"))
+}
+
+/// The AMQP URL of a RabbitMQ transport. TLS is on by default except on loopback, as the
+/// webhook renders it for the sidecar.
+pub fn amqp_url(c: &TransportSettings, password: Option<&str>) -> String {
+    let (host, tls) = rabbit_host(c);
     let scheme = if tls { "amqps" } else { "amqp" };
     let port = c.port.unwrap_or(if tls { 5671 } else { 5672 });
     let vhost = encode(c.vhost.as_deref().unwrap_or("/"));
