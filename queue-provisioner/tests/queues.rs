@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use asya_queue_provisioner::queue::rabbitmq::RabbitQueues;
 use asya_queue_provisioner::queue::sqs::{SqsQueues, StaticCredentials};
-use asya_queue_provisioner::queue::{QueueError, QueueOps, QueueSpec};
+use asya_queue_provisioner::queue::{QueueDepth, QueueError, QueueOps, QueueSpec};
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -28,6 +28,47 @@ fn spec(ns: &str, actor: &str) -> QueueSpec {
         namespace: ns.into(),
         actor: actor.into(),
         visibility_timeout: Duration::from_secs(120),
+    }
+}
+
+/// Publishes `{}` to `queue` through exchange `asya` (mandatory, confirmed).
+async fn publish(ch: &lapin::Channel, queue: &str) {
+    ch.basic_publish(
+        "asya".into(),
+        queue.into(),
+        lapin::options::BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        },
+        b"{}",
+        lapin::BasicProperties::default(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+}
+
+fn depth(queued: i64, processing: Option<i64>) -> QueueDepth {
+    QueueDepth {
+        queued: Some(queued),
+        processing,
+    }
+}
+
+/// Polls the queue's depth until it is `want`.
+async fn wait_depth(q: &RabbitQueues, name: &str, want: QueueDepth, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let d = q.depth(name).await.unwrap();
+        if d == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "counts {d:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -54,32 +95,9 @@ async fn rabbitmq_create_bind_delete_recreate() {
         .unwrap();
     let ch = conn.create_channel().await.unwrap();
     ch.confirm_select(Default::default()).await.unwrap();
-    ch.basic_publish(
-        "asya".into(),
-        s.name.as_str().into(),
-        lapin::options::BasicPublishOptions {
-            mandatory: true,
-            ..Default::default()
-        },
-        b"{}",
-        lapin::BasicProperties::default(),
-    )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let d = q.depth(&s.name).await.unwrap();
-        if d.queued == Some(1) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "message never counted: {d:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    publish(&ch, &s.name).await;
+    // AMQP alone tells ready messages, not in-flight ones.
+    wait_depth(&q, &s.name, depth(1, None), Duration::from_secs(5)).await;
 
     q.delete(&s.name).await.unwrap();
     assert!(!q.exists(&s.name).await.unwrap());
@@ -171,17 +189,7 @@ async fn rabbitmq_management_counts_ready_and_unacknowledged() {
     let ch = conn.create_channel().await.unwrap();
     ch.confirm_select(Default::default()).await.unwrap();
     for _ in 0..3 {
-        ch.basic_publish(
-            "asya".into(),
-            s.name.as_str().into(),
-            Default::default(),
-            b"{}",
-            lapin::BasicProperties::default(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        publish(&ch, &s.name).await;
     }
     // One message taken and not acknowledged: in flight, as with a handler running.
     let held = ch
@@ -189,23 +197,8 @@ async fn rabbitmq_management_counts_ready_and_unacknowledged() {
         .await
         .unwrap()
         .expect("a message");
-    let want = asya_queue_provisioner::queue::QueueDepth {
-        queued: Some(2),
-        processing: Some(1),
-    };
     // The management API refreshes its counts every second (tests/services/rabbitmq).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let d = q.depth(&s.name).await.unwrap();
-        if d == want {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "counts {d:?}, want {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_depth(&q, &s.name, depth(2, Some(1)), Duration::from_secs(15)).await;
     held.acker.ack(Default::default()).await.unwrap();
     q.delete(&s.name).await.unwrap();
     // A missing queue has no counts.
