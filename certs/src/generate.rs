@@ -107,10 +107,8 @@ pub fn issue_serving(
         sans.push(SanType::IpAddress(*ip));
     }
     params.subject_alt_names = sans;
-    params.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
+    // ECDSA keys sign; KeyEncipherment is an RSA key-transport usage.
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     params.use_authority_key_identifier_extension = true;
     params.not_before = offset(now - Duration::from_secs(300));
@@ -217,11 +215,22 @@ pub fn write_dir(dir: &Path, ca: &PemPair, serving: &PemPair) -> Result<(), Cert
 
 fn write_atomic(path: &Path, data: &[u8], private: bool) -> Result<(), CertError> {
     let io = |e| CertError::Io(path.display().to_string(), e);
-    let tmp = path.with_extension("tmp");
+    // A temporary name per file and process (two writers never share one), created fresh so
+    // a stale file's looser permissions are never inherited by a private key.
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{file}.{}.tmp", std::process::id()));
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
     {
         use std::io::Write;
         let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
+        opts.write(true).create_new(true);
         #[cfg(unix)]
         if private {
             use std::os::unix::fs::OpenOptionsExt;
@@ -309,5 +318,32 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o077, 0, "key must not be group/world readable");
         }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_stale_temporary_file_never_lends_its_permissions_to_the_key() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let now = SystemTime::now();
+        let ca = generate_ca("ca", now, DAY).unwrap();
+        let srv = issue_serving(&ca, &ServingSpec::new(["a.b".to_string()], []), now, DAY).unwrap();
+        // What a crash between create and rename would leave, world-readable.
+        let stale = dir
+            .path()
+            .join(format!(".tls.key.{}.tmp", std::process::id()));
+        std::fs::write(&stale, "old").unwrap();
+        std::fs::set_permissions(&stale, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_dir(dir.path(), &ca, &srv).unwrap();
+        let key = dir.path().join("tls.key");
+        assert_eq!(std::fs::read_to_string(&key).unwrap(), srv.key_pem);
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "key must not be group/world readable");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "temporary files left: {left:?}");
     }
 }

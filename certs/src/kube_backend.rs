@@ -108,10 +108,13 @@ impl CertBackend for KubeBackend {
             ..Default::default()
         });
         metadata.managed_fields = None;
-        metadata.labels.get_or_insert_with(BTreeMap::new).insert(
-            "app.kubernetes.io/managed-by".to_string(),
-            "asya-webhook".to_string(),
-        );
+        if !exists {
+            // Only on a Secret of our own: one the chart made says Helm manages it.
+            metadata.labels.get_or_insert_with(BTreeMap::new).insert(
+                "app.kubernetes.io/managed-by".to_string(),
+                "asya-webhook".to_string(),
+            );
+        }
         let secret = Secret {
             metadata,
             data: Some(data),

@@ -276,7 +276,7 @@ async fn create_reuse_renew_serving_then_rotate_ca_on_the_real_api_server() {
     assert!(rotated_bundle.contains(first.certs.ca.cert_pem.trim_end()));
     assert_eq!(fx.bundles().await, vec![rotated_bundle; 3]);
     let labels: BTreeMap<String, String> = stored.metadata.labels.unwrap();
-    assert_eq!(labels["app.kubernetes.io/managed-by"], "asya-webhook");
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "Helm");
     assert_eq!(
         stored.metadata.annotations.unwrap()["meta.helm.sh/release-name"],
         "asya"
@@ -297,6 +297,11 @@ async fn two_replicas_starting_together_end_with_the_same_certificates() {
     assert_eq!(ra.certs, rb.certs);
     let stored = fx.secret("shared-certs").await;
     assert_eq!(data(&stored, "ca.crt"), ra.certs.ca.cert_pem);
+    // A Secret the webhook created itself says so.
+    assert_eq!(
+        stored.metadata.labels.unwrap()["app.kubernetes.io/managed-by"],
+        "asya-webhook"
+    );
     assert_eq!(fx.bundles().await, vec![ca_bundle(&ra.certs, now); 3]);
     fx.cleanup().await;
 }

@@ -106,8 +106,21 @@ def test_rbac_is_least_privilege():
         writes = set(rule["verbs"]) - {"get", "list", "watch"}
         if writes:
             assert rule["apiGroups"] == ["admissionregistration.k8s.io"] and rule["resourceNames"] == ["asya-webhook"], rule
-    secret_rule = roles[("Role", "asya-webhook")]["rules"][0]
-    assert secret_rule["resourceNames"] == ["asya-webhook-tls"] and "create" not in secret_rule["verbs"]
+    # Its TLS Secret: read and replaced by name; `create` (which RBAC cannot limit by name)
+    # only in the release namespace, so the certificates can be regenerated after a delete.
+    secret_rules = roles[("Role", "asya-webhook")]["rules"]
+    assert secret_rules[0]["resourceNames"] == ["asya-webhook-tls"] and secret_rules[0]["verbs"] == ["get", "update"]
+    assert secret_rules[1] == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}
+    # The provisioner never reads Secrets outside the credentials named by the configuration,
+    # and writes only the names it copies into actors' namespaces.
+    prov = roles[("ClusterRole", "asya-provisioner")]["rules"]
+    for rule in prov:
+        if "secrets" in rule["resources"]:
+            assert not {"get", "list", "watch"} & set(rule["verbs"]), rule
+            assert rule["verbs"] == ["create"] or rule.get("resourceNames"), rule
+    prov_ns = roles[("Role", "asya-provisioner")]["rules"]
+    reads = [r for r in prov_ns if "secrets" in r["resources"]]
+    assert reads and all(r["verbs"] == ["get"] and r["resourceNames"] for r in reads), reads
 
 
 def test_cert_manager_mode_renders_certificate_and_ca_injection():
@@ -115,7 +128,15 @@ def test_cert_manager_mode_renders_certificate_and_ca_injection():
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert ("Certificate", "asya-webhook") in kinds and ("Issuer", "asya-webhook-selfsigned") in kinds
     assert ("Secret", "asya-webhook-tls") not in kinds  # cert-manager owns it
-    cert = next(d for d in docs if d["kind"] == "Certificate")
+    certs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Certificate"}
+    issuers = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Issuer"}
+    # A chain, not a self-signed serving certificate: the self-signed issuer makes a CA once,
+    # the CA issuer signs the serving certificate, so caBundle survives its renewals.
+    assert certs["asya-webhook-ca"]["spec"]["isCA"] is True
+    assert certs["asya-webhook-ca"]["spec"]["issuerRef"] == {"name": "asya-webhook-selfsigned", "kind": "Issuer"}
+    assert issuers["asya-webhook-ca"]["spec"] == {"ca": {"secretName": "asya-webhook-ca"}}
+    cert = certs["asya-webhook"]
+    assert cert["spec"]["issuerRef"] == {"name": "asya-webhook-ca", "kind": "Issuer"}
     assert "asya-webhook.asya-system.svc" in cert["spec"]["dnsNames"]
     for d in docs:
         if d["kind"].endswith("WebhookConfiguration"):
@@ -123,6 +144,51 @@ def test_cert_manager_mode_renders_certificate_and_ca_injection():
     deploy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "asya-webhook")
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--tls-cert=/etc/asya/tls/tls.crt" in args
+    # A given issuer replaces the chart's own CA.
+    docs = render("--set", "certManager.enabled=true", "--set", "certManager.issuerRef.name=corp",
+                  "--set", "certManager.issuerRef.kind=ClusterIssuer")
+    assert [d["spec"]["issuerRef"] for d in docs if d["kind"] == "Certificate"] == [{"name": "corp", "kind": "ClusterIssuer"}]
+    assert not [d for d in docs if d["kind"] == "Issuer"]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--set", "webhook.replicas=1"], "webhook.podDisruptionBudget.minAvailable (1) must be below webhook.replicas (1)"),
+        (["--set", "webhook.externalURL=https://10.0.0.1:9443"], "webhook.caBundle is required with webhook.externalURL"),
+        (["--set", "webhook.caBundle=Zm9v"], "webhook.caBundle is only for webhook.externalURL"),
+    ],
+    ids=["pdb-blocks-drains", "external-url-without-ca", "ca-bundle-without-external-url"],
+)
+def test_inconsistent_values_fail_with_a_clear_message(args, expected):
+    out = helm("template", "asya", CHART, *args, check=False)
+    assert out.returncode != 0, out.stdout
+    assert expected in out.stderr, out.stderr
+
+
+def test_external_url_leaves_ca_bundle_to_the_values():
+    docs = render("--set", "webhook.externalURL=https://10.0.0.1:9443", "--set", "webhook.caBundle=Zm9v")
+    deploy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "asya-webhook")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith(("--mutating-webhook-config", "--validating-webhook-config"))], args
+    for d in docs:
+        if d["kind"].endswith("WebhookConfiguration"):
+            for w in d["webhooks"]:
+                assert w["clientConfig"]["caBundle"] == "Zm9v"
+                assert w["clientConfig"]["url"].startswith("https://10.0.0.1:9443/")
+
+
+def test_transport_without_enabled_is_on_as_in_the_cluster_config():
+    cfg = cluster_config("--set", "transports.extra.type=rabbitmq", "--set", "transports.extra.config.host=rmq2")
+    assert cfg["transports"]["extra"]["enabled"] is True
+
+
+def test_log_levels_reach_the_variables_the_binaries_read():
+    docs = render()
+    env = {d["metadata"]["name"]: {e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+           for d in docs if d["kind"] == "Deployment"}
+    assert env["asya-webhook"]["ASYA_LOG_LEVEL"] == "info,kube=warn,hyper=warn"
+    assert env["asya-provisioner"]["RUST_LOG"] == "info,kube=warn,lapin=off"
 
 
 @pytest.mark.parametrize(
@@ -134,8 +200,10 @@ def test_cert_manager_mode_renders_certificate_and_ca_injection():
         (["--set", "webhok.replicas=3"], "webhok"),
         (["--set", "policy.maxReplicas=0"], "maxReplicas"),
         (["--set", "sidecar.imagePullPolicy=Sometimes"], "imagePullPolicy"),
+        (["--set", "certManager.issuerRef.kind=ClusterIssuer"], "missing property 'name'"),
     ],
-    ids=["timeout-too-large", "bad-failure-policy", "unknown-transport-type", "typo-key", "zero-max-replicas", "bad-pull-policy"],
+    ids=["timeout-too-large", "bad-failure-policy", "unknown-transport-type", "typo-key", "zero-max-replicas",
+         "bad-pull-policy", "issuer-without-name"],
 )
 def test_install_with_bad_value_fails_on_schema(args, expected):
     release = f"bad-{uuid.uuid4().hex[:6]}"
@@ -231,19 +299,27 @@ def test_installed_rbac_grants_exactly_what_each_component_needs(installed_relea
     assert can(webhook, "patch", f"mutatingwebhookconfigurations/{release}-webhook")
     assert not can(webhook, "patch", "mutatingwebhookconfigurations/someone-elses")
     assert can(webhook, "update", f"secrets/{release}-webhook-tls", "-n", ns)
+    assert can(webhook, "create", "secrets", "-n", ns)
+    assert not can(webhook, "create", "secrets", "-n", "default")
     assert not can(webhook, "get", "secrets/other", "-n", ns)
+    assert not can(webhook, "update", "mutatingwebhookconfigurations", f"{release}-webhook")
     assert not can(webhook, "create", "asyncactors.asya.sh", "-n", "default")
     assert not can(webhook, "create", "pods", "-n", "default")
     # The provisioner: its actors' status and finalizers, the workloads and KEDA objects it
     # owns, its Lease; never webhook configurations or cluster-wide secret listing.
-    assert can(prov, "patch", "asyncactors.asya.sh/status", "-n", "default")
-    assert can(prov, "update", "asyncactors.asya.sh/finalizers", "-n", "default")
+    assert can(prov, "patch", "asyncactors.asya.sh", "--subresource=status", "-n", "default")
+    assert can(prov, "update", "asyncactors.asya.sh", "--subresource=finalizers", "-n", "default")
+    assert not can(prov, "update", "asyncactors.asya.sh", "-n", "default")
     assert can(prov, "create", "deployments.apps", "-n", "default")
     assert can(prov, "delete", "scaledobjects.keda.sh", "-n", "default")
     assert can(prov, "create", "leases.coordination.k8s.io", "-n", ns)
     assert can(prov, "update", "leases.coordination.k8s.io/asya-queue-provisioner", "-n", ns)
     assert not can(prov, "update", "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system")
     assert not can(prov, "list", "secrets", "-A")
+    assert not can(prov, "get", "secrets/anything", "-n", "default")
+    assert can(prov, "patch", "secrets/asya-transport-rabbitmq", "-n", "default")
+    assert not can(prov, "patch", "secrets/someone-elses", "-n", "default")
+    assert not can(prov, "create", "pods", "-n", "default")
     assert not can(prov, "patch", "mutatingwebhookconfigurations")
     assert not can(prov, "create", "clusterroles.rbac.authorization.k8s.io")
 

@@ -116,6 +116,10 @@ def test_invalid_example_is_refused_with_its_message(path, expects, flavors):
         assert f'unknown field "{field}"' in p.stderr, p.stderr
         return
     for e in expects:
+        if e.startswith("data.") and "kind: EnvironmentConfig" in path.read_text():
+            # The EnvironmentConfig's own error: Crossplane's object, not sent to this webhook
+            # (`asya-webhook validate` reports it); the actor using it is refused, checked here.
+            continue
         # kubectl prints the webhook's message; quotes may be escaped in its output.
         assert e in p.stderr or e.replace('"', '\\"') in p.stderr, f"{path.name}: missing {e!r} in:\n{p.stderr}"
 

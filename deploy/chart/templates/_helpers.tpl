@@ -47,7 +47,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "asya.enabledTransports" -}}
 {{- $names := list -}}
 {{- range $name, $t := .Values.transports -}}
-{{- if $t.enabled }}{{ $names = append $names $name }}{{ end -}}
+{{- /* Missing `enabled` means on, as in ClusterConfig. */ -}}
+{{- if ne $t.enabled false }}{{ $names = append $names $name }}{{ end -}}
 {{- end -}}
 {{- $names | sortAlpha | toJson -}}
 {{- end -}}
@@ -71,7 +72,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "asya.clusterConfig" -}}
 {{- $transports := dict -}}
 {{- range $name, $t := .Values.transports -}}
-{{- $_ := set $transports $name (dict "enabled" $t.enabled "type" $t.type "config" (include "asya.compact" ($t.config | default dict) | fromJson)) -}}
+{{- $_ := set $transports $name (dict "enabled" (ne $t.enabled false) "type" $t.type "config" (include "asya.compact" ($t.config | default dict) | fromJson)) -}}
 {{- end -}}
 {{- $cfg := dict "defaultTransport" (include "asya.defaultTransport" .) "transports" $transports -}}
 {{- $_ := set $cfg "sidecar" (include "asya.compact" .Values.sidecar | fromJson) -}}
@@ -80,4 +81,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $cfg "serviceAccount" (dict "actorRoleArn" .Values.actorServiceAccount.roleArn) -}}
 {{- end -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* The credential Secrets the cluster configuration names (in the release namespace), sorted. */}}
+{{- define "asya.credentialSecrets" -}}
+{{- $names := list -}}
+{{- range $name, $t := .Values.transports -}}
+{{- if ne $t.enabled false -}}
+{{- with ($t.config | default dict).passwordSecretRef }}{{ $names = append $names .name }}{{ end -}}
+{{- with ($t.config | default dict).credentialsSecretRef }}{{ $names = append $names .name }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- $names | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{/* The Secrets the provisioner writes into actor namespaces: the credential Secrets under
+     their own names and asya-transport-<transport> for KEDA (asya_api::naming). */}}
+{{- define "asya.actorSecrets" -}}
+{{- $names := include "asya.credentialSecrets" . | fromJsonArray -}}
+{{- range (include "asya.enabledTransports" . | fromJsonArray) -}}
+{{- $names = append $names (printf "asya-transport-%s" .) -}}
+{{- end -}}
+{{- $names | uniq | sortAlpha | toJson -}}
 {{- end -}}
