@@ -35,6 +35,8 @@ pub struct Config {
     pub runtime_timeout: Duration,
     /// How long a message waits for an unreachable runtime before it counts as a failure.
     pub runtime_wait: Duration,
+    /// Runtime calls open at once, queued on the runtime's socket (1: one at a time).
+    pub runtime_pipeline: usize,
     pub handler_mode: HandlerMode,
     pub resiliency: Plan,
     pub is_end_actor: bool,
@@ -231,6 +233,7 @@ impl Config {
             socket_path: PathBuf::from(socket_dir).join("asya-runtime.sock"),
             runtime_timeout,
             runtime_wait: v.duration("ASYA_RUNTIME_WAIT", Duration::from_secs(30))?,
+            runtime_pipeline: v.number("ASYA_RUNTIME_PIPELINE", 4usize, 1, 64)?,
             handler_mode,
             resiliency,
             queue_auto_create: v.boolean("ASYA_QUEUE_AUTO_CREATE", false)?,

@@ -1,6 +1,7 @@
-//! The consume loop: one message at a time through the runtime, then routing. Sending the
-//! results and acknowledging run in the background, so the next handler call overlaps the
-//! broker round trips; a message is acknowledged only after all its sends are confirmed.
+//! The consume loop: each message gets a task that calls the runtime, routes the answer,
+//! sends the results and acknowledges. Up to `ASYA_RUNTIME_PIPELINE` runtime calls are open
+//! at once (the runtime serves them one at a time, in order, without waiting for the sidecar
+//! in between); a message is acknowledged only after all its sends are confirmed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,8 +37,10 @@ pub struct Processor<T: Transport> {
     metrics: Arc<Metrics>,
     queues: Queues,
     own_queue: String,
-    /// Bounds messages whose sends are still awaiting confirmation.
+    /// Bounds messages being processed (runtime call, sends, acknowledgement).
     in_flight: Arc<Semaphore>,
+    /// Bounds runtime calls open at once (`ASYA_RUNTIME_PIPELINE`).
+    calls: Arc<Semaphore>,
     seq: AtomicU64,
 }
 
@@ -64,6 +67,7 @@ impl<T: Transport> Processor<T> {
             namespace: cfg.namespace.clone(),
         };
         let own_queue = queues.actor(&cfg.actor);
+        let calls = Arc::new(Semaphore::new(cfg.runtime_pipeline.max(1)));
         Processor {
             runtime: RuntimeClient::new(cfg.socket_path.clone()),
             cfg,
@@ -72,6 +76,7 @@ impl<T: Transport> Processor<T> {
             queues,
             own_queue,
             in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            calls,
             seq: AtomicU64::new(0),
         }
     }
@@ -113,22 +118,26 @@ impl<T: Transport> Processor<T> {
         while tasks.join_next().await.is_some() {}
     }
 
+    /// Starts one message: up to `runtime_pipeline` runtime calls are open at once (queued
+    /// on the runtime in arrival order), the rest of the message's life runs in the task.
     async fn handle(self: Arc<Self>, msg: Received<T::Handle>, tasks: &mut JoinSet<()>) {
         let started = Instant::now();
         self.metrics.received();
-        self.transport.hold(&msg.handle);
-        let disposition = self.dispose(&msg.body, msg.redeliveries).await;
-        self.transport.unhold(&msg.handle);
         let permit = self.in_flight.clone().acquire_owned().await;
+        let call = self.calls.clone().acquire_owned().await;
         let this = self.clone();
-        let span = tracing::info_span!("envelope", actor = %self.cfg.actor, id = %disposition.id);
-        tasks.spawn(
-            async move {
-                let _permit = permit;
-                this.finish(msg, disposition, started).await;
-            }
-            .instrument(span),
-        );
+        tasks.spawn(async move {
+            let _permit = permit;
+            this.transport.hold(&msg.handle);
+            let disposition = this.dispose(&msg.body, msg.redeliveries).await;
+            drop(call);
+            this.transport.unhold(&msg.handle);
+            let span =
+                tracing::info_span!("envelope", actor = %this.cfg.actor, id = %disposition.id);
+            this.finish(msg, disposition, started)
+                .instrument(span)
+                .await;
+        });
     }
 
     /// Sends, then acknowledges; on a send that can never succeed, sends to x-sump instead.

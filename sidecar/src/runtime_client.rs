@@ -1,15 +1,29 @@
 //! The sidecar's side of the runtime socket: one connection per envelope, each frame a
 //! 4-byte big-endian length then JSON (DESIGN.md §4).
+//!
+//! Calls are pipelined: several connections may wait in the runtime's accept queue while it
+//! serves one, so the runtime never waits for the sidecar between envelopes. The runtime
+//! accepts them in connection order and serves one at a time, which gives two rules:
+//! - a call's handler starts when the call connected just before it finished, so its
+//!   timeout counts from there, not from the connect;
+//! - when the runtime dies (crash, or exit after an abandoned call), the call it was
+//!   serving is the earliest unfinished one. Only that call is blamed; the calls queued
+//!   behind it never reached the handler and are made again on the restarted runtime.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
+use tokio::sync::oneshot;
 
 /// Refuse absurd answers instead of allocating whatever a broken peer claims.
 pub const MAX_FRAME: usize = 256 * 1024 * 1024;
+
+/// How often one call is made again because the runtime it was queued on went away.
+const MAX_REQUEUES: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -38,16 +52,55 @@ impl CallError {
             CallError::Protocol(_) => ("runtime_protocol", "RuntimeProtocolError"),
         }
     }
+
+    /// The runtime went away (or is being made to) while this call was open.
+    fn runtime_gone(&self) -> bool {
+        matches!(self, CallError::Crashed | CallError::Io(_))
+    }
 }
 
-#[derive(Debug, Clone)]
+/// Order and blame bookkeeping shared by the clones of one client.
+#[derive(Default)]
+struct Pipeline {
+    /// Completion of the last call connected; held while connecting, so connection order
+    /// and this chain agree.
+    last: tokio::sync::Mutex<Option<oneshot::Receiver<()>>>,
+    deaths: std::sync::Mutex<Deaths>,
+}
+
+#[derive(Default)]
+struct Deaths {
+    /// Sequence number of the next connection.
+    next: u64,
+    /// Connections numbered below this were open when a call was blamed for the runtime's
+    /// death (or timed out, which makes the runtime exit): they never reached the handler.
+    doomed_below: u64,
+    /// Open from a blamed death until there is proof of a live runtime (an answer) or of
+    /// the old one being gone (a doomed call saw it close): connections made meanwhile may
+    /// still have reached the dying runtime.
+    window: bool,
+}
+
+#[derive(Clone)]
 pub struct RuntimeClient {
     path: PathBuf,
+    pipe: Arc<Pipeline>,
+}
+
+impl std::fmt::Debug for RuntimeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeClient")
+            .field("path", &self.path)
+            .finish()
+    }
 }
 
 impl RuntimeClient {
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        RuntimeClient { path: path.into() }
+        RuntimeClient {
+            path: path.into(),
+            pipe: Arc::default(),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -81,54 +134,136 @@ impl RuntimeClient {
         }
     }
 
-    /// Sends one request and reads the answer. On timeout the connection is dropped, which
-    /// tells the runtime to exit so its supervisor restarts it (see asya_runtime.py).
+    /// Sends one request and reads the answer; `timeout` bounds the handler, counted from
+    /// when the runtime gets to this call. On timeout the connection is dropped, which tells
+    /// the runtime to exit so its supervisor restarts it (see asya_runtime.py). Calls may
+    /// run concurrently: they are pipelined on the runtime in the order they connect.
     pub async fn call(
         &self,
         request: &[u8],
         timeout: Duration,
         wait: Duration,
     ) -> Result<Value, CallError> {
-        let mut stream = self.connect(wait).await?;
-        let exchange = async {
-            let len = u32::try_from(request.len())
-                .map_err(|_| CallError::Protocol("request larger than 4 GiB".into()))?;
-            stream.write_all(&len.to_be_bytes()).await?;
-            stream.write_all(request).await?;
-            stream.flush().await?;
-            let mut head = [0u8; 4];
-            match stream.read_exact(&mut head).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    return Err(CallError::Crashed);
+        let mut requeues = 0;
+        loop {
+            let (mut stream, seq, in_window, before, done) = {
+                let mut last = self.pipe.last.lock().await;
+                let stream = self.connect(wait).await?;
+                let (done, rx) = oneshot::channel::<()>();
+                let before = last.replace(rx);
+                let mut d = self.deaths();
+                let seq = d.next;
+                d.next += 1;
+                (stream, seq, d.window, before, done)
+            };
+            let result = exchange(&mut stream, request, timeout, before).await;
+            drop(stream);
+            // Every call before this one has finished and been judged (exchange waited for
+            // them on failure), so the bookkeeping below is read in connection order.
+            let mut d = self.deaths();
+            match result {
+                Ok(v) => {
+                    d.window = false;
+                    drop(d);
+                    drop(done);
+                    return Ok(v);
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                    return Err(CallError::Crashed);
+                Err(e)
+                    if e.runtime_gone()
+                        && (in_window || seq < d.doomed_below)
+                        && requeues < MAX_REQUEUES =>
+                {
+                    // Queued on a runtime that died serving an earlier call: not this
+                    // envelope's fault. That runtime is gone now; call the next one.
+                    d.window = false;
+                    drop(d);
+                    drop(done);
+                    requeues += 1;
+                    tracing::debug!(
+                        requeues,
+                        "runtime went away before serving this call; calling again"
+                    );
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    if e.runtime_gone() || matches!(e, CallError::Timeout(_)) {
+                        d.doomed_below = d.next;
+                        d.window = true;
+                    }
+                    drop(d);
+                    drop(done);
+                    return Err(e);
+                }
             }
-            let n = u32::from_be_bytes(head) as usize;
-            if n > MAX_FRAME {
-                return Err(CallError::Protocol(format!(
-                    "answer of {n} bytes exceeds {MAX_FRAME}"
-                )));
-            }
-            let mut body = vec![0u8; n];
-            stream.read_exact(&mut body).await.map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    CallError::Crashed
-                } else {
-                    e.into()
-                }
-            })?;
-            serde_json::from_slice(&body)
-                .map_err(|e| CallError::Protocol(format!("answer is not JSON: {e}")))
-        };
-        match tokio::time::timeout(timeout, exchange).await {
-            Ok(r) => r,
-            Err(_) => Err(CallError::Timeout(timeout)),
         }
     }
+
+    fn deaths(&self) -> std::sync::MutexGuard<'_, Deaths> {
+        self.pipe
+            .deaths
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One call on a connected stream. The timeout starts once `before` (the previous call on
+/// the runtime) has finished; a failure is returned only after that, so callers judge
+/// failures in connection order.
+async fn exchange(
+    stream: &mut UnixStream,
+    request: &[u8],
+    timeout: Duration,
+    before: Option<oneshot::Receiver<()>>,
+) -> Result<Value, CallError> {
+    let io = round_trip(stream, request);
+    tokio::pin!(io);
+    if let Some(mut before) = before {
+        tokio::select! {
+            r = &mut io => {
+                if r.is_err() {
+                    let _ = before.await;
+                }
+                return r;
+            }
+            _ = &mut before => {}
+        }
+    }
+    match tokio::time::timeout(timeout, io).await {
+        Ok(r) => r,
+        Err(_) => Err(CallError::Timeout(timeout)),
+    }
+}
+
+async fn round_trip(stream: &mut UnixStream, request: &[u8]) -> Result<Value, CallError> {
+    let len = u32::try_from(request.len())
+        .map_err(|_| CallError::Protocol("request larger than 4 GiB".into()))?;
+    let gone = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::BrokenPipe => CallError::Crashed,
+        _ => CallError::Io(e),
+    };
+    // One write for small requests: header and body in one system call.
+    if request.len() <= 64 * 1024 {
+        let mut frame = Vec::with_capacity(4 + request.len());
+        frame.extend_from_slice(&len.to_be_bytes());
+        frame.extend_from_slice(request);
+        stream.write_all(&frame).await.map_err(gone)?;
+    } else {
+        stream.write_all(&len.to_be_bytes()).await.map_err(gone)?;
+        stream.write_all(request).await.map_err(gone)?;
+    }
+    let mut head = [0u8; 4];
+    stream.read_exact(&mut head).await.map_err(gone)?;
+    let n = u32::from_be_bytes(head) as usize;
+    if n > MAX_FRAME {
+        return Err(CallError::Protocol(format!(
+            "answer of {n} bytes exceeds {MAX_FRAME}"
+        )));
+    }
+    let mut body = vec![0u8; n];
+    stream.read_exact(&mut body).await.map_err(gone)?;
+    serde_json::from_slice(&body)
+        .map_err(|e| CallError::Protocol(format!("answer is not JSON: {e}")))
 }
 
 #[cfg(test)]
@@ -211,5 +346,87 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.kind().0, "runtime_unreachable");
+    }
+
+    async fn answer(s: &mut UnixStream, body: &[u8]) {
+        s.write_all(&(body.len() as u32).to_be_bytes())
+            .await
+            .unwrap();
+        s.write_all(body).await.unwrap();
+    }
+
+    /// Waits (no sleep) until `n` connections of `c` are made.
+    async fn connected(c: &RuntimeClient, n: u64) {
+        while c.deaths().next < n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_runtime_death_blames_only_the_call_it_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let first = UnixListener::bind(&path).unwrap();
+        let c = RuntimeClient::new(&path);
+        let call = |body: &'static [u8]| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                c.call(body, Duration::from_secs(10), Duration::from_secs(10))
+                    .await
+            })
+        };
+        let a = call(b"\"a\"");
+        connected(&c, 1).await;
+        let b = call(b"\"b\"");
+        connected(&c, 2).await;
+        let d = call(b"\"d\"");
+        connected(&c, 3).await;
+        // The runtime takes the first call and dies in its handler: b and d were queued.
+        let (mut served, _) = first.accept().await.unwrap();
+        assert_eq!(read_req(&mut served).await, b"\"a\"");
+        drop(served);
+        drop(first);
+        std::fs::remove_file(&path).unwrap();
+        // The restarted runtime gets b and d again, in order, and answers them.
+        let second = UnixListener::bind(&path).unwrap();
+        for want in [&b"\"b\""[..], b"\"d\""] {
+            let (mut s, _) = second.accept().await.unwrap();
+            let req = read_req(&mut s).await;
+            assert_eq!(req, want);
+            answer(&mut s, &req).await;
+        }
+        assert!(matches!(a.await.unwrap(), Err(CallError::Crashed)));
+        assert_eq!(b.await.unwrap().unwrap(), serde_json::json!("b"));
+        assert_eq!(d.await.unwrap().unwrap(), serde_json::json!("d"));
+    }
+
+    #[tokio::test]
+    async fn the_timeout_counts_from_the_calls_turn() {
+        // Each handler takes 0.6 s against a 1 s timeout; the second call waits 0.6 s for
+        // the first one and must not be cut off for that.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let req = read_req(&mut s).await;
+                tokio::time::sleep(Duration::from_millis(600)).await;
+                answer(&mut s, &req).await;
+            }
+        });
+        let c = RuntimeClient::new(&path);
+        let call = |body: &'static [u8]| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                c.call(body, Duration::from_secs(1), Duration::from_secs(1))
+                    .await
+            })
+        };
+        let a = call(b"1");
+        connected(&c, 1).await;
+        let b = call(b"2");
+        assert_eq!(a.await.unwrap().unwrap(), serde_json::json!(1));
+        assert_eq!(b.await.unwrap().unwrap(), serde_json::json!(2));
     }
 }

@@ -42,6 +42,8 @@ both!(
     envelope_mode_dynamic_routing,
     sigterm_finishes_in_flight_and_exits_zero,
     poison_message_to_sump,
+    runtime_killed_with_calls_queued,
+    handler_timeout_spares_queued_calls,
 );
 
 struct Ends {
@@ -540,4 +542,84 @@ async fn poison_message_to_sump(kind: Kind) {
         .unwrap();
     assert!(reason.contains("poison"), "{reason}");
     e.sink.expect_nothing(QUIET).await;
+}
+
+/// Puts `envelopes` on actor `a`'s queue before its sidecar starts, so that they arrive
+/// together and the sidecar queues several of them on the runtime at once.
+async fn prefill(e: &Ends, ns: &str, envelopes: &[Value]) {
+    for env in envelopes {
+        e.input.send(&queue(ns, "a"), env).await;
+    }
+}
+
+fn attempts(v: &Value) -> usize {
+    v["headers"]["x-asya-attempts"]
+        .as_array()
+        .map_or(0, |a| a.len())
+}
+
+async fn runtime_killed_with_calls_queued(kind: Kind) {
+    // The runtime dies in the first handler while the next calls wait on its socket: only the
+    // first envelope is charged with the crash; the others are served by the next runtime.
+    let ns = unique_ns("rkq");
+    let e = ends(kind, &ns).await;
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("died").display().to_string();
+    let mut input = vec![envelope(
+        "k",
+        &["a"],
+        json!({"do": "die_once", "marker": marker}),
+    )];
+    for i in 0..5 {
+        input.push(envelope(&format!("q{i}"), &["a"], json!({"do": "echo"})));
+    }
+    prefill(&e, &ns, &input).await;
+    let a = start(kind, &ns, "a", &[("ASYA_RESILIENCY", RETRY3)]);
+    let mut got = e.sink.take(6, WAIT).await;
+    got.sort_by_key(|v| v["id"].as_str().unwrap_or_default().to_string());
+    assert_eq!(
+        ids(&got),
+        ["k", "q0", "q1", "q2", "q3", "q4"],
+        "{}",
+        a.logs()
+    );
+    assert_eq!(attempts(&got[0]), 1, "{}", got[0]);
+    assert_eq!(
+        got[0]["headers"]["x-asya-attempts"][0]["type"],
+        "RuntimeCrashed"
+    );
+    for q in &got[1..] {
+        assert_eq!(
+            attempts(q),
+            0,
+            "an envelope queued behind the crash was blamed: {q}"
+        );
+    }
+    e.sump.expect_nothing(QUIET).await;
+}
+
+async fn handler_timeout_spares_queued_calls(kind: Kind) {
+    // The first handler hangs past the timeout; the runtime exits for a restart. The calls
+    // queued behind it never reached a handler: they go through, not to x-sump.
+    let ns = unique_ns("tmq");
+    let e = ends(kind, &ns).await;
+    let mut input = vec![envelope(
+        "slow",
+        &["a"],
+        json!({"do": "sleep", "seconds": 30}),
+    )];
+    for i in 0..4 {
+        input.push(envelope(&format!("q{i}"), &["a"], json!({"do": "echo"})));
+    }
+    prefill(&e, &ns, &input).await;
+    let a = start(kind, &ns, "a", &[("ASYA_RUNTIME_TIMEOUT", "2s")]);
+    let got = e.sump.take(1, WAIT).await;
+    assert_eq!(ids(&got), ["slow"], "{}", a.logs());
+    assert_eq!(got[0]["headers"]["x-asya-error"]["error"], "timeout");
+    let mut got = e.sink.take(4, WAIT).await;
+    got.sort_by_key(|v| v["id"].as_str().unwrap_or_default().to_string());
+    assert_eq!(ids(&got), ["q0", "q1", "q2", "q3"], "{}", a.logs());
+    for q in &got {
+        assert_eq!(attempts(q), 0, "{q}");
+    }
 }

@@ -134,3 +134,52 @@ def test_abandoned_call_exits_for_restart(start_runtime):
         proc.wait(timeout=0)
     except subprocess.TimeoutExpired:
         raise AssertionError("still running")
+
+
+def _send(path, env):
+    import socket as s_
+    import struct
+    import json
+
+    conn = s_.socket(s_.AF_UNIX, s_.SOCK_STREAM)
+    conn.connect(path)
+    data = json.dumps(env).encode()
+    conn.sendall(struct.pack(">I", len(data)) + data)
+    conn.settimeout(10)
+    return conn
+
+
+def _answer(conn):
+    import struct
+    import json
+
+    buf = b""
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    conn.close()
+    assert len(buf) >= 4, "no answer"
+    (n,) = struct.unpack(">I", buf[:4])
+    return json.loads(buf[4 : 4 + n])
+
+
+def test_queued_connections_are_served_in_order(start_runtime):
+    # The sidecar pipelines: several connections wait in the backlog while one is served.
+    proc, client = start_runtime("handlers_mod.Counter.process")
+    conns = [_send(client.path, envelope(i)) for i in range(20)]
+    assert [_answer(c) for c in conns] == [{"count": i + 1} for i in range(20)]
+
+
+def test_sigterm_answers_calls_already_queued(start_runtime):
+    proc, client = start_runtime("handlers_mod.sleepy")
+    first = _send(client.path, envelope({"seconds": 0.5}))
+    queued = [_send(client.path, envelope({"seconds": 0, "n": i})) for i in range(3)]
+    # Whether SIGTERM lands while the first handler runs or while the runtime waits in accept,
+    # every call already queued is answered before it exits.
+    proc.send_signal(signal.SIGTERM)
+    assert _answer(first) == {"seconds": 0.5}
+    assert [_answer(c) for c in queued] == [{"seconds": 0, "n": i} for i in range(3)]
+    assert proc.wait(timeout=10) == 0
+
