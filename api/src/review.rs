@@ -210,6 +210,10 @@ fn review(req: &ReviewRequest<'_>, with_mutated: bool) -> ActorReview {
     let resolution = match flavor::resolve(&spec, &namespace, req.catalog, &req.config.policy) {
         Ok(r) => r,
         Err(errs) => {
+            // The list itself (count, names, duplicates) is wrong or right whatever the
+            // flavors hold: report it with the merge errors, as "every error at once" asks.
+            out.errors
+                .extend(crate::validate::flavor_list_errors(&spec.flavors));
             out.errors.extend(errs);
             return out;
         }

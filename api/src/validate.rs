@@ -105,6 +105,13 @@ fn validate_identity(spec: &AsyncActorSpec, ctx: &Context<'_>, e: &mut FieldErro
     }
 }
 
+/// The checks on `spec.flavors` as a list, which need no flavor contents.
+pub(crate) fn flavor_list_errors(flavors: &[String]) -> FieldErrors {
+    let mut e = FieldErrors::default();
+    validate_flavor_list(flavors, &mut e);
+    e
+}
+
 fn validate_flavor_list(flavors: &[String], e: &mut FieldErrors) {
     if flavors.len() > MAX_FLAVORS {
         e.push(FieldError::too_many(

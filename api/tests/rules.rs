@@ -280,6 +280,16 @@ fn flavor_list_rules() {
         flat(json!({"flavors": ["gpu-a100", "gpu-a100"]})),
         r#"spec.flavors[1]: Duplicate value: "gpu-a100""#,
     );
+    // The list's own errors are reported even when the flavors it names conflict.
+    let mut nine_conflicting = vec!["flavor-a".to_string(), "flavor-b".to_string()];
+    nine_conflicting.extend((0..7).map(|i| format!("flv-{i}")));
+    let errs = errors(&flat(json!({"flavors": nine_conflicting})));
+    assert!(
+        errs.iter()
+            .any(|e| e == "spec.flavors: Too many: 9: must have at most 8 items")
+            && errs.iter().any(|e| e.contains("flavor merge conflict")),
+        "{errs:#?}"
+    );
 }
 
 #[test]
