@@ -120,8 +120,10 @@ async fn self_managed(
     tracing::info!(plan = ?first.plan, patched = first.patched, "self-managed certificates ready");
     install(&first)?;
     tokio::spawn(async move {
-        // Hourly: renewal margins are days, and a failed check is retried next hour.
-        let mut tick = tokio::time::interval(Duration::from_secs(3600));
+        // Every minute (three GETs): renewal margins are days, but a caBundle lost to a
+        // re-created webhook configuration (helm upgrade --force, GitOps) or one created
+        // after this pod started must be published within a minute, not an hour.
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
         tick.tick().await;
         loop {
             tick.tick().await;
