@@ -27,12 +27,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(ns, port, mport, config_name):
+def start(ns, port, mport, config_name, *extra):
     log = open(ROOT / "target" / "test-cluster" / "e2e" / f"selfmanaged-{ns}.log", "a")
     return subprocess.Popen(
         [BIN, "serve", "--addr", f"127.0.0.1:{port}", "--metrics-addr", f"127.0.0.1:{mport}",
          "--kubeconfig", str(KUBECONFIG), "--self-managed-secret", f"{ns}/webhook-certs",
-         "--service-dns", "localhost", "--validating-webhook-config", config_name],
+         "--service-dns", "localhost", "--validating-webhook-config", config_name, *extra],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -80,6 +80,22 @@ def test_self_managed_certificates_published_and_reused(namespace):
         # Reused, not regenerated: neither the Secret nor the bundle changed.
         assert kubectl_json("get", "secret", "webhook-certs", "-n", namespace)["metadata"]["resourceVersion"] == rv
         assert ca_bundle(name) == bundle
+
+        # Running (checked every second here, every minute by default): a configuration whose
+        # caBundle was lost gets it back, and a deleted Secret (an admin forcing a rotation)
+        # is made again with a new CA, published and served.
+        procs[-1].terminate()
+        procs[-1].wait(timeout=20)
+        procs.append(start(namespace, port, mport, name, "--self-managed-check-interval", "1s"))
+        wait_for("ready again", lambda: ready_with(bundle, port), timeout=60)
+        kubectl("patch", "validatingwebhookconfiguration", name, "--type=json",
+                "-p", '[{"op": "remove", "path": "/webhooks/0/clientConfig/caBundle"}]')
+        wait_for("caBundle published again", lambda: ca_bundle(name) == bundle, timeout=30)
+        kubectl("delete", "secret", "webhook-certs", "-n", namespace)
+        fresh = wait_for("a new CA published", lambda: (b := ca_bundle(name)) != bundle and b, timeout=30)
+        wait_for("the webhook serving a certificate from the new CA", lambda: ready_with(fresh, port), timeout=30)
+        regenerated = kubectl_json("get", "secret", "webhook-certs", "-n", namespace)
+        assert base64.b64decode(regenerated["data"]["ca.crt"]).decode().strip() in fresh
     finally:
         for p in procs:
             if p.poll() is None:

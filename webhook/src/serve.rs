@@ -53,6 +53,9 @@ pub struct ServeArgs {
     /// How often certificate files are checked for changes.
     #[arg(long, default_value = "5s", value_parser = parse_secs)]
     pub cert_poll_interval: Duration,
+    /// Self-managed mode: how often the Secret and both caBundles are checked (three GETs).
+    #[arg(long, default_value = "60s", value_parser = parse_secs)]
+    pub self_managed_check_interval: Duration,
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
@@ -119,11 +122,13 @@ async fn self_managed(
     let first = asya_certs::ensure(&backend, &cfg, SystemTime::now()).await?;
     tracing::info!(plan = ?first.plan, patched = first.patched, "self-managed certificates ready");
     install(&first)?;
+    // (A zero period would panic `interval`.)
+    let every = args.self_managed_check_interval.max(Duration::from_secs(1));
     tokio::spawn(async move {
-        // Every minute (three GETs): renewal margins are days, but a caBundle lost to a
+        // Every minute by default: renewal margins are days, but a caBundle lost to a
         // re-created webhook configuration (helm upgrade --force, GitOps) or one created
         // after this pod started must be published within a minute, not an hour.
-        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        let mut tick = tokio::time::interval(every);
         tick.tick().await;
         loop {
             tick.tick().await;
