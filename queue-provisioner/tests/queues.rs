@@ -205,6 +205,35 @@ async fn rabbitmq_management_counts_ready_and_unacknowledged() {
     assert_eq!(q.depth(&s.name).await.unwrap().queued, None);
 }
 
+/// A broker that accepts the connection and never answers (a node shutting down, a network
+/// black hole) makes the operation fail as unavailable; it must not hang the reconcile.
+#[tokio::test]
+async fn rabbitmq_silent_broker_times_out_as_unavailable() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = listener.accept().await {
+            conns.push(c);
+        }
+    });
+    let q = RabbitQueues::new(format!("amqp://guest:guest@127.0.0.1:{port}/%2f"), "asya");
+    let started = std::time::Instant::now();
+    let res = tokio::time::timeout(Duration::from_secs(60), q.ensure(&spec("x", "y")))
+        .await
+        .expect("ensure hung on a silent broker");
+    assert!(
+        matches!(res, Err(QueueError::Unavailable(_))),
+        "expected Unavailable, got {res:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    held.abort();
+}
+
 #[tokio::test]
 async fn rabbitmq_unreachable_is_unavailable() {
     let q = RabbitQueues::new("amqp://guest:guest@127.0.0.1:1/%2f".into(), "asya");

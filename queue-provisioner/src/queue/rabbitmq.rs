@@ -137,6 +137,11 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// How long connecting (and opening a channel) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one queue operation, connecting included, may take.
+const OP_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Attempts per policy looked at; a policy with more distinct delays than this leaves the
 /// rest to the broker (the sidecar declares delay queues with `x-expires`).
 const MAX_DELAYS_PER_POLICY: u32 = 1000;
@@ -204,19 +209,54 @@ impl RabbitQueues {
 
     async fn channel(&self) -> Result<Channel, QueueError> {
         let mut guard = self.connection.lock().await;
-        if let Some(c) = guard.as_ref()
-            && c.status().connected()
-        {
-            return c.create_channel().await.map_err(unavailable);
+        let res = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            if let Some(c) = guard.as_ref()
+                && c.status().connected()
+            {
+                return c.create_channel().await.map(|ch| (ch, None));
+            }
+            let props = ConnectionProperties::default()
+                .with_connection_name("asya-queue-provisioner".to_string().into());
+            let conn = Connection::connect(&self.url, props).await?;
+            let ch = conn.create_channel().await?;
+            Ok((ch, Some(conn)))
+        })
+        .await;
+        match res {
+            Ok(Ok((ch, fresh))) => {
+                if let Some(conn) = fresh {
+                    *guard = Some(conn);
+                }
+                Ok(ch)
+            }
+            Ok(Err(e)) => Err(unavailable(e)),
+            Err(_) => {
+                // A broker that accepted the socket and went silent: start afresh next time.
+                *guard = None;
+                Err(QueueError::Unavailable(format!(
+                    "no answer from the broker within {CONNECT_TIMEOUT:?}"
+                )))
+            }
         }
-        let props = ConnectionProperties::default()
-            .with_connection_name("asya-queue-provisioner".to_string().into());
-        let conn = Connection::connect(&self.url, props)
-            .await
-            .map_err(unavailable)?;
-        let ch = conn.create_channel().await.map_err(unavailable)?;
-        *guard = Some(conn);
-        Ok(ch)
+    }
+
+    /// Runs one queue operation with a deadline: a broker that stops answering mid-way fails
+    /// the reconcile as unavailable (retried with backoff) instead of hanging it, and the
+    /// connection is dropped so the next attempt connects again.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        op: impl Future<Output = Result<T, QueueError>>,
+    ) -> Result<T, QueueError> {
+        match tokio::time::timeout(OP_TIMEOUT, op).await {
+            Ok(res) => res,
+            Err(_) => {
+                *self.connection.lock().await = None;
+                Err(QueueError::Unavailable(format!(
+                    "{what}: no answer from the broker within {OP_TIMEOUT:?}"
+                )))
+            }
+        }
     }
 
     fn queue_url(&self, name: &str) -> String {
@@ -249,31 +289,40 @@ impl RabbitQueues {
 
 impl QueueOps for RabbitQueues {
     async fn ensure(&self, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
-        let existed = self.passive(&spec.name).await?.is_some();
-        let ch = self.channel().await?;
-        let rejected = |e: lapin::Error| QueueError::Rejected(format!("{}: {e}", spec.name));
-        asya_sidecar::transport::rabbitmq::declare_bound_queue(&ch, &self.exchange, &spec.name)
-            .await
-            .map_err(rejected)?;
-        let _ = ch.close(200, "done".into()).await;
-        Ok(QueueInfo {
-            url: self.queue_url(&spec.name),
-            identifier: spec.name.clone(),
-            created: !existed,
+        self.bounded(&format!("declare {}", spec.name), async {
+            let existed = self.passive(&spec.name).await?.is_some();
+            let ch = self.channel().await?;
+            let rejected = |e: lapin::Error| QueueError::Rejected(format!("{}: {e}", spec.name));
+            asya_sidecar::transport::rabbitmq::declare_bound_queue(&ch, &self.exchange, &spec.name)
+                .await
+                .map_err(rejected)?;
+            let _ = ch.close(200, "done".into()).await;
+            Ok(QueueInfo {
+                url: self.queue_url(&spec.name),
+                identifier: spec.name.clone(),
+                created: !existed,
+            })
         })
+        .await
     }
 
     async fn exists(&self, name: &str) -> Result<bool, QueueError> {
-        Ok(self.passive(name).await?.is_some())
+        self.bounded(&format!("check {name}"), async {
+            Ok(self.passive(name).await?.is_some())
+        })
+        .await
     }
 
     async fn delete(&self, name: &str) -> Result<(), QueueError> {
-        let ch = self.channel().await?;
-        ch.queue_delete(name.into(), QueueDeleteOptions::default())
-            .await
-            .map_err(unavailable)?;
-        let _ = ch.close(200, "done".into()).await;
-        Ok(())
+        self.bounded(&format!("delete {name}"), async {
+            let ch = self.channel().await?;
+            ch.queue_delete(name.into(), QueueDeleteOptions::default())
+                .await
+                .map_err(unavailable)?;
+            let _ = ch.close(200, "done".into()).await;
+            Ok(())
+        })
+        .await
     }
 
     async fn depth(&self, name: &str) -> Result<QueueDepth, QueueError> {
@@ -292,8 +341,11 @@ impl QueueOps for RabbitQueues {
                 }
             }
         }
+        let queued = self
+            .bounded(&format!("count {name}"), self.passive(name))
+            .await?;
         Ok(QueueDepth {
-            queued: self.passive(name).await?.map(i64::from),
+            queued: queued.map(i64::from),
             processing: None,
         })
     }
