@@ -501,8 +501,12 @@ fn pod(
         Ok(p) => p,
         Err(e) => return deny(resp, 500, "InternalError", e.to_string(), vec![]),
     };
-    match resp.clone().with_patch(patch) {
-        Ok(r) => with_warnings(r, warnings),
+    // `with_patch` is the only way to set the patch type; the bytes are already encoded.
+    match resp.clone().with_patch(json_patch::Patch(Vec::new())) {
+        Ok(mut r) => {
+            r.patch = Some(patch);
+            with_warnings(r, warnings)
+        }
         Err(e) => deny(
             resp,
             500,

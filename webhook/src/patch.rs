@@ -5,15 +5,17 @@
 //! compared: `metadata.annotations`, `spec.volumes`, `spec.initContainers` and
 //! `spec.containers`, element by element. If anything else differs, it falls back to the
 //! whole-pod diff. Diffing typed-before against typed-after means fields this k8s-openapi
-//! does not know are neither touched nor removed.
+//! does not know are neither touched nor removed. Values go straight from the typed
+//! objects to JSON text (no `Value` tree in between), and the patch is returned as the
+//! bytes of the response's `patch`.
 
 use std::collections::BTreeMap;
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
+use json_patch::{Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::value::{RawValue, to_raw_value};
 
 /// The parts of a pod injection may change, taken out of it.
 #[derive(Default)]
@@ -46,12 +48,43 @@ impl Touched {
     }
 }
 
-fn ptr(tokens: &[&str]) -> PointerBuf {
-    PointerBuf::from_tokens(tokens.iter().copied())
+/// One JSONPatch operation, its value already JSON text.
+#[derive(Serialize)]
+struct Op {
+    op: &'static str,
+    path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<Box<RawValue>>,
 }
 
-fn add(path: PointerBuf, value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation { path, value })
+impl Op {
+    fn add(path: &PointerBuf, value: &impl Serialize) -> Result<Self, serde_json::Error> {
+        Ok(Op {
+            op: "add",
+            path: path.to_string(),
+            value: Some(to_raw_value(value)?),
+        })
+    }
+
+    fn replace(path: &PointerBuf, value: &impl Serialize) -> Result<Self, serde_json::Error> {
+        Ok(Op {
+            op: "replace",
+            path: path.to_string(),
+            value: Some(to_raw_value(value)?),
+        })
+    }
+
+    fn remove(path: &PointerBuf) -> Self {
+        Op {
+            op: "remove",
+            path: path.to_string(),
+            value: None,
+        }
+    }
+}
+
+fn ptr(tokens: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(tokens.iter().copied())
 }
 
 /// The whole-pod diff, the reference the fast path must equal.
@@ -62,15 +95,15 @@ pub fn full_diff(before: &Pod, after: &Pod) -> Result<Patch, serde_json::Error> 
     ))
 }
 
-/// The patch turning `before` into `after` (see the module doc).
-pub fn pod_patch(mut before: Pod, mut after: Pod) -> Result<Patch, serde_json::Error> {
+/// The patch turning `before` into `after`, as JSON text (see the module doc).
+pub fn pod_patch(mut before: Pod, mut after: Pod) -> Result<Vec<u8>, serde_json::Error> {
     let (Some(b), Some(a)) = (Touched::take(&mut before), Touched::take(&mut after)) else {
-        return full_diff(&before, &after);
+        return serde_json::to_vec(&full_diff(&before, &after)?);
     };
     if before != after {
         b.put_back(&mut before);
         a.put_back(&mut after);
-        return full_diff(&before, &after);
+        return serde_json::to_vec(&full_diff(&before, &after)?);
     }
     let mut ops = Vec::new();
     map_ops(
@@ -98,26 +131,25 @@ pub fn pod_patch(mut before: Pod, mut after: Pod) -> Result<Patch, serde_json::E
         a.volumes.as_ref(),
         &mut ops,
     )?;
-    Ok(Patch(ops))
+    serde_json::to_vec(&ops)
 }
 
 /// A field absent before and present after (or the reverse) as one op, as the diff does.
+/// True when that settles it (or both are equal).
 fn whole<T: Serialize + PartialEq>(
     path: &PointerBuf,
     before: Option<&T>,
     after: Option<&T>,
-    ops: &mut Vec<PatchOperation>,
+    ops: &mut Vec<Op>,
 ) -> Result<bool, serde_json::Error> {
     match (before, after) {
         (None, None) => Ok(true),
         (None, Some(a)) => {
-            ops.push(add(path.clone(), serde_json::to_value(a)?));
+            ops.push(Op::add(path, a)?);
             Ok(true)
         }
         (Some(_), None) => {
-            ops.push(PatchOperation::Remove(RemoveOperation {
-                path: path.clone(),
-            }));
+            ops.push(Op::remove(path));
             Ok(true)
         }
         (Some(b), Some(a)) => Ok(b == a),
@@ -128,7 +160,7 @@ fn map_ops(
     path: PointerBuf,
     before: Option<&BTreeMap<String, String>>,
     after: Option<&BTreeMap<String, String>>,
-    ops: &mut Vec<PatchOperation>,
+    ops: &mut Vec<Op>,
 ) -> Result<(), serde_json::Error> {
     if whole(&path, before, after, ops)? {
         return Ok(());
@@ -139,18 +171,13 @@ fn map_ops(
     for (k, v) in a {
         let p = path.with_trailing_token(k.as_str());
         match b.get(k) {
-            None => ops.push(add(p, Value::String(v.clone()))),
-            Some(old) if old != v => ops.push(PatchOperation::Replace(ReplaceOperation {
-                path: p,
-                value: Value::String(v.clone()),
-            })),
+            None => ops.push(Op::add(&p, v)?),
+            Some(old) if old != v => ops.push(Op::replace(&p, v)?),
             Some(_) => {}
         }
     }
     for k in b.keys().filter(|k| !a.contains_key(*k)) {
-        ops.push(PatchOperation::Remove(RemoveOperation {
-            path: path.with_trailing_token(k.as_str()),
-        }));
+        ops.push(Op::remove(&path.with_trailing_token(k.as_str())));
     }
     Ok(())
 }
@@ -161,7 +188,7 @@ fn list_ops<T: Serialize + PartialEq>(
     path: PointerBuf,
     before: Option<&Vec<T>>,
     after: Option<&Vec<T>>,
-    ops: &mut Vec<PatchOperation>,
+    ops: &mut Vec<Op>,
 ) -> Result<(), serde_json::Error> {
     if whole(&path, before, after, ops)? {
         return Ok(());
@@ -174,33 +201,30 @@ fn list_ops<T: Serialize + PartialEq>(
             (Some(x), Some(y)) if x != y => {
                 let item = path.with_trailing_token(i);
                 let d = json_patch::diff(&serde_json::to_value(x)?, &serde_json::to_value(y)?);
-                ops.extend(d.0.into_iter().map(|op| prefixed(&item, op)));
+                for op in d.0 {
+                    ops.push(prefixed(&item, op)?);
+                }
             }
             (Some(_), Some(_)) => {}
-            (None, Some(y)) => ops.push(add(path.with_trailing_token(i), serde_json::to_value(y)?)),
+            (None, Some(y)) => ops.push(Op::add(&path.with_trailing_token(i), y)?),
             // Removing shifts what follows: every removal is at the first index past `after`.
-            (Some(_), None) => ops.push(PatchOperation::Remove(RemoveOperation {
-                path: path.with_trailing_token(a.len()),
-            })),
+            (Some(_), None) => ops.push(Op::remove(&path.with_trailing_token(a.len()))),
             (None, None) => {}
         }
     }
     Ok(())
 }
 
-fn prefixed(prefix: &PointerBuf, op: PatchOperation) -> PatchOperation {
-    let join = |p: &PointerBuf| prefix.concat(p);
+/// An op of an item's diff, at the item's path. `diff` emits only add, remove and replace.
+fn prefixed(prefix: &PointerBuf, op: PatchOperation) -> Result<Op, serde_json::Error> {
     match op {
-        PatchOperation::Add(o) => add(join(&o.path), o.value),
-        PatchOperation::Remove(o) => PatchOperation::Remove(RemoveOperation {
-            path: join(&o.path),
-        }),
-        PatchOperation::Replace(o) => PatchOperation::Replace(ReplaceOperation {
-            path: join(&o.path),
-            value: o.value,
-        }),
-        // `diff` emits only the three above; keep anything else as it came.
-        other => other,
+        PatchOperation::Add(o) => Op::add(&prefix.concat(&o.path), &o.value),
+        PatchOperation::Replace(o) => Op::replace(&prefix.concat(&o.path), &o.value),
+        PatchOperation::Remove(o) => Ok(Op::remove(&prefix.concat(&o.path))),
+        other => Err(serde::ser::Error::custom(format!(
+            "unexpected diff operation {}",
+            serde_json::to_string(&other)?
+        ))),
     }
 }
 
@@ -209,7 +233,11 @@ mod tests {
     use super::*;
     use crate::inject::{ActorSettings, inject_pod};
     use asya_api::config::ClusterConfig;
-    use serde_json::json;
+    use serde_json::{Value, json};
+
+    fn parsed(bytes: &[u8]) -> Patch {
+        serde_json::from_slice(bytes).unwrap()
+    }
 
     fn settings() -> ActorSettings {
         ActorSettings {
@@ -254,7 +282,7 @@ mod tests {
                 let spec = after.spec.as_mut().unwrap();
                 inject_pod(&mut after.metadata, spec, &settings(), &cfg, native).unwrap();
                 let want = full_diff(&before, &after).unwrap();
-                let got = pod_patch(before.clone(), after.clone()).unwrap();
+                let got = parsed(&pod_patch(before.clone(), after.clone()).unwrap());
                 assert_eq!(
                     serde_json::to_value(&got).unwrap(),
                     serde_json::to_value(&want).unwrap()
@@ -273,7 +301,7 @@ mod tests {
         after.metadata.labels = None;
         after.spec.as_mut().unwrap().node_name = Some("n".into());
         after.spec.as_mut().unwrap().containers.pop();
-        let got = pod_patch(before.clone(), after.clone()).unwrap();
+        let got = parsed(&pod_patch(before.clone(), after.clone()).unwrap());
         assert_eq!(got, full_diff(&before, &after).unwrap());
     }
 }
