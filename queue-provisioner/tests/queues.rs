@@ -209,6 +209,26 @@ async fn rabbitmq_management_counts_ready_and_unacknowledged() {
 /// black hole) makes the operation fail as unavailable; it must not hang the reconcile.
 #[tokio::test]
 async fn rabbitmq_silent_broker_times_out_as_unavailable() {
+    let (port, held) = silent_server().await;
+    let q = RabbitQueues::new(format!("amqp://guest:guest@127.0.0.1:{port}/%2f"), "asya");
+    let started = std::time::Instant::now();
+    let res = tokio::time::timeout(Duration::from_secs(60), q.ensure(&spec("x", "y")))
+        .await
+        .expect("ensure hung on a silent broker");
+    assert!(
+        matches!(res, Err(QueueError::Unavailable(_))),
+        "expected Unavailable, got {res:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    held.abort();
+}
+
+/// Accepts connections on a local port and never answers; returns the port.
+async fn silent_server() -> (u16, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let held = tokio::spawn(async move {
@@ -217,11 +237,25 @@ async fn rabbitmq_silent_broker_times_out_as_unavailable() {
             conns.push(c);
         }
     });
-    let q = RabbitQueues::new(format!("amqp://guest:guest@127.0.0.1:{port}/%2f"), "asya");
+    (port, held)
+}
+
+#[tokio::test]
+async fn sqs_silent_endpoint_times_out_as_unavailable() {
+    let (port, held) = silent_server().await;
+    let q = SqsQueues::new(
+        "us-east-1",
+        Some(&format!("http://127.0.0.1:{port}")),
+        Some(StaticCredentials {
+            access_key_id: "test".into(),
+            secret_access_key: "test".into(),
+        }),
+    )
+    .await;
     let started = std::time::Instant::now();
-    let res = tokio::time::timeout(Duration::from_secs(60), q.ensure(&spec("x", "y")))
+    let res = tokio::time::timeout(Duration::from_secs(60), q.exists("asya-x-y"))
         .await
-        .expect("ensure hung on a silent broker");
+        .expect("exists hung on a silent endpoint");
     assert!(
         matches!(res, Err(QueueError::Unavailable(_))),
         "expected Unavailable, got {res:?}"

@@ -3,6 +3,7 @@
 //! `asya.sh/namespace` and `asya.sh/actor`.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::QueueAttributeName;
@@ -66,7 +67,16 @@ impl SqsQueues {
             .build_https();
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .region(aws_config::Region::new(region.to_string()))
-            .http_client(http);
+            .http_client(http)
+            // An endpoint that stops answering fails the reconcile (retried with backoff)
+            // instead of hanging it.
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .operation_attempt_timeout(Duration::from_secs(10))
+                    .operation_timeout(Duration::from_secs(20))
+                    .build(),
+            );
         if let Some(c) = credentials {
             loader = loader.credentials_provider(aws_sdk_sqs::config::Credentials::new(
                 c.access_key_id,
@@ -220,7 +230,6 @@ impl QueueOps for SqsQueues {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn attributes_follow_seed_003() {
