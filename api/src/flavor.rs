@@ -236,10 +236,28 @@ fn deprecation(
 }
 
 /// Every known flavor: cluster-scoped ones by name, namespaced ones by namespace and name.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct FlavorCatalog {
     cluster: BTreeMap<String, FlavorDef>,
     namespaced: BTreeMap<String, BTreeMap<String, FlavorDef>>,
+    /// Changes with every change of content (see [`FlavorCatalog::id`]).
+    id: u64,
+}
+
+static NEXT_CATALOG_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_catalog_id() -> u64 {
+    NEXT_CATALOG_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Default for FlavorCatalog {
+    fn default() -> Self {
+        Self {
+            cluster: BTreeMap::new(),
+            namespaced: BTreeMap::new(),
+            id: next_catalog_id(),
+        }
+    }
 }
 
 impl FlavorCatalog {
@@ -247,9 +265,17 @@ impl FlavorCatalog {
         Self::default()
     }
 
+    /// Identifies this content: unique among the catalogs of the process, changed by every
+    /// [`insert`](Self::insert) (a clone keeps it, having the same content). What was
+    /// worked out from a catalog can be kept under its id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Adds a flavor. A native `Flavor` takes precedence over an `EnvironmentConfig` of the
     /// same name, so a team migrating off Crossplane can shadow the old definition.
     pub fn insert(&mut self, def: FlavorDef) {
+        self.id = next_catalog_id();
         match &def.source {
             FlavorSource::ConfigMap { namespace, .. } => {
                 self.namespaced

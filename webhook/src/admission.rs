@@ -42,6 +42,17 @@ impl Endpoint {
 /// AsyncActors by namespace and name, as the injection path needs them.
 pub trait ActorLookup: Send + Sync {
     fn get(&self, namespace: &str, name: &str) -> Option<Value>;
+
+    /// The object and its resourceVersion, read together; lookups that know versions
+    /// enable [`SettingsMemo`].
+    fn get_versioned(&self, namespace: &str, name: &str) -> Option<(Value, Option<String>)> {
+        self.get(namespace, name).map(|v| (v, None))
+    }
+
+    /// The resourceVersion alone (cheap: nothing parsed), when known.
+    fn version(&self, _namespace: &str, _name: &str) -> Option<String> {
+        None
+    }
 }
 
 impl ActorLookup for HashMap<(String, String), Value> {
@@ -57,6 +68,59 @@ pub struct Ctx<'a> {
     pub actors: &'a dyn ActorLookup,
     /// Inject a native sidecar (init container with `restartPolicy: Always`).
     pub native_sidecar: bool,
+    /// Injection settings already worked out, when the caller keeps them across requests.
+    /// Only valid for one `config` (the server's never changes).
+    pub memo: Option<&'a SettingsMemo>,
+}
+
+/// What [`settings_for_pod`] answers.
+pub type PodSettings = Result<(ActorSettings, Vec<String>), (u16, String)>;
+
+/// The answer of [`settings_for_pod`] for pods of an AsyncActor, kept per actor version and
+/// flavor catalog: every replica and rollout of an actor asks the same question, and the
+/// answer changes only with the AsyncActor (its resourceVersion) or the catalog (its id).
+#[derive(Default)]
+pub struct SettingsMemo(std::sync::Mutex<HashMap<(String, String), MemoEntry>>);
+
+struct MemoEntry {
+    version: String,
+    catalog: u64,
+    settings: PodSettings,
+}
+
+/// Bound on remembered actors; past it the memo starts over (each entry is ~1 KiB).
+const MEMO_MAX: usize = 4096;
+
+impl SettingsMemo {
+    fn get(&self, ns: &str, name: &str, version: &str, catalog: u64) -> Option<PodSettings> {
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&(ns.to_string(), name.to_string()))
+            .filter(|e| e.version == version && e.catalog == catalog)
+            .map(|e| e.settings.clone())
+    }
+
+    fn put(&self, ns: &str, name: &str, version: String, catalog: u64, settings: &PodSettings) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= MEMO_MAX {
+            m.clear();
+        }
+        m.insert(
+            (ns.to_string(), name.to_string()),
+            MemoEntry {
+                version,
+                catalog,
+                settings: settings.clone(),
+            },
+        );
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A body that is not an AdmissionReview: answered with HTTP 400 and this text.
@@ -339,11 +403,7 @@ fn how_to_configure(actor: &str, ns: &str) -> String {
 }
 
 /// The actor settings for a pod: from its AsyncActor, else from its annotations.
-pub fn settings_for_pod(
-    pod: &Pod,
-    ns: &str,
-    ctx: &Ctx<'_>,
-) -> Result<(ActorSettings, Vec<String>), (u16, String)> {
+pub fn settings_for_pod(pod: &Pod, ns: &str, ctx: &Ctx<'_>) -> PodSettings {
     let meta = &pod.metadata;
     let Some(actor) = meta
         .labels
@@ -361,11 +421,19 @@ pub fn settings_for_pod(
             ),
         ));
     };
+    let memo = ctx
+        .memo
+        .and_then(|m| ctx.actors.version(ns, &actor).map(|v| (m, v)));
+    if let Some((m, version)) = &memo
+        && let Some(hit) = m.get(ns, &actor, version, ctx.catalog.id())
+    {
+        return hit;
+    }
     let ann = meta.annotations.clone().unwrap_or_default();
-    let cached = ctx.actors.get(ns, &actor);
+    let cached = ctx.actors.get_versioned(ns, &actor);
     let from_cache = cached.is_some();
-    let obj = match cached {
-        Some(obj) => obj,
+    let (obj, version) = match cached {
+        Some((obj, version)) => (obj, version),
         None => {
             let Some(handler) = ann.get(labels::ANNOTATION_HANDLER) else {
                 return Err((400, how_to_configure(&actor, ns)));
@@ -392,11 +460,28 @@ pub fn settings_for_pod(
                     spec[field] = json!(v);
                 }
             }
-            json!({"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
-                   "metadata": {"name": actor, "namespace": ns}, "spec": spec})
+            let obj = json!({"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+                   "metadata": {"name": actor, "namespace": ns}, "spec": spec});
+            (obj, None)
         }
     };
-    let review = actor_review(&obj, None, Some(ns), ctx, false);
+    let settings = settings_of_actor(&obj, ns, &actor, from_cache, ctx);
+    // Only answers from the AsyncActor: the annotations' answer depends on the pod.
+    if let (Some(m), Some(v)) = (ctx.memo, version) {
+        m.put(ns, &actor, v, ctx.catalog.id(), &settings);
+    }
+    settings
+}
+
+/// Reviews the AsyncActor (from the cache, or made of the pod's annotations) for injection.
+fn settings_of_actor(
+    obj: &Value,
+    ns: &str,
+    actor: &str,
+    from_cache: bool,
+    ctx: &Ctx<'_>,
+) -> PodSettings {
+    let review = actor_review(obj, None, Some(ns), ctx, false);
     let source = if from_cache {
         format!("AsyncActor {ns}/{actor}")
     } else {

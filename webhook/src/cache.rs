@@ -106,10 +106,28 @@ impl CachedActor {
 /// AsyncActors from the reflector store.
 pub struct ActorStore(pub Store<CachedActor>);
 
+impl ActorStore {
+    fn cached(&self, namespace: &str, name: &str) -> Option<Arc<CachedActor>> {
+        self.0
+            .get(&ObjectRef::<CachedActor>::new(name).within(namespace))
+    }
+}
+
 impl ActorLookup for ActorStore {
     fn get(&self, namespace: &str, name: &str) -> Option<Value> {
-        let r = ObjectRef::<CachedActor>::new(name).within(namespace);
-        self.0.get(&r).and_then(|o| o.to_value())
+        self.cached(namespace, name).and_then(|o| o.to_value())
+    }
+
+    fn get_versioned(&self, namespace: &str, name: &str) -> Option<(Value, Option<String>)> {
+        let o = self.cached(namespace, name)?;
+        Some((o.to_value()?, o.metadata.resource_version.clone()))
+    }
+
+    fn version(&self, namespace: &str, name: &str) -> Option<String> {
+        self.cached(namespace, name)?
+            .metadata
+            .resource_version
+            .clone()
     }
 }
 

@@ -176,6 +176,7 @@ pub fn inject_documents(
             catalog,
             actors: &lookup,
             native_sidecar: native,
+            memo: None,
         };
         let mut pod = Pod {
             metadata: meta,

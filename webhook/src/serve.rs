@@ -211,6 +211,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         native_sidecar: native,
         resolver: resolver.clone(),
         metrics: Metrics::new(),
+        settings_memo: Default::default(),
     });
     let caches = cache::start(client, shared.clone()).await;
     let _ = actors_store.set(caches);
@@ -238,6 +239,20 @@ impl crate::admission::ActorLookup for LazyActors {
     fn get(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
         let c = self.0.get()?;
         ActorStore(c.actors.clone()).get(namespace, name)
+    }
+
+    fn get_versioned(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<(serde_json::Value, Option<String>)> {
+        let c = self.0.get()?;
+        ActorStore(c.actors.clone()).get_versioned(namespace, name)
+    }
+
+    fn version(&self, namespace: &str, name: &str) -> Option<String> {
+        let c = self.0.get()?;
+        ActorStore(c.actors.clone()).version(namespace, name)
     }
 }
 

@@ -26,7 +26,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::admission::{ActorLookup, Ctx, Endpoint, handle};
+use crate::admission::{ActorLookup, Ctx, Endpoint, SettingsMemo, handle};
 
 /// Largest AdmissionReview accepted: an object may be 1.5 MiB and an UPDATE carries two.
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
@@ -119,6 +119,8 @@ pub struct Shared {
     pub native_sidecar: bool,
     pub resolver: Arc<ReloadingResolver>,
     pub metrics: Metrics,
+    /// Injection settings per AsyncActor version and flavor catalog (`config` never changes).
+    pub settings_memo: SettingsMemo,
 }
 
 impl Shared {
@@ -191,6 +193,7 @@ async fn admit(shared: Arc<Shared>, endpoint: Endpoint, body: Body) -> Response 
         catalog: &catalog,
         actors: shared.actors.as_ref(),
         native_sidecar: shared.native_sidecar,
+        memo: Some(&shared.settings_memo),
     };
     let (resp, operation, result) = match handle(endpoint, &bytes, &ctx) {
         Ok(h) => match crate::admission::encode_review(&h.review) {
@@ -374,6 +377,7 @@ impl Shared {
             native_sidecar: true,
             resolver,
             metrics: Metrics::new(),
+            settings_memo: SettingsMemo::default(),
         }
     }
 }

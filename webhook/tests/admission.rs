@@ -43,6 +43,7 @@ impl Env {
             catalog: &self.catalog,
             actors: &self.actors,
             native_sidecar: true,
+            memo: None,
         }
     }
     fn run(&self, ep: Endpoint, review: &Value) -> Value {
@@ -656,4 +657,64 @@ mod fuzz {
             ]
         })
     }
+}
+
+/// An actor store that knows resourceVersions, as the reflector store does.
+struct Versioned(std::sync::Mutex<(Value, String)>);
+
+impl asya_webhook::admission::ActorLookup for Versioned {
+    fn get(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.get_versioned(namespace, name).map(|(v, _)| v)
+    }
+    fn get_versioned(&self, namespace: &str, name: &str) -> Option<(Value, Option<String>)> {
+        let g = self.0.lock().unwrap();
+        (namespace == "team-a" && name == "echo").then(|| (g.0.clone(), Some(g.1.clone())))
+    }
+    fn version(&self, namespace: &str, name: &str) -> Option<String> {
+        self.get_versioned(namespace, name).and_then(|(_, v)| v)
+    }
+}
+
+#[test]
+fn injection_settings_are_kept_per_actor_version_and_catalog() {
+    use asya_webhook::admission::{SettingsMemo, settings_for_pod};
+    let env = Env::new();
+    let store = Versioned(std::sync::Mutex::new((
+        actor("echo", json!({"image": "i", "handler": "a.b"})),
+        "1".into(),
+    )));
+    let memo = SettingsMemo::default();
+    let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod(
+        json!({"asya.sh/inject": "true", "asya.sh/actor": "echo"}),
+        json!({}),
+    ))
+    .unwrap();
+    let handler = |catalog: &FlavorCatalog| {
+        let ctx = Ctx {
+            config: &env.config,
+            catalog,
+            actors: &store,
+            native_sidecar: true,
+            memo: Some(&memo),
+        };
+        settings_for_pod(&p, "team-a", &ctx).unwrap().0.handler
+    };
+    assert_eq!(handler(&env.catalog).as_deref(), Some("a.b"));
+    assert_eq!(memo.len(), 1);
+    // Same resourceVersion: the kept answer (a store gives every change a new version).
+    store.0.lock().unwrap().0 = actor("echo", json!({"image": "i", "handler": "c.d"}));
+    assert_eq!(handler(&env.catalog).as_deref(), Some("a.b"));
+    // A new version is reviewed again.
+    store.0.lock().unwrap().1 = "2".into();
+    assert_eq!(handler(&env.catalog).as_deref(), Some("c.d"));
+    // So is anything under a changed flavor catalog.
+    store.0.lock().unwrap().0 = actor("echo", json!({"image": "i", "handler": "e.f"}));
+    let mut changed = env.catalog.clone();
+    changed.insert(FlavorDef::from_data(
+        "another",
+        FlavorSource::Flavor,
+        &json!({"nodeSelector": {"x": "y"}}),
+    ));
+    assert_ne!(changed.id(), env.catalog.id());
+    assert_eq!(handler(&changed).as_deref(), Some("e.f"));
 }

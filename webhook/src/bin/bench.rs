@@ -308,6 +308,7 @@ async fn run() -> anyhow::Result<()> {
             catalog: &catalog,
             actors: shared.actors.as_ref(),
             native_sidecar: true,
+            memo: Some(&shared.settings_memo),
         };
         for (name, ep, body) in [
             (
