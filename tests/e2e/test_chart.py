@@ -48,6 +48,7 @@ def test_config_map_renders_cluster_config_from_values():
             "username": "guest",
             "passwordSecretRef": {"name": "rabbitmq-secret", "key": "password"},
             "tls": False,
+            "managementPort": 15672,
         },
     }
     # Empty optional strings are left out, not passed as "".
