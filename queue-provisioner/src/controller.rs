@@ -507,8 +507,8 @@ async fn apply_actor(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Er
 
 /// Whether the injection webhook works now: a server-side dry run of creating a copy of
 /// `pod` (nothing is stored) comes back with the sidecar. A refusal (webhook down with
-/// failurePolicy Fail) counts as not working. Needs RBAC `create` on pods (a dry run is
-/// authorized like a create).
+/// failurePolicy Fail) counts as not working, and so does a probe it may not make: it needs
+/// RBAC `create` on pods (a dry run is authorized like a create).
 async fn injection_works(api: &Api<Pod>, pod: &Pod) -> bool {
     let mut spec = pod.spec.clone().unwrap_or_default();
     // Set by the scheduler and the priority admission on the original; not for a new pod.
@@ -530,11 +530,12 @@ async fn injection_works(api: &Api<Pod>, pod: &Pod) -> bool {
     };
     match api.create(&pp, &probe).await {
         Ok(created) => !status::needs_replacing(&created),
-        // Without RBAC `create` on pods the dry run is refused before admission: replace
-        // without knowing (as if injection worked).
+        // Without RBAC `create` on pods the dry run is refused before admission. Unchecked
+        // replacement would loop delete/recreate while the webhook is down, so keep the pod
+        // (its PodWithoutSidecar event stays) and say what is missing.
         Err(kube::Error::Api(s)) if s.code == 403 && !s.message.contains("webhook") => {
-            warn!(error = %s.message, "no permission to dry-run a pod create; replacing pods without the sidecar unchecked");
-            true
+            warn!(error = %s.message, "no RBAC create on pods for the injection probe (the chart grants it); pods without the sidecar are kept, not replaced");
+            false
         }
         Err(e) => {
             warn!(pod = %pod.name_any(), error = %e, "injection probe (dry-run pod create) failed");
