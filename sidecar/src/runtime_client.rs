@@ -362,19 +362,23 @@ mod tests {
         }
     }
 
+    /// One call in its own task; `limit` is both the timeout and the wait for the runtime.
+    fn spawn_call(
+        c: &RuntimeClient,
+        body: &'static [u8],
+        limit: Duration,
+    ) -> tokio::task::JoinHandle<Result<Value, CallError>> {
+        let c = c.clone();
+        tokio::spawn(async move { c.call(body, limit, limit).await })
+    }
+
     #[tokio::test]
     async fn a_runtime_death_blames_only_the_call_it_served() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
         let first = UnixListener::bind(&path).unwrap();
         let c = RuntimeClient::new(&path);
-        let call = |body: &'static [u8]| {
-            let c = c.clone();
-            tokio::spawn(async move {
-                c.call(body, Duration::from_secs(10), Duration::from_secs(10))
-                    .await
-            })
-        };
+        let call = |body| spawn_call(&c, body, Duration::from_secs(10));
         let a = call(b"\"a\"");
         connected(&c, 1).await;
         let b = call(b"\"b\"");
@@ -416,13 +420,7 @@ mod tests {
             }
         });
         let c = RuntimeClient::new(&path);
-        let call = |body: &'static [u8]| {
-            let c = c.clone();
-            tokio::spawn(async move {
-                c.call(body, Duration::from_secs(1), Duration::from_secs(1))
-                    .await
-            })
-        };
+        let call = |body| spawn_call(&c, body, Duration::from_secs(1));
         let a = call(b"1");
         connected(&c, 1).await;
         let b = call(b"2");
