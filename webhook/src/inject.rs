@@ -304,6 +304,10 @@ pub fn inject_pod(
     if is_injected(meta) {
         return Ok(());
     }
+    // A sidecar left in the containers (a copied spec, or a change from regular to native
+    // sidecars) goes first, so the runtime container's index is taken on what remains.
+    spec.containers
+        .retain(|c| c.name != labels::SIDECAR_CONTAINER);
     let idx = match spec.containers.len() {
         0 => return Err(InjectError::NoContainers),
         n => match spec
@@ -341,8 +345,6 @@ pub fn inject_pod(
         // After the installer, before the user's init containers: it is up for all of them.
         inits.insert(1, sidecar);
     } else {
-        spec.containers
-            .retain(|c| c.name != labels::SIDECAR_CONTAINER);
         spec.containers.push(sidecar);
     }
 
@@ -420,6 +422,38 @@ mod tests {
 
     fn env_of<'a>(c: &'a Container, name: &str) -> Option<&'a EnvVar> {
         c.env.as_ref()?.iter().find(|e| e.name == name)
+    }
+
+    #[test]
+    fn a_stale_sidecar_before_the_runtime_is_replaced_and_the_runtime_is_still_the_one_set_up() {
+        for native in [false, true] {
+            let mut p: Pod = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "labels": {"asya.sh/inject": "true"}},
+                "spec": {"containers": [
+                    {"name": "asya-sidecar", "image": "old-sidecar:0"},
+                    {"name": "asya-runtime", "image": "python:3.13"},
+                    {"name": "metrics", "image": "exporter:1"}]}
+            }))
+            .unwrap();
+            run(&mut p, &settings(), &ClusterConfig::default(), native).unwrap();
+            let s = p.spec.as_ref().unwrap();
+            let by_name = |n: &str| s.containers.iter().find(|c| c.name == n).unwrap();
+            assert_eq!(
+                by_name("asya-runtime").command.as_deref(),
+                Some(&["python3".to_string(), RUNTIME_FILE.to_string()][..]),
+                "native={native}"
+            );
+            assert!(by_name("metrics").command.is_none(), "native={native}");
+            let sidecars = s
+                .containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+                .filter(|c| c.name == "asya-sidecar")
+                .collect::<Vec<_>>();
+            assert_eq!(sidecars.len(), 1, "native={native}");
+            assert_ne!(sidecars[0].image.as_deref(), Some("old-sidecar:0"));
+        }
     }
 
     #[test]
