@@ -204,13 +204,14 @@ class Abandonment:
     """Exits the process when the sidecar hangs up while a handler is still running.
 
     A thread looks every POLL seconds whether the running call's connection was closed by
-    the sidecar. The per-call cost is one attribute store each way: no lock and no wake-up
-    of the thread per call (that used to double the runtime's CPU per envelope). POLL is
-    short so that a dead call is noticed before a restarted sidecar can queue a new one on
-    this runtime.
+    the sidecar (every IDLE_POLL seconds while no call runs). The per-call cost is one
+    attribute store each way: no lock and no wake-up of the thread per call (that used to
+    double the runtime's CPU per envelope). POLL is short so that a dead call is noticed
+    before a restarted sidecar can queue a new one on this runtime.
     """
 
     POLL = 0.01
+    IDLE_POLL = 0.1
 
     def __init__(self):
         self._current = None  # the running call's connection; replaced atomically
@@ -225,7 +226,7 @@ class Abandonment:
 
     def _run(self):
         while True:
-            time.sleep(self.POLL)
+            time.sleep(self.POLL if self._current is not None else self.IDLE_POLL)
             conn = self._current
             if conn is None:
                 continue

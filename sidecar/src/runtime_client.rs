@@ -68,7 +68,6 @@ struct Pipeline {
     deaths: std::sync::Mutex<Deaths>,
 }
 
-#[derive(Default)]
 struct Deaths {
     /// Sequence number of the next connection.
     next: u64,
@@ -79,6 +78,20 @@ struct Deaths {
     /// the old one being gone (a doomed call saw it close): connections made meanwhile may
     /// still have reached the dying runtime.
     window: bool,
+}
+
+impl Default for Deaths {
+    /// The window starts open: a sidecar that was just (re)started may find the runtime its
+    /// predecessor abandoned mid-call still running, about to exit (it notices within tens
+    /// of milliseconds; a restarted sidecar can be faster). Its first calls must not be
+    /// charged with that exit.
+    fn default() -> Self {
+        Deaths {
+            next: 0,
+            doomed_below: 0,
+            window: true,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -317,12 +330,19 @@ mod tests {
     async fn crash_and_timeout_and_unreachable() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
-        serve_once(path.clone(), |mut s| async move {
+        // A runtime that answers once (so the client knows it is alive), then dies in the
+        // second call's handler.
+        let listener = UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let req = read_req(&mut s).await;
+            answer(&mut s, &req).await;
+            let (mut s, _) = listener.accept().await.unwrap();
             read_req(&mut s).await;
-            drop(s);
-        })
-        .await;
+        });
         let c = RuntimeClient::new(&path);
+        let ok = c.call(b"1", Duration::from_secs(5), Duration::ZERO).await;
+        assert_eq!(ok.unwrap(), serde_json::json!(1));
         let e = c
             .call(b"{}", Duration::from_secs(5), Duration::ZERO)
             .await
@@ -379,12 +399,18 @@ mod tests {
         let first = UnixListener::bind(&path).unwrap();
         let c = RuntimeClient::new(&path);
         let call = |body| spawn_call(&c, body, Duration::from_secs(10));
+        // One answered call first: the client knows this runtime is alive.
+        let w = call(b"\"w\"");
+        let (mut s, _) = first.accept().await.unwrap();
+        let req = read_req(&mut s).await;
+        answer(&mut s, &req).await;
+        assert_eq!(w.await.unwrap().unwrap(), serde_json::json!("w"));
         let a = call(b"\"a\"");
-        connected(&c, 1).await;
-        let b = call(b"\"b\"");
         connected(&c, 2).await;
-        let d = call(b"\"d\"");
+        let b = call(b"\"b\"");
         connected(&c, 3).await;
+        let d = call(b"\"d\"");
+        connected(&c, 4).await;
         // The runtime takes the first call and dies in its handler: b and d were queued.
         let (mut served, _) = first.accept().await.unwrap();
         assert_eq!(read_req(&mut served).await, b"\"a\"");
@@ -402,6 +428,25 @@ mod tests {
         assert!(matches!(a.await.unwrap(), Err(CallError::Crashed)));
         assert_eq!(b.await.unwrap().unwrap(), serde_json::json!("b"));
         assert_eq!(d.await.unwrap().unwrap(), serde_json::json!("d"));
+    }
+
+    #[tokio::test]
+    async fn a_fresh_client_is_not_charged_with_the_exit_of_a_runtime_it_found_dying() {
+        // A restarted sidecar's first call reaches the runtime its predecessor abandoned,
+        // which exits instead of answering; the call goes to the next runtime.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let dying = UnixListener::bind(&path).unwrap();
+        let c = RuntimeClient::new(&path);
+        let x = spawn_call(&c, b"\"x\"", Duration::from_secs(10));
+        connected(&c, 1).await;
+        drop(dying);
+        std::fs::remove_file(&path).unwrap();
+        let next = UnixListener::bind(&path).unwrap();
+        let (mut s, _) = next.accept().await.unwrap();
+        let req = read_req(&mut s).await;
+        answer(&mut s, &req).await;
+        assert_eq!(x.await.unwrap().unwrap(), serde_json::json!("x"));
     }
 
     #[tokio::test]

@@ -294,6 +294,7 @@ async fn runtime_killed_mid_message(kind: Kind) {
     let ns = unique_ns("rk");
     let e = ends(kind, &ns).await;
     let a = start(kind, &ns, "a", &[("ASYA_RESILIENCY", RETRY3)]);
+    warm_up(&e, &a).await;
     let marker = a.dir.path().join("died");
     e.input
         .send(
@@ -492,14 +493,7 @@ async fn sigterm_finishes_in_flight_and_exits_zero(kind: Kind) {
             ),
         )
         .await;
-    let deadline = std::time::Instant::now() + WAIT;
-    while !started.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "handler never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_file(&started).await;
     let status = a.terminate(Duration::from_secs(30));
     assert!(status.success(), "exit status {status}:\n{}", a.logs());
     assert_eq!(ids(&e.sink.take(1, WAIT).await), ["t"]);
@@ -559,12 +553,21 @@ fn attempts(v: &Value) -> usize {
 }
 
 async fn runtime_killed_with_calls_queued(kind: Kind) {
-    // The runtime dies in the first handler while the next calls wait on its socket: only the
-    // first envelope is charged with the crash; the others are served by the next runtime.
+    // The runtime dies in one handler while the next calls wait on its socket: only that
+    // envelope is charged with the crash; the others are served by the next runtime.
     let ns = unique_ns("rkq");
     let e = ends(kind, &ns).await;
-    let dir = tempfile::tempdir().unwrap();
-    let marker = dir.path().join("died").display().to_string();
+    let a = start(kind, &ns, "a", &[("ASYA_RESILIENCY", RETRY3)]);
+    warm_up(&e, &a).await;
+    // A busy handler holds the runtime while the crashing envelope and the ones after it
+    // arrive and are queued behind it.
+    let started = a.dir.path().join("started");
+    let busy = json!({"do": "sleep", "seconds": 1, "started": started.display().to_string()});
+    e.input
+        .send(&a.queue(), &envelope("busy", &["a"], busy))
+        .await;
+    wait_for_file(&started).await;
+    let marker = a.dir.path().join("died").display().to_string();
     let mut input = vec![envelope(
         "k",
         &["a"],
@@ -573,22 +576,23 @@ async fn runtime_killed_with_calls_queued(kind: Kind) {
     for i in 0..5 {
         input.push(envelope(&format!("q{i}"), &["a"], json!({"do": "echo"})));
     }
-    prefill(&e, &ns, &input).await;
-    let a = start(kind, &ns, "a", &[("ASYA_RESILIENCY", RETRY3)]);
-    let mut got = e.sink.take(6, WAIT).await;
+    for env in &input {
+        e.input.send(&a.queue(), env).await;
+    }
+    let mut got = e.sink.take(7, WAIT).await;
     got.sort_by_key(|v| v["id"].as_str().unwrap_or_default().to_string());
     assert_eq!(
         ids(&got),
-        ["k", "q0", "q1", "q2", "q3", "q4"],
+        ["busy", "k", "q0", "q1", "q2", "q3", "q4"],
         "{}",
         a.logs()
     );
-    assert_eq!(attempts(&got[0]), 1, "{}", got[0]);
+    assert_eq!(attempts(&got[1]), 1, "{}", got[1]);
     assert_eq!(
-        got[0]["headers"]["x-asya-attempts"][0]["type"],
+        got[1]["headers"]["x-asya-attempts"][0]["type"],
         "RuntimeCrashed"
     );
-    for q in &got[1..] {
+    for q in got.iter().filter(|v| v["id"] != "k") {
         assert_eq!(
             attempts(q),
             0,
@@ -596,6 +600,15 @@ async fn runtime_killed_with_calls_queued(kind: Kind) {
         );
     }
     e.sump.expect_nothing(QUIET).await;
+}
+
+/// One envelope through actor `a`: its sidecar has then seen the runtime answer (a
+/// restarted sidecar does not charge envelopes with runtime exits before that).
+async fn warm_up(e: &Ends, a: &Actor) {
+    e.input
+        .send(&a.queue(), &envelope("warm", &["a"], json!({"do": "echo"})))
+        .await;
+    assert_eq!(ids(&e.sink.take(1, WAIT).await), ["warm"], "{}", a.logs());
 }
 
 async fn handler_timeout_spares_queued_calls(kind: Kind) {
@@ -621,5 +634,17 @@ async fn handler_timeout_spares_queued_calls(kind: Kind) {
     assert_eq!(ids(&got), ["q0", "q1", "q2", "q3"], "{}", a.logs());
     for q in &got {
         assert_eq!(attempts(q), 0, "{q}");
+    }
+}
+
+/// Waits (bounded) until a handler has created `path`: it is running.
+async fn wait_for_file(path: &std::path::Path) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "handler never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
