@@ -378,12 +378,13 @@ pub fn inject_pod(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
-    fn settings() -> ActorSettings {
+    /// The settings of a plain actor `echo` (also used by the patch tests).
+    pub(crate) fn settings() -> ActorSettings {
         ActorSettings {
             actor: "echo".into(),
             transport: "rabbitmq".into(),

@@ -231,28 +231,13 @@ fn prefixed(prefix: &PointerBuf, op: PatchOperation) -> Result<Op, serde_json::E
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inject::{ActorSettings, inject_pod};
+    use crate::inject::inject_pod;
+    use crate::inject::tests::settings;
     use asya_api::config::ClusterConfig;
     use serde_json::{Value, json};
 
     fn parsed(bytes: &[u8]) -> Patch {
         serde_json::from_slice(bytes).unwrap()
-    }
-
-    fn settings() -> ActorSettings {
-        ActorSettings {
-            actor: "echo".into(),
-            transport: "rabbitmq".into(),
-            handler: Some("echo.handle".into()),
-            handler_mode: "payload".into(),
-            python_executable: "python3".into(),
-            actor_timeout_secs: 300,
-            resiliency_json: r#"{"actorTimeout":"5m"}"#.into(),
-            sidecar_image: None,
-            sidecar_pull_policy: None,
-            sidecar_resources: None,
-            sidecar_env: vec![],
-        }
     }
 
     fn pods() -> Vec<Value> {
