@@ -72,16 +72,21 @@ impl Management {
         })
     }
 
-    /// Ready and unacknowledged counts; `None` for a missing queue, or counts not yet
-    /// collected (a queue a moment old).
+    /// Ready and unacknowledged counts; `None` for a missing queue.
+    ///
+    /// Asked with `disable_stats=true&enable_queue_totals=true` on the queue listing, which
+    /// reads each queue's own counters instead of the management statistics database: the
+    /// per-queue endpoint asked about a queue created a moment before (no statistics yet)
+    /// crashed RabbitMQ 3.10's statistics database worker (badkey), after which every
+    /// management request answered 500 until the node restarted. It is cheaper too.
     async fn counts(&self, name: &str) -> Result<Option<QueueDepth>, String> {
         use http_body_util::BodyExt;
         let enc = crate::render::encode;
         let uri = format!(
-            "{}/api/queues/{}/{}",
+            "{}/api/queues/{}?disable_stats=true&enable_queue_totals=true&use_regex=true&page=1&page_size=10&name={}",
             self.base,
             enc(&self.vhost),
-            enc(name)
+            enc(&exact_name_regex(name))
         );
         let req = hyper::Request::get(&uri)
             .header(hyper::header::AUTHORIZATION, &self.authorization)
@@ -92,9 +97,6 @@ impl Management {
             .map_err(|_| format!("GET {uri}: no answer in 5s"))?
             .map_err(|e| format!("GET {uri}: {e}"))?;
         let status = resp.status();
-        if status == hyper::StatusCode::NOT_FOUND {
-            return Ok(None);
-        }
         if !status.is_success() {
             return Err(format!("GET {uri}: {status}"));
         }
@@ -106,13 +108,40 @@ impl Management {
             .to_bytes();
         let v: serde_json::Value =
             serde_json::from_slice(&body).map_err(|e| format!("GET {uri}: {e}"))?;
-        let ready = v.get("messages_ready").and_then(|n| n.as_i64());
-        let unacked = v.get("messages_unacknowledged").and_then(|n| n.as_i64());
-        Ok(ready.zip(unacked).map(|(queued, processing)| QueueDepth {
-            queued: Some(queued),
-            processing: Some(processing),
-        }))
+        Ok(depth_from_listing(&v, name))
     }
+}
+
+/// `^name$` with the regex metacharacters escaped, for the listing's `name` filter.
+fn exact_name_regex(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('^');
+    for c in name.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('$');
+    out
+}
+
+/// The counts of queue `name` in a management listing page; `None` when it is not there or
+/// its counters are missing.
+fn depth_from_listing(v: &serde_json::Value, name: &str) -> Option<QueueDepth> {
+    let item = v
+        .get("items")?
+        .as_array()?
+        .iter()
+        .find(|q| q.get("name").and_then(|n| n.as_str()) == Some(name))?;
+    let ready = item.get("messages_ready").and_then(|n| n.as_i64())?;
+    let unacked = item
+        .get("messages_unacknowledged")
+        .and_then(|n| n.as_i64())?;
+    Some(QueueDepth {
+        queued: Some(ready),
+        processing: Some(unacked),
+    })
 }
 
 fn unavailable(e: impl std::fmt::Display) -> QueueError {
@@ -353,7 +382,35 @@ impl QueueOps for RabbitQueues {
 
 #[cfg(test)]
 mod tests {
-    use super::{delay_queues, redact};
+    use super::{delay_queues, depth_from_listing, exact_name_regex, redact};
+    use crate::queue::QueueDepth;
+
+    #[test]
+    fn the_listing_filter_matches_one_queue_exactly() {
+        assert_eq!(exact_name_regex("asya-ns-a"), "^asya-ns-a$");
+        assert_eq!(
+            exact_name_regex("asya-ns-a.delay-100ms"),
+            r"^asya-ns-a\.delay-100ms$"
+        );
+    }
+
+    #[test]
+    fn counts_come_from_the_item_with_that_exact_name() {
+        let page = serde_json::json!({"items": [
+            {"name": "asya-ns-a.delay-100ms", "messages_ready": 9, "messages_unacknowledged": 9},
+            {"name": "asya-ns-a", "messages_ready": 2, "messages_unacknowledged": 1},
+        ]});
+        assert_eq!(
+            depth_from_listing(&page, "asya-ns-a"),
+            Some(QueueDepth {
+                queued: Some(2),
+                processing: Some(1)
+            })
+        );
+        assert_eq!(depth_from_listing(&page, "asya-ns-b"), None);
+        let no_counters = serde_json::json!({"items": [{"name": "asya-ns-a"}]});
+        assert_eq!(depth_from_listing(&no_counters, "asya-ns-a"), None);
+    }
 
     #[test]
     fn delay_queues_follow_each_policy_backoff_up_to_its_cap() {
