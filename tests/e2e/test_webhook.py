@@ -155,6 +155,25 @@ def test_missing_flavor_is_a_warning(namespace):
     assert "Warning:" in p.stderr and "does-not-exist-yet" in p.stderr, p.stderr
 
 
+def test_deleted_namespaced_flavor_leaves_the_catalog(namespace):
+    """A flavor ConfigMap's deletion reaches the webhook's catalog like its creation does."""
+    cm = {"apiVersion": "v1", "kind": "ConfigMap",
+          "metadata": {"name": "team-flavor", "namespace": namespace, "labels": {"asya.sh/flavor": "team-env"}},
+          "data": {"flavor.yaml": "env:\n- name: TEAM\n  value: a\n"}}
+    actor = {"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+             "metadata": {"name": "teamed", "namespace": namespace},
+             "spec": {"image": "python:3.13", "handler": "m.f", "flavors": ["team-env"]}}
+
+    def warns_missing():
+        p = apply_doc(actor, "--dry-run=server", check=True)
+        return 'flavor "team-env" not found' in p.stderr
+
+    apply_doc(cm, check=True)
+    wait_for("the flavor in the webhook's catalog", lambda: not warns_missing(), timeout=30)
+    kubectl("delete", "configmap", "team-flavor", "-n", namespace)
+    wait_for("the deleted flavor gone from the catalog", warns_missing, timeout=30)
+
+
 def pod_doc(ns, name, labels, annotations=None):
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations or {}},

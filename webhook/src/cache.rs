@@ -213,12 +213,25 @@ fn spawn_reflector<K>(
         + Send
         + Sync
         + 'static,
-    K::DynamicType: Clone + Eq + std::hash::Hash + Default,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    drive(
+        reflector::reflector(writer, watcher(api, cfg))
+            .default_backoff()
+            .touched_objects(),
+        changed,
+        what,
+    );
+}
+
+/// Runs a reflector's stream: each change (deletions included, so a deleted flavor leaves
+/// the catalog) wakes `changed`; watch errors are logged and retried by the backoff.
+fn drive<S, T>(stream: S, changed: Option<Arc<Notify>>, what: &'static str)
+where
+    S: futures::Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+    T: Send,
 {
     tokio::spawn(async move {
-        let stream = reflector::reflector(writer, watcher(api, cfg))
-            .default_backoff()
-            .applied_objects();
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
@@ -243,22 +256,7 @@ fn spawn_dynamic(
     let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
     let reader = writer.as_reader();
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    tokio::spawn(async move {
-        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff()
-            .touched_objects();
-        futures::pin_mut!(stream);
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(_) => {
-                    if let Some(n) = &changed {
-                        n.notify_one();
-                    }
-                }
-                Err(e) => tracing::warn!(cache = what, error = %e, "watch error (retrying)"),
-            }
-        }
-    });
+    spawn_reflector(api, watcher::Config::default(), writer, changed, what);
     reader
 }
 
@@ -276,8 +274,8 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
     let changed = Arc::new(Notify::new());
     let client_for_actors = client.clone();
     let (actors, actor_writer) = reflector::store::<CachedActor>();
-    tokio::spawn(async move {
-        let stream = reflector::reflector(
+    drive(
+        reflector::reflector(
             actor_writer,
             watcher(
                 Api::<CachedActor>::all(client_for_actors),
@@ -286,14 +284,10 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
             .modify(CachedActor::slim),
         )
         .default_backoff()
-        .touched_objects();
-        futures::pin_mut!(stream);
-        while let Some(ev) = stream.next().await {
-            if let Err(e) = ev {
-                tracing::warn!(cache = "AsyncActor", error = %e, "watch error (retrying)");
-            }
-        }
-    });
+        .touched_objects(),
+        None,
+        "AsyncActor",
+    );
     let flavors = spawn_dynamic(&client, flavor_resource(), Some(changed.clone()), "Flavor");
     let (cm_reader, cm_writer) = reflector::store::<ConfigMap>();
     spawn_reflector(
