@@ -375,8 +375,8 @@ fn actor(
                 .into_iter()
                 .filter(|w| !after.warnings.contains(w))
                 .collect();
-            match resp.clone().with_patch(patch) {
-                Ok(r) => with_warnings(r, warnings),
+            match serde_json::to_vec(&patch) {
+                Ok(bytes) => patched(resp, bytes, warnings),
                 Err(e) => deny(
                     resp,
                     500,
@@ -386,6 +386,24 @@ fn actor(
                 ),
             }
         }
+    }
+}
+
+/// `resp` allowing with the encoded JSON patch `bytes` and `warnings`.
+fn patched(resp: AdmissionResponse, bytes: Vec<u8>, warnings: Vec<String>) -> AdmissionResponse {
+    // `with_patch` is the only way to set the patch type; the bytes are already encoded.
+    match resp.clone().with_patch(json_patch::Patch(Vec::new())) {
+        Ok(mut r) => {
+            r.patch = Some(bytes);
+            with_warnings(r, warnings)
+        }
+        Err(e) => deny(
+            resp,
+            500,
+            "InternalError",
+            format!("cannot encode the patch: {e}"),
+            vec![],
+        ),
     }
 }
 
@@ -586,20 +604,7 @@ fn pod(
         Ok(p) => p,
         Err(e) => return deny(resp, 500, "InternalError", e.to_string(), vec![]),
     };
-    // `with_patch` is the only way to set the patch type; the bytes are already encoded.
-    match resp.clone().with_patch(json_patch::Patch(Vec::new())) {
-        Ok(mut r) => {
-            r.patch = Some(patch);
-            with_warnings(r, warnings)
-        }
-        Err(e) => deny(
-            resp,
-            500,
-            "InternalError",
-            format!("cannot encode the patch: {e}"),
-            vec![],
-        ),
-    }
+    patched(resp, patch, warnings)
 }
 
 #[derive(serde::Serialize)]
