@@ -22,6 +22,19 @@ pub const ACTOR_ONLY_FIELDS: [&str; 3] = ["actor", "transport", "flavors"];
 pub const MAX_FLAVORS: usize = 8;
 pub const MIN_FLAVOR_NAME_LEN: usize = 3;
 
+/// Crossplane's EnvironmentConfig API, the cluster-wide flavor source both the webhook and
+/// the provisioner watch when its CRD is served.
+pub fn environment_config_resource() -> kube::core::ApiResource {
+    kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk(
+            "apiextensions.crossplane.io",
+            "v1beta1",
+            "EnvironmentConfig",
+        ),
+        "environmentconfigs",
+    )
+}
+
 /// Where a flavor was defined.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FlavorSource {

@@ -102,14 +102,6 @@ pub fn trigger_auth_resource() -> ApiResource {
         "triggerauthentications",
     )
 }
-fn env_config_resource() -> ApiResource {
-    gvk_resource(
-        "apiextensions.crossplane.io",
-        "v1beta1",
-        "EnvironmentConfig",
-        "environmentconfigs",
-    )
-}
 
 async fn crd_exists(client: &Client, ar: &ApiResource) -> bool {
     let gvk = GroupVersionKind::gvk(&ar.group, &ar.version, &ar.kind);
@@ -915,7 +907,7 @@ pub async fn run(
         );
         None
     };
-    let ec_ar = env_config_resource();
+    let ec_ar = asya_api::flavor::environment_config_resource();
     let has_ec = crd_exists(&client, &ec_ar).await;
 
     // Caches for the flavor catalog; the controller's own watches (below) trigger the users.

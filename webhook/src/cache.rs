@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use asya_api::flavor::{FlavorCatalog, FlavorDef, FlavorSource};
+use asya_api::flavor::{FlavorCatalog, FlavorDef, FlavorSource, environment_config_resource};
 use asya_api::labels;
 use asya_api::types::Flavor;
 use futures::StreamExt;
@@ -31,14 +31,6 @@ pub fn actor_resource() -> ApiResource {
 }
 pub fn flavor_resource() -> ApiResource {
     ar("asya.sh", "v1alpha1", "Flavor", "flavors")
-}
-pub fn environment_config_resource() -> ApiResource {
-    ar(
-        "apiextensions.crossplane.io",
-        "v1beta1",
-        "EnvironmentConfig",
-        "environmentconfigs",
-    )
 }
 
 /// An AsyncActor as the cache keeps it: identity and the spec as compact JSON text. A
