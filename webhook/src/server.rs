@@ -34,21 +34,22 @@ pub const MAX_BODY: usize = 4 * 1024 * 1024;
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+// Label values are static strings: recording a request allocates nothing.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub endpoint: String,
-    pub operation: String,
-    pub result: String,
+    pub endpoint: &'static str,
+    pub operation: &'static str,
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabels {
-    pub endpoint: String,
+    pub endpoint: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
-    pub kind: String,
+    pub kind: &'static str,
 }
 
 pub struct Metrics {
@@ -166,9 +167,9 @@ async fn admit(shared: Arc<Shared>, endpoint: Endpoint, body: Body) -> Response 
                 .metrics
                 .requests
                 .get_or_create(&RequestLabels {
-                    endpoint: endpoint.as_str().into(),
-                    operation: "UNKNOWN".into(),
-                    result: "bad_request".into(),
+                    endpoint: endpoint.as_str(),
+                    operation: "UNKNOWN",
+                    result: "bad_request",
                 })
                 .inc();
             return if too_big {
@@ -225,16 +226,16 @@ async fn admit(shared: Arc<Shared>, endpoint: Endpoint, body: Body) -> Response 
         .metrics
         .requests
         .get_or_create(&RequestLabels {
-            endpoint: endpoint.as_str().into(),
-            operation: operation.into(),
-            result: result.into(),
+            endpoint: endpoint.as_str(),
+            operation,
+            result,
         })
         .inc();
     shared
         .metrics
         .latency
         .get_or_create(&EndpointLabels {
-            endpoint: endpoint.as_str().into(),
+            endpoint: endpoint.as_str(),
         })
         .observe(start.elapsed().as_secs_f64());
     resp
@@ -259,7 +260,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         shared
             .metrics
             .cache_objects
-            .get_or_create(&KindLabels { kind: kind.into() })
+            .get_or_create(&KindLabels { kind })
             .set(n);
     }
     let mut out = String::new();

@@ -1,9 +1,11 @@
-//! Admission benchmark: throughput and latency over TLS keep-alive for (a) validating an
-//! AsyncActor with three flavors, (b) injecting a realistic Deployment pod, against a bare
-//! axum + rustls endpoint returning a fixed body (the ceiling), plus p99 at a fixed
+//! Admission benchmark: throughput and latency over TLS keep-alive, HTTP/1.1 and h2, for
+//! (a) validating an AsyncActor with three flavors, (b) injecting a realistic Deployment pod,
+//! each against bare axum + rustls endpoints returning a fixed body (the ceilings: the
+//! smallest review, and the webhook's own answer to that request); plus p99 at a fixed
 //! 1,000 requests/s and memory with 10,000 AsyncActors in the reflector store.
 //!
 //! `cargo run --release -p asya-webhook --bin asya-webhook-bench [-- SECONDS CONNECTIONS]`
+//! (default 3 s per run, 4 connections: 12 runs, about 40 s).
 //! Everything runs on loopback inside this process, bounded in time.
 
 use std::sync::Arc;
@@ -136,19 +138,26 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 
 /// Closed loop: `conns` keep-alive connections, each sending back-to-back for `dur`.
 /// `rate`: when set, open-loop pacing at that many requests/s in total.
-async fn load(
-    addr: std::net::SocketAddr,
-    ca: &str,
-    path: &'static str,
-    body: Bytes,
+/// What every run shares: where the client connects and how.
+struct Client<'a> {
+    ca: &'a str,
     conns: usize,
     dur: Duration,
+    h2: bool,
+}
+
+async fn load(
+    cl: &Client<'_>,
+    addr: std::net::SocketAddr,
+    path: &'static str,
+    body: Bytes,
     rate: Option<f64>,
 ) -> anyhow::Result<Figures> {
+    let (conns, dur) = (cl.conns, cl.dur);
     let mut tasks = Vec::new();
     let start = Instant::now();
     for i in 0..conns {
-        let mut c = Conn::connect(addr, "localhost", ca, false).await?;
+        let mut c = Conn::connect(addr, "localhost", cl.ca, cl.h2).await?;
         let body = body.clone();
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::with_capacity(100_000);
@@ -192,10 +201,10 @@ async fn load(
 
 fn show(name: &str, f: &Figures, ceiling: Option<f64>) {
     let share = ceiling
-        .map(|c| format!("  {:5.1}% of ceiling", 100.0 * f.rps / c))
+        .map(|c| format!("  {:5.1}% of the same-bytes ceiling", 100.0 * f.rps / c))
         .unwrap_or_default();
     println!(
-        "{name:<34} {:>9.0} req/s   p50 {:>7.3} ms   p99 {:>7.3} ms   ({} requests){share}",
+        "{name:<40} {:>9.0} req/s   p50 {:>7.3} ms   p99 {:>7.3} ms   ({} requests){share}",
         f.rps,
         f.p50.as_secs_f64() * 1e3,
         f.p99.as_secs_f64() * 1e3,
@@ -205,7 +214,7 @@ fn show(name: &str, f: &Figures, ceiling: Option<f64>) {
 
 async fn run() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let secs: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
+    let secs: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3);
     let conns: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(4);
     let dur = Duration::from_secs(secs);
     let logic_only: Option<u32> = std::env::var("ASYA_BENCH_LOGIC_ONLY")
@@ -264,15 +273,40 @@ async fn run() -> anyhow::Result<()> {
         std::future::pending(),
     ));
 
-    // The ceiling: same TLS and HTTP stack, a handler that returns a fixed body.
-    let fixed = Bytes::from_static(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002","allowed":true}}"#);
-    let bare = axum::Router::new().route(
-        "/",
-        post(move |_b: Bytes| {
-            let f = fixed.clone();
-            async move { f }
-        }),
+    let vbody = validate_body();
+    let pbody = pod_body();
+    // Sanity: the requests do what they claim before timing them. Their answers are also
+    // what the ceilings return, so each ceiling moves the same bytes as its request.
+    let mut c = Conn::connect(webhook, "localhost", &ca.cert_pem, false).await?;
+    let (st, vresp) = c
+        .request("POST", "/validate/asyncactors", vbody.clone())
+        .await?;
+    let v: Value = serde_json::from_slice(&vresp)
+        .map_err(|e| anyhow::anyhow!("HTTP {st} {e}: {}", String::from_utf8_lossy(&vresp)))?;
+    anyhow::ensure!(
+        v["response"]["allowed"] == true,
+        "validation not allowed: {v}"
     );
+    let (st, presp) = c.request("POST", "/mutate/pods", pbody.clone()).await?;
+    let v: Value = serde_json::from_slice(&presp)
+        .map_err(|e| anyhow::anyhow!("HTTP {st} {e}: {}", String::from_utf8_lossy(&presp)))?;
+    anyhow::ensure!(v["response"]["patch"].is_string(), "pod not patched: {v}");
+
+    // The ceilings: the same TLS and HTTP stack, handlers that return a fixed body without
+    // looking at the request. "minimal" returns the smallest allowed review (the original
+    // ceiling); "same bytes" returns exactly the webhook's answer to that request, so the
+    // only difference from the webhook is the admission logic.
+    let minimal = Bytes::from_static(br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002","allowed":true}}"#);
+    let fixed = |b: Bytes| {
+        post(move |_b: Bytes| {
+            let f = b.clone();
+            async move { f }
+        })
+    };
+    let bare = axum::Router::new()
+        .route("/minimal", fixed(minimal))
+        .route("/validate", fixed(vresp.clone()))
+        .route("/inject", fixed(presp.clone()));
     let l2 = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let ceiling_addr = l2.local_addr()?;
     tokio::spawn(serve_tls(
@@ -281,24 +315,6 @@ async fn run() -> anyhow::Result<()> {
         resolver.clone(),
         std::future::pending(),
     ));
-
-    let vbody = validate_body();
-    let pbody = pod_body();
-    // Sanity: the requests do what they claim before timing them.
-    let mut c = Conn::connect(webhook, "localhost", &ca.cert_pem, false).await?;
-    let (st, r) = c
-        .request("POST", "/validate/asyncactors", vbody.clone())
-        .await?;
-    let v: Value = serde_json::from_slice(&r)
-        .map_err(|e| anyhow::anyhow!("HTTP {st} {e}: {}", String::from_utf8_lossy(&r)))?;
-    anyhow::ensure!(
-        v["response"]["allowed"] == true,
-        "validation not allowed: {v}"
-    );
-    let (st, r) = c.request("POST", "/mutate/pods", pbody.clone()).await?;
-    let v: Value = serde_json::from_slice(&r)
-        .map_err(|e| anyhow::anyhow!("HTTP {st} {e}: {}", String::from_utf8_lossy(&r)))?;
-    anyhow::ensure!(v["response"]["patch"].is_string(), "pod not patched: {v}");
 
     // Where the time goes: the admission logic alone, no TLS or HTTP, one core.
     {
@@ -348,67 +364,57 @@ async fn run() -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "load: {conns} TLS keep-alive connections (HTTP/1.1), {secs}s per run, client and server share this machine's 2 cores"
+        "load: {conns} TLS keep-alive connections, {secs}s per run, client and server share this machine's 2 cores"
     );
     println!(
-        "request bodies: validate {} bytes, pod {} bytes",
+        "request bodies: validate {} bytes, pod {} bytes; responses: validate {} bytes, pod {} bytes",
         vbody.len(),
-        pbody.len()
+        pbody.len(),
+        vresp.len(),
+        presp.len()
     );
-    let ceil = load(
-        ceiling_addr,
-        &ca.cert_pem,
-        "/",
-        vbody.clone(),
+    // HTTP/1.1 and h2 (what the API server speaks when ALPN offers it). Each webhook run
+    // comes right after its ceilings, so they see the same machine.
+    for h2 in [false, true] {
+        let cl = Client {
+            ca: &ca.cert_pem,
+            conns,
+            dur,
+            h2,
+        };
+        let proto = if h2 { "h2" } else { "HTTP/1.1" };
+        let minimal = load(&cl, ceiling_addr, "/minimal", vbody.clone(), None).await?;
+        show(&format!("{proto} ceiling, minimal body"), &minimal, None);
+        for (name, path, ceil_path, body) in [
+            (
+                "validate AsyncActor (3 flavors)",
+                "/validate/asyncactors",
+                "/validate",
+                &vbody,
+            ),
+            ("inject Deployment pod", "/mutate/pods", "/inject", &pbody),
+        ] {
+            let same = load(&cl, ceiling_addr, ceil_path, body.clone(), None).await?;
+            show(&format!("{proto} ceiling, same bytes"), &same, None);
+            let f = load(&cl, webhook, path, body.clone(), None).await?;
+            show(&format!("{proto} {name}"), &f, Some(same.rps));
+            println!(
+                "{:<40} {:>9} {:5.1}% of the minimal ceiling",
+                "",
+                "",
+                100.0 * f.rps / minimal.rps
+            );
+        }
+    }
+    let cl = Client {
+        ca: &ca.cert_pem,
         conns,
         dur,
-        None,
-    )
-    .await?;
-    show("ceiling (bare axum+rustls, fixed)", &ceil, None);
-    let val = load(
-        webhook,
-        &ca.cert_pem,
-        "/validate/asyncactors",
-        vbody.clone(),
-        conns,
-        dur,
-        None,
-    )
-    .await?;
-    show("validate AsyncActor (3 flavors)", &val, Some(ceil.rps));
-    let inj = load(
-        webhook,
-        &ca.cert_pem,
-        "/mutate/pods",
-        pbody.clone(),
-        conns,
-        dur,
-        None,
-    )
-    .await?;
-    show("inject Deployment pod", &inj, Some(ceil.rps));
-    let v1k = load(
-        webhook,
-        &ca.cert_pem,
-        "/validate/asyncactors",
-        vbody,
-        conns,
-        dur,
-        Some(1000.0),
-    )
-    .await?;
+        h2: false,
+    };
+    let v1k = load(&cl, webhook, "/validate/asyncactors", vbody, Some(1000.0)).await?;
     show("validate at 1,000 req/s (paced)", &v1k, None);
-    let p1k = load(
-        webhook,
-        &ca.cert_pem,
-        "/mutate/pods",
-        pbody,
-        conns,
-        dur,
-        Some(1000.0),
-    )
-    .await?;
+    let p1k = load(&cl, webhook, "/mutate/pods", pbody, Some(1000.0)).await?;
     show("inject at 1,000 req/s (paced)", &p1k, None);
     println!(
         "RSS at end: {:.1} MiB (server, client and 10,000 cached AsyncActors in one process)",
