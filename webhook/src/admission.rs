@@ -16,7 +16,7 @@ use kube::core::response::{StatusCause, StatusDetails, StatusSummary};
 use serde_json::{Value, json};
 
 use crate::inject::{ActorSettings, inject_pod, is_injected, wants_injection};
-use crate::patch::pod_patch;
+use crate::patch::{Touched, injected_patch, pod_patch};
 
 pub const ACTOR_GROUP: &str = "asya.sh";
 pub const ACTOR_KIND: &str = "AsyncActor";
@@ -239,7 +239,7 @@ pub fn handle_pod_create(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
     resp.result = Default::default();
     let span = tracing::debug_span!("admit", endpoint = Endpoint::MutatePods.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
     let _g = span.enter();
-    let resp = admit_pod(pod, req.namespace, resp, ctx);
+    let resp = admit_pod(pod, req.namespace, resp, ctx, PatchBy::Parts);
     Some(handled(resp, operation))
 }
 
@@ -614,7 +614,16 @@ fn pod(
             );
         }
     };
-    admit_pod(pod, req.namespace.clone(), resp, ctx)
+    admit_pod(pod, req.namespace.clone(), resp, ctx, PatchBy::WholePod)
+}
+
+/// How [`admit_pod`] works out the patch.
+#[derive(Clone, Copy)]
+enum PatchBy {
+    /// The whole pod copied before injection and [`pod_patch`]: the reference.
+    WholePod,
+    /// Only the parts injection changes copied, and [`injected_patch`]: the same bytes.
+    Parts,
 }
 
 /// Injection into a pod being created, however it was parsed. `req_ns`: the request's
@@ -624,6 +633,7 @@ fn admit_pod(
     req_ns: Option<String>,
     resp: AdmissionResponse,
     ctx: &Ctx<'_>,
+    by: PatchBy,
 ) -> AdmissionResponse {
     if !wants_injection(&pod.metadata) || is_injected(&pod.metadata) {
         return resp;
@@ -644,7 +654,10 @@ fn admit_pod(
         }
     };
     // The patch compares typed-before with typed-after (see `patch`).
-    let before = pod.clone();
+    let before = match by {
+        PatchBy::WholePod => Ok(pod.clone()),
+        PatchBy::Parts => Err(Touched::cloned(&pod)),
+    };
     let Some(spec) = pod.spec.as_mut() else {
         return deny(resp, 400, "BadRequest", "pod has no spec".into(), vec![]);
     };
@@ -663,7 +676,13 @@ fn admit_pod(
             vec![],
         );
     }
-    let patch = match pod_patch(before, pod) {
+    let patch = match before {
+        Ok(before) => pod_patch(before, pod),
+        Err(Some(before)) => injected_patch(&before, &pod),
+        // A pod without a spec was denied above.
+        Err(None) => Err(serde::ser::Error::custom("pod has no spec")),
+    };
+    let patch = match patch {
         Ok(p) => p,
         Err(e) => return deny(resp, 500, "InternalError", e.to_string(), vec![]),
     };

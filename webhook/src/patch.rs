@@ -15,11 +15,12 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use serde::Serialize;
+use serde_json::Value;
 use serde_json::value::{RawValue, to_raw_value};
 
-/// The parts of a pod injection may change, taken out of it.
+/// The parts of a pod injection may change, taken out of it (or copied).
 #[derive(Default)]
-struct Touched {
+pub struct Touched {
     annotations: Option<BTreeMap<String, String>>,
     volumes: Option<Vec<Volume>>,
     init_containers: Option<Vec<Container>>,
@@ -27,6 +28,17 @@ struct Touched {
 }
 
 impl Touched {
+    /// Copies of the parts, or `None` when the pod has no spec.
+    pub fn cloned(pod: &Pod) -> Option<Self> {
+        let spec = pod.spec.as_ref()?;
+        Some(Touched {
+            annotations: pod.metadata.annotations.clone(),
+            volumes: spec.volumes.clone(),
+            init_containers: spec.init_containers.clone(),
+            containers: spec.containers.clone(),
+        })
+    }
+
     /// Takes the parts out, or `None` (nothing taken) when the pod has no spec.
     fn take(pod: &mut Pod) -> Option<Self> {
         let spec = pod.spec.as_mut()?;
@@ -105,30 +117,87 @@ pub fn pod_patch(mut before: Pod, mut after: Pod) -> Result<Vec<u8>, serde_json:
         a.put_back(&mut after);
         return serde_json::to_vec(&full_diff(&before, &after)?);
     }
+    touched_ops(&b, &a.as_ref(), ItemDiff::Whole)
+}
+
+/// The patch of an injection, from copies of the parts it changes ([`Touched::cloned`],
+/// taken before) and the injected pod. The same bytes as [`pod_patch`] of the whole pods,
+/// given that the rest of the pod is unchanged, as [`crate::inject::inject_pod`] leaves it:
+/// no whole-pod copy and compare, and changed list items are diffed field by field.
+pub fn injected_patch(before: &Touched, after: &Pod) -> Result<Vec<u8>, serde_json::Error> {
+    let Some(spec) = after.spec.as_ref() else {
+        return Err(serde::ser::Error::custom("the injected pod has no spec"));
+    };
+    let a = TouchedRef {
+        annotations: after.metadata.annotations.as_ref(),
+        volumes: spec.volumes.as_ref(),
+        init_containers: spec.init_containers.as_ref(),
+        containers: &spec.containers,
+    };
+    touched_ops(before, &a, ItemDiff::ByField)
+}
+
+/// [`Touched`] borrowed.
+struct TouchedRef<'a> {
+    annotations: Option<&'a BTreeMap<String, String>>,
+    volumes: Option<&'a Vec<Volume>>,
+    init_containers: Option<&'a Vec<Container>>,
+    containers: &'a Vec<Container>,
+}
+
+impl Touched {
+    fn as_ref(&self) -> TouchedRef<'_> {
+        TouchedRef {
+            annotations: self.annotations.as_ref(),
+            volumes: self.volumes.as_ref(),
+            init_containers: self.init_containers.as_ref(),
+            containers: &self.containers,
+        }
+    }
+}
+
+/// How a list item present before and after, but changed, is diffed.
+#[derive(Clone, Copy)]
+enum ItemDiff {
+    /// Both whole items as `Value`s (the reference).
+    Whole,
+    /// Field by field (see [`item_ops`]).
+    ByField,
+}
+
+fn touched_ops(
+    b: &Touched,
+    a: &TouchedRef<'_>,
+    how: ItemDiff,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let b = b.as_ref();
     let mut ops = Vec::new();
     map_ops(
         ptr(&["metadata", "annotations"]),
-        b.annotations.as_ref(),
-        a.annotations.as_ref(),
+        b.annotations,
+        a.annotations,
         &mut ops,
     )?;
     // In the order `json_patch::diff` visits them (object keys sorted).
     list_ops(
         ptr(&["spec", "containers"]),
-        Some(&b.containers),
-        Some(&a.containers),
+        Some(b.containers),
+        Some(a.containers),
+        how,
         &mut ops,
     )?;
     list_ops(
         ptr(&["spec", "initContainers"]),
-        b.init_containers.as_ref(),
-        a.init_containers.as_ref(),
+        b.init_containers,
+        a.init_containers,
+        how,
         &mut ops,
     )?;
     list_ops(
         ptr(&["spec", "volumes"]),
-        b.volumes.as_ref(),
-        a.volumes.as_ref(),
+        b.volumes,
+        a.volumes,
+        how,
         &mut ops,
     )?;
     serde_json::to_vec(&ops)
@@ -188,6 +257,7 @@ fn list_ops<T: Serialize + PartialEq>(
     path: PointerBuf,
     before: Option<&Vec<T>>,
     after: Option<&Vec<T>>,
+    how: ItemDiff,
     ops: &mut Vec<Op>,
 ) -> Result<(), serde_json::Error> {
     if whole(&path, before, after, ops)? {
@@ -200,9 +270,15 @@ fn list_ops<T: Serialize + PartialEq>(
         match (b.get(i), a.get(i)) {
             (Some(x), Some(y)) if x != y => {
                 let item = path.with_trailing_token(i);
-                let d = json_patch::diff(&serde_json::to_value(x)?, &serde_json::to_value(y)?);
-                for op in d.0 {
-                    ops.push(prefixed(&item, op)?);
+                match how {
+                    ItemDiff::Whole => {
+                        let d =
+                            json_patch::diff(&serde_json::to_value(x)?, &serde_json::to_value(y)?);
+                        for op in d.0 {
+                            ops.push(prefixed(&item, op)?);
+                        }
+                    }
+                    ItemDiff::ByField => item_ops(&item, x, y, ops)?,
                 }
             }
             (Some(_), Some(_)) => {}
@@ -213,6 +289,55 @@ fn list_ops<T: Serialize + PartialEq>(
         }
     }
     Ok(())
+}
+
+/// The ops of `json_patch::diff` of the two items as `Value`s, at `item`, without making
+/// `Value`s of the fields that did not change: both items are serialized to text once, their
+/// top-level fields compared as text, and only the fields that differ are parsed and diffed.
+/// The diff of two objects is, in key order, the diff of each field of `y` (added when `x`
+/// lacks it), then the removal of each field only `x` has: so is this.
+fn item_ops<T: Serialize>(
+    item: &PointerBuf,
+    x: &T,
+    y: &T,
+    ops: &mut Vec<Op>,
+) -> Result<(), serde_json::Error> {
+    let (xs, ys) = (serde_json::to_string(x)?, serde_json::to_string(y)?);
+    // Sorted by key, as a `Value`'s object (serde_json's `Map` is a `BTreeMap` here).
+    let (Some(xm), Some(ym)) = (fields(&xs), fields(&ys)) else {
+        // Not an object of plain keys: the whole-item diff.
+        let d = json_patch::diff(&serde_json::from_str(&xs)?, &serde_json::from_str(&ys)?);
+        for op in d.0 {
+            ops.push(prefixed(item, op)?);
+        }
+        return Ok(());
+    };
+    for (k, yv) in &ym {
+        let p = item.with_trailing_token(*k);
+        match xm.get(k) {
+            // Values, not the typed text: the diff's values have sorted keys.
+            None => ops.push(Op::add(&p, &serde_json::from_str::<Value>(yv.get())?)?),
+            Some(xv) if xv.get() != yv.get() => {
+                let d = json_patch::diff(
+                    &serde_json::from_str::<Value>(xv.get())?,
+                    &serde_json::from_str::<Value>(yv.get())?,
+                );
+                for op in d.0 {
+                    ops.push(prefixed(&p, op)?);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    for k in xm.keys().filter(|k| !ym.contains_key(*k)) {
+        ops.push(Op::remove(&item.with_trailing_token(*k)));
+    }
+    Ok(())
+}
+
+/// The top-level fields of a JSON object, as text.
+fn fields(s: &str) -> Option<BTreeMap<&str, &RawValue>> {
+    serde_json::from_str(s).ok()
 }
 
 /// An op of an item's diff, at the item's path. `diff` emits only add, remove and replace.
@@ -275,6 +400,24 @@ mod tests {
                 let mut applied = serde_json::to_value(&before).unwrap();
                 json_patch::patch(&mut applied, &got).unwrap();
                 assert_eq!(applied, serde_json::to_value(&after).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn injected_patch_is_byte_for_byte_pod_patch() {
+        let cfg = ClusterConfig::default();
+        for native in [true, false] {
+            for v in pods() {
+                let before: Pod = serde_json::from_value(v).unwrap();
+                let parts = Touched::cloned(&before).unwrap();
+                let mut after = before.clone();
+                let spec = after.spec.as_mut().unwrap();
+                inject_pod(&mut after.metadata, spec, &settings(), &cfg, native).unwrap();
+                assert_eq!(
+                    String::from_utf8(injected_patch(&parts, &after).unwrap()).unwrap(),
+                    String::from_utf8(pod_patch(before, after).unwrap()).unwrap()
+                );
             }
         }
     }
