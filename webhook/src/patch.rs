@@ -292,45 +292,69 @@ fn list_ops<T: Serialize + PartialEq>(
 }
 
 /// The ops of `json_patch::diff` of the two items as `Value`s, at `item`, without making
-/// `Value`s of the fields that did not change: both items are serialized to text once, their
-/// top-level fields compared as text, and only the fields that differ are parsed and diffed.
-/// The diff of two objects is, in key order, the diff of each field of `y` (added when `x`
-/// lacks it), then the removal of each field only `x` has: so is this.
+/// `Value`s of what did not change: both items are serialized to text once and diffed as
+/// text ([`raw_ops`]).
 fn item_ops<T: Serialize>(
     item: &PointerBuf,
     x: &T,
     y: &T,
     ops: &mut Vec<Op>,
 ) -> Result<(), serde_json::Error> {
-    let (xs, ys) = (serde_json::to_string(x)?, serde_json::to_string(y)?);
-    // Sorted by key, as a `Value`'s object (serde_json's `Map` is a `BTreeMap` here).
-    let (Some(xm), Some(ym)) = (fields(&xs), fields(&ys)) else {
-        // Not an object of plain keys: the whole-item diff.
-        let d = json_patch::diff(&serde_json::from_str(&xs)?, &serde_json::from_str(&ys)?);
-        for op in d.0 {
-            ops.push(prefixed(item, op)?);
-        }
+    raw_ops(item, &to_raw_value(x)?, &to_raw_value(y)?, ops)
+}
+
+/// `json_patch::diff` (its `diff_impl`) on JSON text: equal text needs no op; two objects
+/// are diffed key by key in key order (each key of `y`, added when `x` lacks it, then the
+/// removal of each key only `x` has); two arrays index by index (removals all at the
+/// first index past `y`); anything else is parsed and diffed as `Value`s. Added values are
+/// `Value`s too, so their keys come out sorted as the diff's do.
+fn raw_ops(
+    p: &PointerBuf,
+    x: &RawValue,
+    y: &RawValue,
+    ops: &mut Vec<Op>,
+) -> Result<(), serde_json::Error> {
+    let (xs, ys) = (x.get(), y.get());
+    if xs == ys {
         return Ok(());
-    };
-    for (k, yv) in &ym {
-        let p = item.with_trailing_token(*k);
-        match xm.get(k) {
-            // Values, not the typed text: the diff's values have sorted keys.
-            None => ops.push(Op::add(&p, &serde_json::from_str::<Value>(yv.get())?)?),
-            Some(xv) if xv.get() != yv.get() => {
-                let d = json_patch::diff(
-                    &serde_json::from_str::<Value>(xv.get())?,
-                    &serde_json::from_str::<Value>(yv.get())?,
-                );
-                for op in d.0 {
-                    ops.push(prefixed(&p, op)?);
+    }
+    let value = |s: &str| serde_json::from_str::<Value>(s);
+    match (xs.as_bytes().first(), ys.as_bytes().first()) {
+        (Some(b'{'), Some(b'{')) => {
+            // Keys with escapes do not borrow: then the `Value` diff below.
+            if let (Some(xm), Some(ym)) = (fields(xs), fields(ys)) {
+                for (k, yv) in &ym {
+                    let kp = p.with_trailing_token(*k);
+                    match xm.get(k) {
+                        None => ops.push(Op::add(&kp, &value(yv.get())?)?),
+                        Some(xv) => raw_ops(&kp, xv, yv, ops)?,
+                    }
+                }
+                for k in xm.keys().filter(|k| !ym.contains_key(*k)) {
+                    ops.push(Op::remove(&p.with_trailing_token(*k)));
+                }
+                return Ok(());
+            }
+        }
+        (Some(b'['), Some(b'[')) => {
+            let xa: Vec<&RawValue> = serde_json::from_str(xs)?;
+            let ya: Vec<&RawValue> = serde_json::from_str(ys)?;
+            for i in 0..xa.len().max(ya.len()) {
+                match (xa.get(i), ya.get(i)) {
+                    (Some(xv), Some(yv)) => raw_ops(&p.with_trailing_token(i), xv, yv, ops)?,
+                    (None, Some(yv)) => {
+                        ops.push(Op::add(&p.with_trailing_token(i), &value(yv.get())?)?)
+                    }
+                    (Some(_), None) => ops.push(Op::remove(&p.with_trailing_token(ya.len()))),
+                    (None, None) => {}
                 }
             }
-            Some(_) => {}
+            return Ok(());
         }
+        _ => {}
     }
-    for k in xm.keys().filter(|k| !ym.contains_key(*k)) {
-        ops.push(Op::remove(&item.with_trailing_token(*k)));
+    for op in json_patch::diff(&value(xs)?, &value(ys)?).0 {
+        ops.push(prefixed(p, op)?);
     }
     Ok(())
 }
@@ -419,6 +443,42 @@ mod tests {
                     String::from_utf8(pod_patch(before, after).unwrap()).unwrap()
                 );
             }
+        }
+    }
+
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            (-2i32..3).prop_map(Value::from),
+            prop::sample::select(vec![-0.0, 0.0, 1.5]).prop_map(Value::from),
+            "[ab~/]{0,2}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map("[ab~/\\\\]{0,2}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// The text diff gives the bytes of the `Value` diff, for any two documents.
+        #[test]
+        fn raw_ops_is_the_value_diff(x in arb_json(), y in arb_json()) {
+            let root = ptr(&["spec", "containers", "0"]);
+            let mut want = Vec::new();
+            for op in json_patch::diff(&x, &y).0 {
+                want.push(prefixed(&root, op).unwrap());
+            }
+            let mut got = Vec::new();
+            raw_ops(&root, &to_raw_value(&x).unwrap(), &to_raw_value(&y).unwrap(), &mut got).unwrap();
+            proptest::prop_assert_eq!(
+                serde_json::to_string(&got).unwrap(),
+                serde_json::to_string(&want).unwrap()
+            );
         }
     }
 
