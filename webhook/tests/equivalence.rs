@@ -1,14 +1,14 @@
 //! The fast pod path answers exactly as the reference path (kube's `AdmissionReview` parse,
-//! whole-pod clone and diff): same response bytes, same outcome, same errors, over a varied
-//! corpus and over fuzzed bodies.
+//! whole-pod clone and diff, serde-encoded response): same response bytes, same outcome,
+//! same errors, over a varied corpus and over fuzzed bodies.
 
 use std::collections::HashMap;
 
 use asya_api::config::ClusterConfig;
 use asya_api::flavor::{FlavorCatalog, FlavorDef, FlavorSource};
 use asya_webhook::admission::{
-    ActorLookup, Ctx, Endpoint, SettingsMemo, encode_review, handle, handle_pod_create,
-    handle_reference,
+    ActorLookup, Ctx, Endpoint, SettingsMemo, encode_review, encode_review_reference, handle,
+    handle_pod_create, handle_reference,
 };
 use serde_json::{Value, json};
 
@@ -120,7 +120,15 @@ fn answer(
 ) -> Result<Answer, String> {
     match f() {
         Ok(h) => Ok((
-            encode_review(&h.review).expect("encodes"),
+            {
+                let body = encode_review(&h.review).expect("encodes");
+                let want = encode_review_reference(&h.review).expect("encodes");
+                assert_eq!(
+                    String::from_utf8_lossy(&body),
+                    String::from_utf8_lossy(&want)
+                );
+                body
+            },
             serde_json::to_vec(&h.review).expect("serializes"),
             h.operation,
             h.result,
@@ -316,6 +324,33 @@ fn fast_and_reference_paths_answer_alike() {
     }
     // Every plain CREATE goes the fast way.
     assert_eq!(fast, pods().len() * 3 * 2, "{fast} of {total}");
+}
+
+/// Actor reviews: denials with causes, warnings, patches (only the encoding is new here).
+#[test]
+fn actor_reviews_answer_alike() {
+    let env = Env::new();
+    let kind = json!({"group": "asya.sh", "version": "v1alpha1", "kind": "AsyncActor"});
+    for spec in [
+        json!({"image": "i", "handler": "m.f", "flavors": ["gpu-small"]}),
+        json!({"image": "i", "handler": "m.f", "flavors": ["not-there"]}),
+        json!({"image": "i", "handler": "m.f", "scaling": {"minReplicas": 1, "maxReplicas": 4}}),
+        json!({"handler": "not a handler", "imagePullPolicy": "Sometimes",
+               "scaling": {"minReplicaCount": 5, "maxReplicaCount": 2}}),
+    ] {
+        for op in ["CREATE", "UPDATE", "DELETE"] {
+            let a = actor("team-a", "echo", spec.clone());
+            let body = serde_json::to_vec(&review(
+                kind.clone(),
+                op,
+                Some("team-a"),
+                a.clone(),
+                Some(a),
+            ))
+            .unwrap();
+            assert!(!same(&env, &body));
+        }
+    }
 }
 
 /// Bodies the raw parse takes but the reference parse refused (or read differently):
