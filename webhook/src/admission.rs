@@ -80,7 +80,11 @@ pub type PodSettings = Result<(ActorSettings, Vec<String>), (u16, String)>;
 /// flavor catalog: every replica and rollout of an actor asks the same question, and the
 /// answer changes only with the AsyncActor (its resourceVersion) or the catalog (its id).
 #[derive(Default)]
-pub struct SettingsMemo(std::sync::Mutex<HashMap<(String, String), MemoEntry>>);
+pub struct SettingsMemo(
+    std::sync::Mutex<HashMap<(String, String), MemoEntry>>,
+    /// The containers injection adds, rendered once (they depend on the settings only).
+    crate::patch::RenderCache,
+);
 
 struct MemoEntry {
     version: String,
@@ -678,7 +682,7 @@ fn admit_pod(
     }
     let patch = match before {
         Ok(before) => pod_patch(before, pod),
-        Err(Some(before)) => injected_patch(&before, &pod),
+        Err(Some(before)) => injected_patch(&before, &pod, ctx.memo.map(|m| &m.1)),
         // A pod without a spec was denied above.
         Err(None) => Err(serde::ser::Error::custom("pod has no spec")),
     };

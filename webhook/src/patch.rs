@@ -78,6 +78,14 @@ impl Op {
         })
     }
 
+    fn add_raw(path: &PointerBuf, value: Box<RawValue>) -> Self {
+        Op {
+            op: "add",
+            path: path.to_string(),
+            value: Some(value),
+        }
+    }
+
     fn replace(path: &PointerBuf, value: &impl Serialize) -> Result<Self, serde_json::Error> {
         Ok(Op {
             op: "replace",
@@ -124,7 +132,12 @@ pub fn pod_patch(mut before: Pod, mut after: Pod) -> Result<Vec<u8>, serde_json:
 /// taken before) and the injected pod. The same bytes as [`pod_patch`] of the whole pods,
 /// given that the rest of the pod is unchanged, as [`crate::inject::inject_pod`] leaves it:
 /// no whole-pod copy and compare, and changed list items are diffed field by field.
-pub fn injected_patch(before: &Touched, after: &Pod) -> Result<Vec<u8>, serde_json::Error> {
+/// `cache`: where added containers are rendered once.
+pub fn injected_patch(
+    before: &Touched,
+    after: &Pod,
+    cache: Option<&RenderCache>,
+) -> Result<Vec<u8>, serde_json::Error> {
     let Some(spec) = after.spec.as_ref() else {
         return Err(serde::ser::Error::custom("the injected pod has no spec"));
     };
@@ -134,7 +147,7 @@ pub fn injected_patch(before: &Touched, after: &Pod) -> Result<Vec<u8>, serde_js
         init_containers: spec.init_containers.as_ref(),
         containers: &spec.containers,
     };
-    touched_ops(before, &a, ItemDiff::ByField)
+    touched_ops(before, &a, ItemDiff::ByField(cache))
 }
 
 /// [`Touched`] borrowed.
@@ -158,17 +171,92 @@ impl Touched {
 
 /// How a list item present before and after, but changed, is diffed.
 #[derive(Clone, Copy)]
-enum ItemDiff {
+enum ItemDiff<'a> {
     /// Both whole items as `Value`s (the reference).
     Whole,
-    /// Field by field (see [`item_ops`]).
-    ByField,
+    /// As text (see [`item_ops`]); added containers through the cache, when given.
+    ByField(Option<&'a RenderCache>),
+}
+
+/// Containers injection adds, as JSON text, looked up by value: the installer and the
+/// sidecar are the same for every pod of an actor, so rendering them once pays. Keyed by
+/// the whole typed value, a hit is the same text by construction.
+#[derive(Default)]
+pub struct RenderCache(std::sync::Mutex<Vec<Rendered>>);
+
+/// Whether a list (else its only item) was rendered, what, and its text.
+type Rendered = (bool, Vec<Container>, Box<RawValue>);
+
+/// Bound on kept renderings (a few per actor and sidecar mode); past it the oldest goes.
+const RENDER_CACHE_MAX: usize = 64;
+
+impl RenderCache {
+    /// `list`: the text of the list `v`, else of its only item.
+    fn get_or(
+        &self,
+        list: bool,
+        v: &[Container],
+        render: impl FnOnce() -> Result<Box<RawValue>, serde_json::Error>,
+    ) -> Result<Box<RawValue>, serde_json::Error> {
+        let hit = {
+            let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            m.iter()
+                .find(|(l, k, _)| *l == list && k.as_slice() == v)
+                .map(|(_, _, r)| r.clone())
+        };
+        if let Some(r) = hit {
+            return Ok(r);
+        }
+        let r = render()?;
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= RENDER_CACHE_MAX {
+            m.remove(0);
+        }
+        m.push((list, v.to_vec(), r.clone()));
+        Ok(r)
+    }
+}
+
+/// The text of values the patch adds whole: containers through the cache.
+trait Render: Serialize + PartialEq + Sized {
+    fn render_list(
+        v: &Vec<Self>,
+        _cache: Option<&RenderCache>,
+    ) -> Result<Box<RawValue>, serde_json::Error> {
+        to_raw_value(v)
+    }
+    fn render_item(
+        &self,
+        _cache: Option<&RenderCache>,
+    ) -> Result<Box<RawValue>, serde_json::Error> {
+        to_raw_value(self)
+    }
+}
+
+impl Render for Volume {}
+
+impl Render for Container {
+    fn render_list(
+        v: &Vec<Self>,
+        cache: Option<&RenderCache>,
+    ) -> Result<Box<RawValue>, serde_json::Error> {
+        match cache {
+            Some(c) => c.get_or(true, v, || to_raw_value(v)),
+            None => to_raw_value(v),
+        }
+    }
+    fn render_item(&self, cache: Option<&RenderCache>) -> Result<Box<RawValue>, serde_json::Error> {
+        match cache {
+            Some(c) => c.get_or(false, std::slice::from_ref(self), || to_raw_value(self)),
+            None => to_raw_value(self),
+        }
+    }
 }
 
 fn touched_ops(
     b: &Touched,
     a: &TouchedRef<'_>,
-    how: ItemDiff,
+    how: ItemDiff<'_>,
 ) -> Result<Vec<u8>, serde_json::Error> {
     let b = b.as_ref();
     let mut ops = Vec::new();
@@ -253,13 +341,21 @@ fn map_ops(
 
 /// Index by index, like `json_patch::diff` on arrays: changed items diffed in place,
 /// extra items added at their index, missing ones removed.
-fn list_ops<T: Serialize + PartialEq>(
+fn list_ops<T: Render>(
     path: PointerBuf,
     before: Option<&Vec<T>>,
     after: Option<&Vec<T>>,
-    how: ItemDiff,
+    how: ItemDiff<'_>,
     ops: &mut Vec<Op>,
 ) -> Result<(), serde_json::Error> {
+    let cache = match how {
+        ItemDiff::ByField(c) => c,
+        ItemDiff::Whole => None,
+    };
+    if let (None, Some(a)) = (before, after) {
+        ops.push(Op::add_raw(&path, T::render_list(a, cache)?));
+        return Ok(());
+    }
     if whole(&path, before, after, ops)? {
         return Ok(());
     }
@@ -278,11 +374,14 @@ fn list_ops<T: Serialize + PartialEq>(
                             ops.push(prefixed(&item, op)?);
                         }
                     }
-                    ItemDiff::ByField => item_ops(&item, x, y, ops)?,
+                    ItemDiff::ByField(_) => item_ops(&item, x, y, ops)?,
                 }
             }
             (Some(_), Some(_)) => {}
-            (None, Some(y)) => ops.push(Op::add(&path.with_trailing_token(i), y)?),
+            (None, Some(y)) => ops.push(Op::add_raw(
+                &path.with_trailing_token(i),
+                y.render_item(cache)?,
+            )),
             // Removing shifts what follows: every removal is at the first index past `after`.
             (Some(_), None) => ops.push(Op::remove(&path.with_trailing_token(a.len()))),
             (None, None) => {}
@@ -431,7 +530,9 @@ mod tests {
     #[test]
     fn injected_patch_is_byte_for_byte_pod_patch() {
         let cfg = ClusterConfig::default();
-        for native in [true, false] {
+        let cache = RenderCache::default();
+        // Twice: renderings made, then reused.
+        for native in [true, false, true, false] {
             for v in pods() {
                 let before: Pod = serde_json::from_value(v).unwrap();
                 let parts = Touched::cloned(&before).unwrap();
@@ -439,7 +540,8 @@ mod tests {
                 let spec = after.spec.as_mut().unwrap();
                 inject_pod(&mut after.metadata, spec, &settings(), &cfg, native).unwrap();
                 assert_eq!(
-                    String::from_utf8(injected_patch(&parts, &after).unwrap()).unwrap(),
+                    String::from_utf8(injected_patch(&parts, &after, Some(&cache)).unwrap())
+                        .unwrap(),
                     String::from_utf8(pod_patch(before, after).unwrap()).unwrap()
                 );
             }
