@@ -131,7 +131,7 @@ pub fn pod_patch(mut before: Pod, mut after: Pod) -> Result<Vec<u8>, serde_json:
 /// The patch of an injection, from copies of the parts it changes ([`Touched::cloned`],
 /// taken before) and the injected pod. The same bytes as [`pod_patch`] of the whole pods,
 /// given that the rest of the pod is unchanged, as [`crate::inject::inject_pod`] leaves it:
-/// no whole-pod copy and compare, and changed list items are diffed field by field.
+/// no whole-pod copy and compare, and changed list items are diffed as JSON text ([`raw_ops`]).
 /// `cache`: where added containers are rendered once.
 pub fn injected_patch(
     before: &Touched,
