@@ -16,7 +16,7 @@ use kube::core::response::{StatusCause, StatusDetails, StatusSummary};
 use serde_json::{Value, json};
 
 use crate::inject::{ActorSettings, inject_pod, is_injected, wants_injection};
-use crate::patch::pod_patch;
+use crate::patch::{Touched, injected_patch, pod_patch};
 
 pub const ACTOR_GROUP: &str = "asya.sh";
 pub const ACTOR_KIND: &str = "AsyncActor";
@@ -80,7 +80,11 @@ pub type PodSettings = Result<(ActorSettings, Vec<String>), (u16, String)>;
 /// flavor catalog: every replica and rollout of an actor asks the same question, and the
 /// answer changes only with the AsyncActor (its resourceVersion) or the catalog (its id).
 #[derive(Default)]
-pub struct SettingsMemo(std::sync::Mutex<HashMap<(String, String), MemoEntry>>);
+pub struct SettingsMemo(
+    std::sync::Mutex<HashMap<(String, String), MemoEntry>>,
+    /// The containers injection adds, rendered once (they depend on the settings only).
+    crate::patch::RenderCache,
+);
 
 struct MemoEntry {
     version: String,
@@ -201,6 +205,71 @@ fn op_name(op: &Operation) -> &'static str {
 
 /// Parse and answer one AdmissionReview body.
 pub fn handle(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Result<Handled, BadRequest> {
+    if endpoint == Endpoint::MutatePods
+        && let Some(h) = handle_pod_create(body, ctx)
+    {
+        return Ok(h);
+    }
+    handle_reference(endpoint, body, ctx)
+}
+
+/// The common pod request (a CREATE of a plain pod) through the cheaper parse of
+/// [`crate::wire`]; `None` whenever that parse cannot vouch for the same answer as
+/// [`handle_reference`], which then answers. Public for the equivalence tests.
+#[doc(hidden)]
+pub fn handle_pod_create(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
+    let review: crate::wire::WireReview<'_> = serde_json::from_slice(body).ok()?;
+    if review.types.kind != "AdmissionReview" || review.types.api_version != "admission.k8s.io/v1" {
+        return None;
+    }
+    let req = review.request?;
+    // What `pod` answers without looking at the object goes the reference way; so does an
+    // `oldObject`, which the reference parse checks.
+    if !req.kind.group.is_empty()
+        || req.kind.kind != "Pod"
+        || req.operation != Operation::Create
+        || req.old_object.is_some()
+    {
+        return None;
+    }
+    let pod = crate::wire::pod(req.object?)?;
+    let operation = op_name(&req.operation);
+    // As `AdmissionResponse::from(&request)` (kube keeps that the only public constructor
+    // from a request): the types and uid, allowed, nothing else.
+    let mut resp = AdmissionResponse::invalid("");
+    resp.types = review.types;
+    resp.uid = req.uid;
+    resp.allowed = true;
+    resp.result = Default::default();
+    let span = tracing::debug_span!("admit", endpoint = Endpoint::MutatePods.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
+    let _g = span.enter();
+    let resp = admit_pod(pod, req.namespace, resp, ctx, PatchBy::Parts);
+    Some(handled(resp, operation))
+}
+
+fn handled(resp: AdmissionResponse, operation: &'static str) -> Handled {
+    let result = if !resp.allowed {
+        "denied"
+    } else if resp.patch.is_some() {
+        "patched"
+    } else {
+        "allowed"
+    };
+    Handled {
+        review: resp.into_review(),
+        operation,
+        result,
+    }
+}
+
+/// [`handle`] with every body parsed as kube's `AdmissionReview`: the answer for whatever
+/// [`handle_pod_create`] does not take, and the reference it is tested against.
+#[doc(hidden)]
+pub fn handle_reference(
+    endpoint: Endpoint,
+    body: &[u8],
+    ctx: &Ctx<'_>,
+) -> Result<Handled, BadRequest> {
     let review: AdmissionReview<RawObject> = serde_json::from_slice(body)
         .map_err(|e| BadRequest(format!("body is not an AdmissionReview: {e}")))?;
     if review.types.kind != "AdmissionReview" || review.types.api_version != "admission.k8s.io/v1" {
@@ -221,18 +290,7 @@ pub fn handle(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Result<Handled,
         Endpoint::ValidateActors | Endpoint::MutateActors => actor(endpoint, &req, resp, ctx),
         Endpoint::MutatePods => pod(&mut req, resp, ctx),
     };
-    let result = if !resp.allowed {
-        "denied"
-    } else if resp.patch.is_some() {
-        "patched"
-    } else {
-        "allowed"
-    };
-    Ok(Handled {
-        review: resp.into_review(),
-        operation,
-        result,
-    })
+    Ok(handled(resp, operation))
 }
 
 /// Deny with an API-server-like status: every reason in the message and as a cause.
@@ -548,7 +606,7 @@ fn pod(
             vec![],
         );
     };
-    let mut pod: Pod = match serde_json::from_value(obj) {
+    let pod: Pod = match serde_json::from_value(obj) {
         Ok(p) => p,
         Err(e) => {
             return deny(
@@ -560,12 +618,31 @@ fn pod(
             );
         }
     };
+    admit_pod(pod, req.namespace.clone(), resp, ctx, PatchBy::WholePod)
+}
+
+/// How [`admit_pod`] works out the patch.
+#[derive(Clone, Copy)]
+enum PatchBy {
+    /// The whole pod copied before injection and [`pod_patch`]: the reference.
+    WholePod,
+    /// Only the parts injection changes copied, and [`injected_patch`]: the same bytes.
+    Parts,
+}
+
+/// Injection into a pod being created, however it was parsed. `req_ns`: the request's
+/// namespace.
+fn admit_pod(
+    mut pod: Pod,
+    req_ns: Option<String>,
+    resp: AdmissionResponse,
+    ctx: &Ctx<'_>,
+    by: PatchBy,
+) -> AdmissionResponse {
     if !wants_injection(&pod.metadata) || is_injected(&pod.metadata) {
         return resp;
     }
-    let ns = req
-        .namespace
-        .clone()
+    let ns = req_ns
         .or_else(|| pod.metadata.namespace.clone())
         .unwrap_or_else(|| "default".into());
     let (settings, warnings) = match settings_for_pod(&pod, &ns, ctx) {
@@ -581,7 +658,10 @@ fn pod(
         }
     };
     // The patch compares typed-before with typed-after (see `patch`).
-    let before = pod.clone();
+    let before = match by {
+        PatchBy::WholePod => Ok(pod.clone()),
+        PatchBy::Parts => Err(Touched::cloned(&pod)),
+    };
     let Some(spec) = pod.spec.as_mut() else {
         return deny(resp, 400, "BadRequest", "pod has no spec".into(), vec![]);
     };
@@ -600,7 +680,13 @@ fn pod(
             vec![],
         );
     }
-    let patch = match pod_patch(before, pod) {
+    let patch = match before {
+        Ok(before) => pod_patch(before, pod),
+        Err(Some(before)) => injected_patch(&before, &pod, ctx.memo.map(|m| &m.1)),
+        // A pod without a spec was denied above.
+        Err(None) => Err(serde::ser::Error::custom("pod has no spec")),
+    };
+    let patch = match patch {
         Ok(p) => p,
         Err(e) => return deny(resp, 500, "InternalError", e.to_string(), vec![]),
     };
@@ -634,8 +720,57 @@ struct WireReview<'a> {
 
 /// The response body as the API server expects it. `patch` is base64 (Go's encoding of
 /// `[]byte`) rather than kube-core's array of numbers: a quarter of the size, and the form
-/// every Kubernetes client documents.
+/// every Kubernetes client documents. Written piece by piece, the patch encoded straight
+/// into the body: the same bytes as [`encode_review_reference`] (serde of `WireReview`).
 pub fn encode_review(
+    review: &AdmissionReview<DynamicObject>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    use base64::Engine;
+    let Some(r) = review.response.as_ref() else {
+        return serde_json::to_vec(review);
+    };
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let patch_len = r.patch.as_ref().map_or(0, |p| p.len() * 4 / 3 + 4);
+    let mut out = Vec::with_capacity(256 + patch_len);
+    out.extend_from_slice(
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#,
+    );
+    serde_json::to_writer(&mut out, &r.uid)?;
+    out.extend_from_slice(if r.allowed {
+        br#","allowed":true"#
+    } else {
+        br#","allowed":false"#
+    });
+    if !r.allowed {
+        out.extend_from_slice(br#","status":"#);
+        serde_json::to_writer(&mut out, &r.result)?;
+    }
+    if let Some(p) = &r.patch {
+        out.extend_from_slice(br#","patch":""#);
+        // Base64 needs no JSON escaping.
+        let start = out.len();
+        out.resize(start + base64::encoded_len(p.len(), true).unwrap_or(0), 0);
+        let n = b64
+            .encode_slice(p, &mut out[start..])
+            .map_err(serde::ser::Error::custom)?;
+        out.truncate(start + n);
+        out.extend_from_slice(br#"","patchType":"JSONPatch""#);
+    }
+    if let Some(w) = &r.warnings {
+        out.extend_from_slice(br#","warnings":"#);
+        serde_json::to_writer(&mut out, w)?;
+    }
+    if !r.audit_annotations.is_empty() {
+        out.extend_from_slice(br#","auditAnnotations":"#);
+        serde_json::to_writer(&mut out, &r.audit_annotations)?;
+    }
+    out.extend_from_slice(b"}}");
+    Ok(out)
+}
+
+/// [`encode_review`] through serde, the reference it is tested against.
+#[doc(hidden)]
+pub fn encode_review_reference(
     review: &AdmissionReview<DynamicObject>,
 ) -> Result<Vec<u8>, serde_json::Error> {
     use base64::Engine;

@@ -11,3 +11,4 @@ pub mod serve;
 pub mod server;
 pub mod telemetry;
 pub mod validate_cmd;
+mod wire;

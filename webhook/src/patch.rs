@@ -15,11 +15,12 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{Patch, PatchOperation};
 use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use serde::Serialize;
+use serde_json::Value;
 use serde_json::value::{RawValue, to_raw_value};
 
-/// The parts of a pod injection may change, taken out of it.
+/// The parts of a pod injection may change, taken out of it (or copied).
 #[derive(Default)]
-struct Touched {
+pub struct Touched {
     annotations: Option<BTreeMap<String, String>>,
     volumes: Option<Vec<Volume>>,
     init_containers: Option<Vec<Container>>,
@@ -27,6 +28,17 @@ struct Touched {
 }
 
 impl Touched {
+    /// Copies of the parts, or `None` when the pod has no spec.
+    pub fn cloned(pod: &Pod) -> Option<Self> {
+        let spec = pod.spec.as_ref()?;
+        Some(Touched {
+            annotations: pod.metadata.annotations.clone(),
+            volumes: spec.volumes.clone(),
+            init_containers: spec.init_containers.clone(),
+            containers: spec.containers.clone(),
+        })
+    }
+
     /// Takes the parts out, or `None` (nothing taken) when the pod has no spec.
     fn take(pod: &mut Pod) -> Option<Self> {
         let spec = pod.spec.as_mut()?;
@@ -64,6 +76,14 @@ impl Op {
             path: path.to_string(),
             value: Some(to_raw_value(value)?),
         })
+    }
+
+    fn add_raw(path: &PointerBuf, value: Box<RawValue>) -> Self {
+        Op {
+            op: "add",
+            path: path.to_string(),
+            value: Some(value),
+        }
     }
 
     fn replace(path: &PointerBuf, value: &impl Serialize) -> Result<Self, serde_json::Error> {
@@ -105,30 +125,167 @@ pub fn pod_patch(mut before: Pod, mut after: Pod) -> Result<Vec<u8>, serde_json:
         a.put_back(&mut after);
         return serde_json::to_vec(&full_diff(&before, &after)?);
     }
+    touched_ops(&b, &a.as_ref(), ItemDiff::Whole)
+}
+
+/// The patch of an injection, from copies of the parts it changes ([`Touched::cloned`],
+/// taken before) and the injected pod. The same bytes as [`pod_patch`] of the whole pods,
+/// given that the rest of the pod is unchanged, as [`crate::inject::inject_pod`] leaves it:
+/// no whole-pod copy and compare, and changed list items are diffed as JSON text ([`raw_ops`]).
+/// `cache`: where added containers are rendered once.
+pub fn injected_patch(
+    before: &Touched,
+    after: &Pod,
+    cache: Option<&RenderCache>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let Some(spec) = after.spec.as_ref() else {
+        return Err(serde::ser::Error::custom("the injected pod has no spec"));
+    };
+    let a = TouchedRef {
+        annotations: after.metadata.annotations.as_ref(),
+        volumes: spec.volumes.as_ref(),
+        init_containers: spec.init_containers.as_ref(),
+        containers: &spec.containers,
+    };
+    touched_ops(before, &a, ItemDiff::ByField(cache))
+}
+
+/// [`Touched`] borrowed.
+struct TouchedRef<'a> {
+    annotations: Option<&'a BTreeMap<String, String>>,
+    volumes: Option<&'a Vec<Volume>>,
+    init_containers: Option<&'a Vec<Container>>,
+    containers: &'a Vec<Container>,
+}
+
+impl Touched {
+    fn as_ref(&self) -> TouchedRef<'_> {
+        TouchedRef {
+            annotations: self.annotations.as_ref(),
+            volumes: self.volumes.as_ref(),
+            init_containers: self.init_containers.as_ref(),
+            containers: &self.containers,
+        }
+    }
+}
+
+/// How a list item present before and after, but changed, is diffed.
+#[derive(Clone, Copy)]
+enum ItemDiff<'a> {
+    /// Both whole items as `Value`s (the reference).
+    Whole,
+    /// As text (see [`item_ops`]); added containers through the cache, when given.
+    ByField(Option<&'a RenderCache>),
+}
+
+/// Containers injection adds, as JSON text, looked up by value: the installer and the
+/// sidecar are the same for every pod of an actor, so rendering them once pays. Keyed by
+/// the whole typed value, a hit is the same text by construction.
+#[derive(Default)]
+pub struct RenderCache(std::sync::Mutex<Vec<Rendered>>);
+
+/// Whether a list (else its only item) was rendered, what, and its text.
+type Rendered = (bool, Vec<Container>, Box<RawValue>);
+
+/// Bound on kept renderings (a few per actor and sidecar mode); past it the oldest goes.
+const RENDER_CACHE_MAX: usize = 64;
+
+impl RenderCache {
+    /// `list`: the text of the list `v`, else of its only item.
+    fn get_or(
+        &self,
+        list: bool,
+        v: &[Container],
+        render: impl FnOnce() -> Result<Box<RawValue>, serde_json::Error>,
+    ) -> Result<Box<RawValue>, serde_json::Error> {
+        let hit = {
+            let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            m.iter()
+                .find(|(l, k, _)| *l == list && k.as_slice() == v)
+                .map(|(_, _, r)| r.clone())
+        };
+        if let Some(r) = hit {
+            return Ok(r);
+        }
+        let r = render()?;
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= RENDER_CACHE_MAX {
+            m.remove(0);
+        }
+        m.push((list, v.to_vec(), r.clone()));
+        Ok(r)
+    }
+}
+
+/// The text of values the patch adds whole: containers through the cache.
+trait Render: Serialize + PartialEq + Sized {
+    fn render_list(
+        v: &Vec<Self>,
+        _cache: Option<&RenderCache>,
+    ) -> Result<Box<RawValue>, serde_json::Error> {
+        to_raw_value(v)
+    }
+    fn render_item(
+        &self,
+        _cache: Option<&RenderCache>,
+    ) -> Result<Box<RawValue>, serde_json::Error> {
+        to_raw_value(self)
+    }
+}
+
+impl Render for Volume {}
+
+impl Render for Container {
+    fn render_list(
+        v: &Vec<Self>,
+        cache: Option<&RenderCache>,
+    ) -> Result<Box<RawValue>, serde_json::Error> {
+        match cache {
+            Some(c) => c.get_or(true, v, || to_raw_value(v)),
+            None => to_raw_value(v),
+        }
+    }
+    fn render_item(&self, cache: Option<&RenderCache>) -> Result<Box<RawValue>, serde_json::Error> {
+        match cache {
+            Some(c) => c.get_or(false, std::slice::from_ref(self), || to_raw_value(self)),
+            None => to_raw_value(self),
+        }
+    }
+}
+
+fn touched_ops(
+    b: &Touched,
+    a: &TouchedRef<'_>,
+    how: ItemDiff<'_>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let b = b.as_ref();
     let mut ops = Vec::new();
     map_ops(
         ptr(&["metadata", "annotations"]),
-        b.annotations.as_ref(),
-        a.annotations.as_ref(),
+        b.annotations,
+        a.annotations,
         &mut ops,
     )?;
     // In the order `json_patch::diff` visits them (object keys sorted).
     list_ops(
         ptr(&["spec", "containers"]),
-        Some(&b.containers),
-        Some(&a.containers),
+        Some(b.containers),
+        Some(a.containers),
+        how,
         &mut ops,
     )?;
     list_ops(
         ptr(&["spec", "initContainers"]),
-        b.init_containers.as_ref(),
-        a.init_containers.as_ref(),
+        b.init_containers,
+        a.init_containers,
+        how,
         &mut ops,
     )?;
     list_ops(
         ptr(&["spec", "volumes"]),
-        b.volumes.as_ref(),
-        a.volumes.as_ref(),
+        b.volumes,
+        a.volumes,
+        how,
         &mut ops,
     )?;
     serde_json::to_vec(&ops)
@@ -184,12 +341,21 @@ fn map_ops(
 
 /// Index by index, like `json_patch::diff` on arrays: changed items diffed in place,
 /// extra items added at their index, missing ones removed.
-fn list_ops<T: Serialize + PartialEq>(
+fn list_ops<T: Render>(
     path: PointerBuf,
     before: Option<&Vec<T>>,
     after: Option<&Vec<T>>,
+    how: ItemDiff<'_>,
     ops: &mut Vec<Op>,
 ) -> Result<(), serde_json::Error> {
+    let cache = match how {
+        ItemDiff::ByField(c) => c,
+        ItemDiff::Whole => None,
+    };
+    if let (None, Some(a)) = (before, after) {
+        ops.push(Op::add_raw(&path, T::render_list(a, cache)?));
+        return Ok(());
+    }
     if whole(&path, before, after, ops)? {
         return Ok(());
     }
@@ -200,19 +366,101 @@ fn list_ops<T: Serialize + PartialEq>(
         match (b.get(i), a.get(i)) {
             (Some(x), Some(y)) if x != y => {
                 let item = path.with_trailing_token(i);
-                let d = json_patch::diff(&serde_json::to_value(x)?, &serde_json::to_value(y)?);
-                for op in d.0 {
-                    ops.push(prefixed(&item, op)?);
+                match how {
+                    ItemDiff::Whole => {
+                        let d =
+                            json_patch::diff(&serde_json::to_value(x)?, &serde_json::to_value(y)?);
+                        for op in d.0 {
+                            ops.push(prefixed(&item, op)?);
+                        }
+                    }
+                    ItemDiff::ByField(_) => item_ops(&item, x, y, ops)?,
                 }
             }
             (Some(_), Some(_)) => {}
-            (None, Some(y)) => ops.push(Op::add(&path.with_trailing_token(i), y)?),
+            (None, Some(y)) => ops.push(Op::add_raw(
+                &path.with_trailing_token(i),
+                y.render_item(cache)?,
+            )),
             // Removing shifts what follows: every removal is at the first index past `after`.
             (Some(_), None) => ops.push(Op::remove(&path.with_trailing_token(a.len()))),
             (None, None) => {}
         }
     }
     Ok(())
+}
+
+/// The ops of `json_patch::diff` of the two items as `Value`s, at `item`, without making
+/// `Value`s of what did not change: both items are serialized to text once and diffed as
+/// text ([`raw_ops`]).
+fn item_ops<T: Serialize>(
+    item: &PointerBuf,
+    x: &T,
+    y: &T,
+    ops: &mut Vec<Op>,
+) -> Result<(), serde_json::Error> {
+    raw_ops(item, &to_raw_value(x)?, &to_raw_value(y)?, ops)
+}
+
+/// `json_patch::diff` (its `diff_impl`) on JSON text: equal text needs no op; two objects
+/// are diffed key by key in key order (each key of `y`, added when `x` lacks it, then the
+/// removal of each key only `x` has); two arrays index by index (removals all at the
+/// first index past `y`); anything else is parsed and diffed as `Value`s. Added values are
+/// `Value`s too, so their keys come out sorted as the diff's do.
+fn raw_ops(
+    p: &PointerBuf,
+    x: &RawValue,
+    y: &RawValue,
+    ops: &mut Vec<Op>,
+) -> Result<(), serde_json::Error> {
+    let (xs, ys) = (x.get(), y.get());
+    if xs == ys {
+        return Ok(());
+    }
+    let value = |s: &str| serde_json::from_str::<Value>(s);
+    match (xs.as_bytes().first(), ys.as_bytes().first()) {
+        (Some(b'{'), Some(b'{')) => {
+            // Keys with escapes do not borrow: then the `Value` diff below.
+            if let (Some(xm), Some(ym)) = (fields(xs), fields(ys)) {
+                for (k, yv) in &ym {
+                    let kp = p.with_trailing_token(*k);
+                    match xm.get(k) {
+                        None => ops.push(Op::add(&kp, &value(yv.get())?)?),
+                        Some(xv) => raw_ops(&kp, xv, yv, ops)?,
+                    }
+                }
+                for k in xm.keys().filter(|k| !ym.contains_key(*k)) {
+                    ops.push(Op::remove(&p.with_trailing_token(*k)));
+                }
+                return Ok(());
+            }
+        }
+        (Some(b'['), Some(b'[')) => {
+            let xa: Vec<&RawValue> = serde_json::from_str(xs)?;
+            let ya: Vec<&RawValue> = serde_json::from_str(ys)?;
+            for i in 0..xa.len().max(ya.len()) {
+                match (xa.get(i), ya.get(i)) {
+                    (Some(xv), Some(yv)) => raw_ops(&p.with_trailing_token(i), xv, yv, ops)?,
+                    (None, Some(yv)) => {
+                        ops.push(Op::add(&p.with_trailing_token(i), &value(yv.get())?)?)
+                    }
+                    (Some(_), None) => ops.push(Op::remove(&p.with_trailing_token(ya.len()))),
+                    (None, None) => {}
+                }
+            }
+            return Ok(());
+        }
+        _ => {}
+    }
+    for op in json_patch::diff(&value(xs)?, &value(ys)?).0 {
+        ops.push(prefixed(p, op)?);
+    }
+    Ok(())
+}
+
+/// The top-level fields of a JSON object, as text.
+fn fields(s: &str) -> Option<BTreeMap<&str, &RawValue>> {
+    serde_json::from_str(s).ok()
 }
 
 /// An op of an item's diff, at the item's path. `diff` emits only add, remove and replace.
@@ -276,6 +524,63 @@ mod tests {
                 json_patch::patch(&mut applied, &got).unwrap();
                 assert_eq!(applied, serde_json::to_value(&after).unwrap());
             }
+        }
+    }
+
+    #[test]
+    fn injected_patch_is_byte_for_byte_pod_patch() {
+        let cfg = ClusterConfig::default();
+        let cache = RenderCache::default();
+        // Twice: renderings made, then reused.
+        for native in [true, false, true, false] {
+            for v in pods() {
+                let before: Pod = serde_json::from_value(v).unwrap();
+                let parts = Touched::cloned(&before).unwrap();
+                let mut after = before.clone();
+                let spec = after.spec.as_mut().unwrap();
+                inject_pod(&mut after.metadata, spec, &settings(), &cfg, native).unwrap();
+                assert_eq!(
+                    String::from_utf8(injected_patch(&parts, &after, Some(&cache)).unwrap())
+                        .unwrap(),
+                    String::from_utf8(pod_patch(before, after).unwrap()).unwrap()
+                );
+            }
+        }
+    }
+
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            (-2i32..3).prop_map(Value::from),
+            prop::sample::select(vec![-0.0, 0.0, 1.5]).prop_map(Value::from),
+            "[ab~/]{0,2}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map("[ab~/\\\\]{0,2}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// The text diff gives the bytes of the `Value` diff, for any two documents.
+        #[test]
+        fn raw_ops_is_the_value_diff(x in arb_json(), y in arb_json()) {
+            let root = ptr(&["spec", "containers", "0"]);
+            let mut want = Vec::new();
+            for op in json_patch::diff(&x, &y).0 {
+                want.push(prefixed(&root, op).unwrap());
+            }
+            let mut got = Vec::new();
+            raw_ops(&root, &to_raw_value(&x).unwrap(), &to_raw_value(&y).unwrap(), &mut got).unwrap();
+            proptest::prop_assert_eq!(
+                serde_json::to_string(&got).unwrap(),
+                serde_json::to_string(&want).unwrap()
+            );
         }
     }
 
