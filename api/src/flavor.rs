@@ -893,3 +893,6 @@ mod tests {
         assert_eq!(def.warnings.len(), 2);
     }
 }
+
+#[cfg(test)]
+mod equivalence;
