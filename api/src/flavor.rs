@@ -17,6 +17,8 @@ use crate::labels;
 use crate::normalize::normalize_spec;
 use crate::types::{AsyncActorSpec, Flavor};
 
+mod typed;
+
 /// Fields only the actor itself may set.
 pub const ACTOR_ONLY_FIELDS: [&str; 3] = ["actor", "transport", "flavors"];
 pub const MAX_FLAVORS: usize = 8;
@@ -626,7 +628,11 @@ pub fn resolve(
 ) -> Result<Resolution, FieldErrors> {
     let part = catalog.flavor_part(namespace, &spec.flavors, policy);
     let merged = part.merged.as_ref().map_err(Clone::clone)?;
-    let (effective, origins) = overlay_json(merged, spec)?;
+    let (effective, origins) = match typed::overlay(spec, merged) {
+        Some(done) => done,
+        // A field the typed path cannot take exactly: the whole-spec path, with its error.
+        None => overlay_json(merged, spec)?,
+    };
     Ok(Resolution {
         spec: effective,
         flavors: part.flavors.clone(),
@@ -662,6 +668,9 @@ impl FlavorPart {
 struct MergedFlavors {
     data: Map<String, Value>,
     origins: Origins,
+    /// `data` parsed once, for the fields the inline spec leaves alone; `None` when it
+    /// does not parse (then only the whole-spec path can tell what the inline spec makes of it).
+    typed: Option<AsyncActorSpec>,
 }
 
 /// Looks up and checks every listed flavor (a repeated name counts once, at its first
@@ -726,7 +735,12 @@ fn flavor_part(
             for f in ACTOR_ONLY_FIELDS {
                 data.remove(f);
             }
-            MergedFlavors { data, origins }
+            let typed = serde_json::from_value(Value::Object(data.clone())).ok();
+            MergedFlavors {
+                data,
+                origins,
+                typed,
+            }
         })
     } else {
         Err(errs)
