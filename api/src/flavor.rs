@@ -571,18 +571,23 @@ fn overlay_map(
                 }
             }
             _ => {
-                let stale: Vec<String> = origins
-                    .0
-                    .keys()
-                    .filter(|p| is_prefix_path(&path, p))
-                    .cloned()
-                    .collect();
-                for p in stale {
-                    origins.0.remove(&p);
-                }
+                clear_origins_under(origins, &path);
                 base.insert(key.clone(), value.clone());
             }
         }
+    }
+}
+
+/// Forgets which flavor set `path` or anything under it: the inline spec replaces it.
+fn clear_origins_under(origins: &mut Origins, path: &str) {
+    let stale: Vec<String> = origins
+        .0
+        .keys()
+        .filter(|p| is_prefix_path(path, p))
+        .cloned()
+        .collect();
+    for p in stale {
+        origins.0.remove(&p);
     }
 }
 
@@ -671,6 +676,8 @@ struct MergedFlavors {
     /// `data` parsed once, for the fields the inline spec leaves alone; `None` when it
     /// does not parse (then only the whole-spec path can tell what the inline spec makes of it).
     typed: Option<AsyncActorSpec>,
+    /// The keys whose `typed` value serialises back to exactly `data`'s.
+    exact: Vec<&'static str>,
 }
 
 /// Looks up and checks every listed flavor (a repeated name counts once, at its first
@@ -735,11 +742,17 @@ fn flavor_part(
             for f in ACTOR_ONLY_FIELDS {
                 data.remove(f);
             }
-            let typed = serde_json::from_value(Value::Object(data.clone())).ok();
+            let typed: Option<AsyncActorSpec> =
+                serde_json::from_value(Value::Object(data.clone())).ok();
+            let exact = typed
+                .as_ref()
+                .map(|t| typed::exact_keys(t, &data))
+                .unwrap_or_default();
             MergedFlavors {
                 data,
                 origins,
                 typed,
+                exact,
             }
         })
     } else {

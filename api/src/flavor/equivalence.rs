@@ -392,7 +392,7 @@ fn kind() -> impl Strategy<Value = Kind> {
         2 => pick(&NAMESPACES).prop_map(Kind::ConfigMap),
         1 => Just(Kind::Broken),
         1 => Just(Kind::ActorOnly),
-        1 => (0..4u8).prop_map(Kind::Raw),
+        1 => (0..5u8).prop_map(Kind::Raw),
     ]
 }
 
@@ -401,7 +401,10 @@ fn raw_data(variant: u8) -> Map<String, Value> {
         0 => json!({"replicas": "many"}),
         1 => json!({"image": null, "bogus": 1, "nodeSelector": {"raw": "r"}}),
         2 => json!({"env": [], "scaling": {"minReplicaCount": "x"}}),
-        _ => json!({"scaling": {"maxReplicaCount": 7}, "tolerations": [{"key": "raw"}]}),
+        3 => json!({"scaling": {"maxReplicaCount": 7}, "tolerations": [{"key": "raw"}]}),
+        // Parses, but does not serialise back the same: the typed overlay must not be used.
+        _ => json!({"scaling": {"maxReplicaCount": 7, "bogus": 1}, "resources": {"limits": null},
+            "env": [{"name": "A", "value": "r", "extra": true}], "tolerations": [{"key": "raw", "x": 1}]}),
     };
     match v {
         Value::Object(m) => m,

@@ -1,8 +1,11 @@
 //! Laying the inline spec over the merged flavors field by field, without the JSON round
-//! trip of the whole spec: a top-level field only one side sets is taken as it is; only a
-//! field both set goes through JSON, with the same overlay (and origins) as the whole-spec
-//! path in [`super::overlay_json`]. Where that cannot be exact (a field does not convert),
-//! [`overlay`] answers `None` and the caller takes the whole-spec path, errors included.
+//! trip of the whole spec: a top-level field only one side sets is taken as it is. A field
+//! both set is overlaid typed where [`both`] mirrors the JSON overlay for its type (scaling,
+//! resiliency, resources, nodeSelector, env, tolerations: what flavors typically share with
+//! actors), otherwise it alone goes through JSON; either way with the same result and
+//! origins as the whole-spec path in [`super::overlay_json`]. Where that cannot be exact (a
+//! field does not convert), [`overlay`] answers `None` and the caller takes the whole-spec
+//! path, errors included.
 
 use std::collections::BTreeMap;
 
@@ -12,6 +15,9 @@ use serde_json::{Map, Value};
 
 use super::{MergedFlavors, Origins, overlay_map};
 use crate::types::AsyncActorSpec;
+
+mod both;
+use both::Member;
 
 /// Whether a top-level field appears in the spec's JSON: mirrors the `skip_serializing_if`
 /// attributes of [`AsyncActorSpec`] (`None`, empty list, empty map are left out).
@@ -56,6 +62,7 @@ pub(super) fn overlay(
     let mut origins = merged.origins.clone();
     let mut fields = Fields {
         data: &merged.data,
+        exact: &merged.exact,
         origins: &mut origins,
     };
     let effective = overlay_fields(spec, flavors, &mut fields)?;
@@ -68,6 +75,8 @@ pub(super) fn overlay(
 /// origin lies under a key of the merged data.
 struct Fields<'a> {
     data: &'a Map<String, Value>,
+    /// Keys whose typed flavor value serialises to `data`'s (see [`exact_keys`]).
+    exact: &'a [&'static str],
     origins: &'a mut Origins,
 }
 
@@ -87,6 +96,20 @@ impl Fields<'_> {
         }
     }
 
+    /// [`Self::field`], but a field both set is overlaid typed (see [`both`]) where the
+    /// flavors' typed value is exactly their JSON.
+    fn typed_field<T>(&mut self, key: &str, inline: &T, flavors: &T, carry: Carry) -> Option<T>
+    where
+        T: Member + Default + Serialize + DeserializeOwned,
+    {
+        if inline.present() && self.data.contains_key(key) && self.exact.contains(&key) {
+            let mut value = flavors.clone();
+            value.overlay_present(inline, key, self.origins);
+            return Some(value);
+        }
+        self.field(key, inline, flavors, carry)
+    }
+
     /// Both sides set `key`: today's JSON overlay and parse, on this one field.
     fn both<T>(&mut self, key: &str, base: &Value, inline: &T) -> Option<T>
     where
@@ -101,9 +124,10 @@ impl Fields<'_> {
     }
 }
 
-/// Lists every field of the spec with its JSON key and [`Carry`].
+/// Lists every field of the spec with its JSON key, its [`Carry`], and how a value both
+/// sides set is overlaid: `field` through JSON, `typed_field` typed.
 macro_rules! spec_fields {
-    ($($field:ident: $key:literal $carry:ident),* $(,)?) => {
+    ($($field:ident: $key:literal $carry:ident $both:ident),* $(,)?) => {
         /// The JSON keys listed, to test them against serialisation.
         #[cfg(test)]
         const SPEC_KEYS: &[&str] = &[$($key),*];
@@ -116,36 +140,50 @@ macro_rules! spec_fields {
             // Exhaustive on purpose: a new spec field does not compile until it is listed.
             let AsyncActorSpec { $($field),* } = spec;
             Some(AsyncActorSpec {
-                $($field: fields.field($key, $field, &flavors.$field, Carry::$carry)?,)*
+                $($field: fields.$both($key, $field, &flavors.$field, Carry::$carry)?,)*
             })
+        }
+
+        /// The keys of `data` whose value in `typed` (`data` parsed) serialises back to
+        /// exactly `data`'s: only there may a typed overlay stand in for the JSON one.
+        pub(super) fn exact_keys(typed: &AsyncActorSpec, data: &Map<String, Value>) -> Vec<&'static str> {
+            let mut keys = Vec::new();
+            $(
+                if let Some(v) = data.get($key)
+                    && serde_json::to_value(&typed.$field).ok().as_ref() == Some(v)
+                {
+                    keys.push($key);
+                }
+            )*
+            keys
         }
     };
 }
 
 spec_fields! {
-    actor: "actor" Clone,
-    transport: "transport" Clone,
-    image: "image" Clone,
-    handler: "handler" Clone,
-    flavors: "flavors" Clone,
-    image_pull_policy: "imagePullPolicy" Clone,
-    python_executable: "pythonExecutable" Clone,
-    handler_mode: "handlerMode" Clone,
-    scaling: "scaling" Clone,
-    replicas: "replicas" Clone,
-    resiliency: "resiliency" Clone,
-    env: "env" Clone,
-    secret_refs: "secretRefs" Clone,
-    resources: "resources" Clone,
-    node_selector: "nodeSelector" Clone,
-    tolerations: "tolerations" Clone,
-    volumes: "volumes" Json,
-    volume_mounts: "volumeMounts" Clone,
-    sidecar: "sidecar" Clone,
-    state_proxy: "stateProxy" Clone,
-    workload: "workload" Json,
-    socket: "socket" Clone,
-    timeout: "timeout" Clone,
+    actor: "actor" Clone field,
+    transport: "transport" Clone field,
+    image: "image" Clone field,
+    handler: "handler" Clone field,
+    flavors: "flavors" Clone field,
+    image_pull_policy: "imagePullPolicy" Clone field,
+    python_executable: "pythonExecutable" Clone field,
+    handler_mode: "handlerMode" Clone field,
+    scaling: "scaling" Clone typed_field,
+    replicas: "replicas" Clone field,
+    resiliency: "resiliency" Clone typed_field,
+    env: "env" Clone typed_field,
+    secret_refs: "secretRefs" Clone field,
+    resources: "resources" Clone typed_field,
+    node_selector: "nodeSelector" Clone typed_field,
+    tolerations: "tolerations" Clone typed_field,
+    volumes: "volumes" Json field,
+    volume_mounts: "volumeMounts" Clone field,
+    sidecar: "sidecar" Clone field,
+    state_proxy: "stateProxy" Clone field,
+    workload: "workload" Json field,
+    socket: "socket" Clone field,
+    timeout: "timeout" Clone field,
 }
 
 #[cfg(test)]
@@ -185,6 +223,7 @@ mod tests {
             data,
             origins: Origins::default(),
             typed: Some(AsyncActorSpec::default()),
+            exact: Vec::new(),
         };
         let inline: AsyncActorSpec =
             serde_json::from_value(json!({"scaling": {"maxReplicaCount": 3}})).unwrap();
