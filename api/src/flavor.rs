@@ -17,6 +17,8 @@ use crate::labels;
 use crate::normalize::normalize_spec;
 use crate::types::{AsyncActorSpec, Flavor};
 
+mod typed;
+
 /// Fields only the actor itself may set.
 pub const ACTOR_ONLY_FIELDS: [&str; 3] = ["actor", "transport", "flavors"];
 pub const MAX_FLAVORS: usize = 8;
@@ -249,12 +251,71 @@ fn deprecation(
 }
 
 /// Every known flavor: cluster-scoped ones by name, namespaced ones by namespace and name.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct FlavorCatalog {
     cluster: BTreeMap<String, FlavorDef>,
     namespaced: BTreeMap<String, BTreeMap<String, FlavorDef>>,
     /// Changes with every change of content (see [`FlavorCatalog::id`]).
     id: u64,
+    /// What [`resolve`] worked out from this content; not part of the catalog's value.
+    memo: ResolveMemo,
+}
+
+impl std::fmt::Debug for FlavorCatalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlavorCatalog")
+            .field("cluster", &self.cluster)
+            .field("namespaced", &self.namespaced)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+/// The most flavor lists a catalog remembers; past it the memo starts over (a cluster has
+/// far fewer distinct lists, so this only bounds memory against odd inputs).
+const MEMO_CAP: usize = 1024;
+
+/// Flavor-only parts of [`resolve`] by namespace and flavor list. The catalog's content
+/// cannot change while it is shared (`insert` takes `&mut` and empties the memo), so an
+/// entry never goes stale. A clone starts empty.
+#[derive(Default)]
+struct ResolveMemo(std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<FlavorPart>>>);
+
+impl Clone for ResolveMemo {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl ResolveMemo {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, std::sync::Arc<FlavorPart>>>
+    {
+        // The map is only ever read or replaced whole, so a panic elsewhere cannot leave it torn.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn get(&self, key: &str, policy: &Policy) -> Option<std::sync::Arc<FlavorPart>> {
+        self.lock().get(key).filter(|p| p.fits(policy)).cloned()
+    }
+
+    fn put(&self, key: String, part: std::sync::Arc<FlavorPart>) {
+        let mut map = self.lock();
+        if map.len() >= MEMO_CAP && !map.contains_key(&key) {
+            map.clear();
+        }
+        map.insert(key, part);
+    }
+
+    fn clear(&mut self) {
+        self.0
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
 }
 
 static NEXT_CATALOG_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -269,6 +330,7 @@ impl Default for FlavorCatalog {
             cluster: BTreeMap::new(),
             namespaced: BTreeMap::new(),
             id: next_catalog_id(),
+            memo: ResolveMemo::default(),
         }
     }
 }
@@ -289,6 +351,7 @@ impl FlavorCatalog {
     /// same name, so a team migrating off Crossplane can shadow the old definition.
     pub fn insert(&mut self, def: FlavorDef) {
         self.id = next_catalog_id();
+        self.memo.clear();
         match &def.source {
             FlavorSource::ConfigMap { namespace, .. } => {
                 self.namespaced
@@ -312,6 +375,41 @@ impl FlavorCatalog {
             .get(namespace)
             .and_then(|m| m.get(name))
             .or_else(|| self.cluster.get(name))
+    }
+
+    /// The flavor-only part of resolving `names` in `namespace`, from the memo when an
+    /// earlier call worked it out under the same policy.
+    fn flavor_part(
+        &self,
+        namespace: &str,
+        names: &[String],
+        policy: &Policy,
+    ) -> std::sync::Arc<FlavorPart> {
+        let key = self.memo_key(namespace, names);
+        if let Some(part) = self.memo.get(&key, policy) {
+            return part;
+        }
+        let part = std::sync::Arc::new(flavor_part(names, namespace, self, policy));
+        self.memo.put(key, part.clone());
+        part
+    }
+
+    /// Names the flavor list unambiguously (each part length-prefixed). The whole list,
+    /// repeats included, because error paths carry the position of each name. The
+    /// namespace only matters where it has namespaced flavors; elsewhere every namespace
+    /// sees the same cluster flavors and shares one entry.
+    fn memo_key(&self, namespace: &str, names: &[String]) -> String {
+        use std::fmt::Write as _;
+        let mut key = String::with_capacity(16 + names.iter().map(|n| n.len() + 4).sum::<usize>());
+        if self.namespaced.contains_key(namespace) {
+            let _ = write!(key, "N{}:{namespace}", namespace.len());
+        } else {
+            key.push('A');
+        }
+        for n in names {
+            let _ = write!(key, "{}:{n}", n.len());
+        }
+        key
     }
 
     pub fn len(&self) -> usize {
@@ -473,18 +571,23 @@ fn overlay_map(
                 }
             }
             _ => {
-                let stale: Vec<String> = origins
-                    .0
-                    .keys()
-                    .filter(|p| is_prefix_path(&path, p))
-                    .cloned()
-                    .collect();
-                for p in stale {
-                    origins.0.remove(&p);
-                }
+                clear_origins_under(origins, &path);
                 base.insert(key.clone(), value.clone());
             }
         }
+    }
+}
+
+/// Forgets which flavor set `path` or anything under it: the inline spec replaces it.
+fn clear_origins_under(origins: &mut Origins, path: &str) {
+    let stale: Vec<String> = origins
+        .0
+        .keys()
+        .filter(|p| is_prefix_path(path, p))
+        .cloned()
+        .collect();
+    for p in stale {
+        origins.0.remove(&p);
     }
 }
 
@@ -518,92 +621,198 @@ pub struct Resolution {
 }
 
 /// Resolves `spec.flavors` for an actor in `namespace`. `spec` is the normalised inline spec.
+///
+/// What the flavor list alone decides (lookups, checks, warnings, the merge) is worked out
+/// once per catalog and list and kept in the catalog (many actors share a list); only the
+/// inline spec is laid over it on every call.
 pub fn resolve(
     spec: &AsyncActorSpec,
     namespace: &str,
     catalog: &FlavorCatalog,
     policy: &Policy,
 ) -> Result<Resolution, FieldErrors> {
-    let mut errs = FieldErrors::default();
-    let mut res = Resolution::default();
-    let mut layers: Vec<(&str, &Map<String, Value>)> = Vec::new();
+    let part = catalog.flavor_part(namespace, &spec.flavors, policy);
+    let merged = part.merged.as_ref().map_err(Clone::clone)?;
+    let (effective, origins) = match typed::overlay(spec, merged) {
+        Some(done) => done,
+        // A field the typed path cannot take exactly: the whole-spec path, with its error.
+        None => overlay_json(merged, spec)?,
+    };
+    Ok(Resolution {
+        spec: effective,
+        flavors: part.flavors.clone(),
+        missing: part.missing.clone(),
+        warnings: part.warnings.clone(),
+        origins,
+    })
+}
 
+/// Everything [`resolve`] derives from the flavor list, the catalog and the policy alone.
+#[derive(Debug)]
+struct FlavorPart {
+    flavors: Vec<ResolvedFlavor>,
+    missing: Vec<String>,
+    warnings: Vec<String>,
+    /// The flavors merged, or why the list cannot be used.
+    merged: Result<MergedFlavors, FieldErrors>,
+    /// The policy's `namespacedFlavorFields` when a namespaced flavor was checked against
+    /// them: the answer holds only for a policy with the same list.
+    policy_fields: Option<Vec<String>>,
+}
+
+impl FlavorPart {
+    fn fits(&self, policy: &Policy) -> bool {
+        self.policy_fields
+            .as_ref()
+            .is_none_or(|f| *f == policy.namespaced_flavor_fields)
+    }
+}
+
+/// The listed flavors merged in order, without the fields only the actor may set.
+#[derive(Debug)]
+struct MergedFlavors {
+    data: Map<String, Value>,
+    origins: Origins,
+    /// `data` parsed once, for the fields the inline spec leaves alone; `None` when it
+    /// does not parse (then only the whole-spec path can tell what the inline spec makes of it).
+    typed: Option<AsyncActorSpec>,
+    /// The keys whose `typed` value serialises back to exactly `data`'s.
+    exact: Vec<&'static str>,
+}
+
+/// Looks up and checks every listed flavor (a repeated name counts once, at its first
+/// position) and merges them.
+fn flavor_part(
+    names: &[String],
+    namespace: &str,
+    catalog: &FlavorCatalog,
+    policy: &Policy,
+) -> FlavorPart {
+    let mut errs = FieldErrors::default();
+    let mut part = FlavorPart {
+        flavors: Vec::new(),
+        missing: Vec::new(),
+        warnings: Vec::new(),
+        merged: Err(FieldErrors::default()),
+        policy_fields: None,
+    };
+    let mut layers: Vec<(&str, &Map<String, Value>)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
-    for (i, name) in spec.flavors.iter().enumerate() {
+    for (i, name) in names.iter().enumerate() {
         // A repeated name is reported by validation; merging it twice would only add noise.
         if !seen.insert(name) {
             continue;
         }
-        let path = format!("spec.flavors[{i}]");
         let Some(def) = catalog.get(namespace, name) else {
-            res.missing.push(name.clone());
+            part.missing.push(name.clone());
             continue;
         };
+        let path = format!("spec.flavors[{i}]");
         if let Some(problem) = &def.problem {
             errs.push(FieldError::invalid(
-                path.clone(),
+                path,
                 name.as_str(),
                 format!("flavor from {} is unusable: {problem}", def.source),
             ));
             continue;
         }
-        for f in ACTOR_ONLY_FIELDS {
-            if def.data.contains_key(f) {
-                errs.push(FieldError::invalid(
-                    path.clone(),
-                    name.as_str(),
-                    format!("flavor sets {f}, which only the actor may set"),
-                ));
-            }
-        }
+        errs.extend(check_listed_flavor(def, &path, namespace, policy));
         if let FlavorSource::ConfigMap { .. } = &def.source {
-            errs.extend(check_namespaced_flavor(def, &path, namespace, policy));
+            part.policy_fields = Some(policy.namespaced_flavor_fields.clone());
         }
         if let Some(msg) = &def.deprecated {
-            let tail = if msg.is_empty() {
-                String::new()
-            } else {
-                format!(": {msg}")
-            };
-            res.warnings
-                .push(format!("flavor {name:?} is deprecated{tail}"));
+            part.warnings.push(deprecation_warning(name, msg));
         }
-        res.warnings.extend(def.warnings.iter().cloned());
-        res.flavors.push(ResolvedFlavor {
+        part.warnings.extend(def.warnings.iter().cloned());
+        part.flavors.push(ResolvedFlavor {
             name: name.clone(),
             source: def.source.clone(),
         });
         layers.push((name.as_str(), &def.data));
     }
-    if !res.missing.is_empty() {
-        let list: Vec<String> = res.missing.iter().map(|m| format!("{m:?}")).collect();
-        res.warnings.push(format!(
+    if !part.missing.is_empty() {
+        let list: Vec<String> = part.missing.iter().map(|m| format!("{m:?}")).collect();
+        part.warnings.push(format!(
             "flavor {} not found: the actor waits in phase Waiting until it exists",
             list.join(", ")
         ));
     }
-    if !errs.is_empty() {
-        return Err(errs);
-    }
+    part.merged = if errs.is_empty() {
+        merge_flavors(&layers).map(|(mut data, origins)| {
+            for f in ACTOR_ONLY_FIELDS {
+                data.remove(f);
+            }
+            let typed: Option<AsyncActorSpec> =
+                serde_json::from_value(Value::Object(data.clone())).ok();
+            let exact = typed
+                .as_ref()
+                .map(|t| typed::exact_keys(t, &data))
+                .unwrap_or_default();
+            MergedFlavors {
+                data,
+                origins,
+                typed,
+                exact,
+            }
+        })
+    } else {
+        Err(errs)
+    };
+    part
+}
 
-    let (mut merged, mut origins) = merge_flavors(&layers)?;
+/// What a usable flavor may not do where the actor lists it at `path`.
+fn check_listed_flavor(
+    def: &FlavorDef,
+    path: &str,
+    namespace: &str,
+    policy: &Policy,
+) -> FieldErrors {
+    let mut errs = FieldErrors::default();
     for f in ACTOR_ONLY_FIELDS {
-        merged.remove(f);
+        if def.data.contains_key(f) {
+            errs.push(FieldError::invalid(
+                path,
+                def.name.as_str(),
+                format!("flavor sets {f}, which only the actor may set"),
+            ));
+        }
     }
+    if let FlavorSource::ConfigMap { .. } = &def.source {
+        errs.extend(check_namespaced_flavor(def, path, namespace, policy));
+    }
+    errs
+}
+
+fn deprecation_warning(name: &str, msg: &str) -> String {
+    let tail = if msg.is_empty() {
+        String::new()
+    } else {
+        format!(": {msg}")
+    };
+    format!("flavor {name:?} is deprecated{tail}")
+}
+
+/// Lays the inline spec over the merged flavors as JSON and parses the result.
+fn overlay_json(
+    merged: &MergedFlavors,
+    spec: &AsyncActorSpec,
+) -> Result<(AsyncActorSpec, Origins), FieldErrors> {
+    let mut data = merged.data.clone();
+    let mut origins = merged.origins.clone();
     let inline = match serde_json::to_value(spec) {
         Ok(Value::Object(m)) => m,
         _ => Map::new(),
     };
-    overlay_inline(&mut merged, &inline, &mut origins);
-    res.spec = serde_json::from_value(Value::Object(merged)).map_err(|e| {
+    overlay_inline(&mut data, &inline, &mut origins);
+    let effective = serde_json::from_value(Value::Object(data)).map_err(|e| {
         FieldErrors(vec![FieldError::invalid(
             "spec.flavors",
             serde_json::to_value(&spec.flavors).unwrap_or_default(),
             format!("merged spec does not parse: {e}"),
         )])
     })?;
-    res.origins = origins;
-    Ok(res)
+    Ok((effective, origins))
 }
 
 /// Namespaced flavors are written by namespace users, so they may only set the fields the
@@ -893,3 +1102,6 @@ mod tests {
         assert_eq!(def.warnings.len(), 2);
     }
 }
+
+#[cfg(test)]
+mod equivalence;
