@@ -1,5 +1,7 @@
 //! AdmissionReview fixtures through `admission::handle`, one test per path.
 
+mod common;
+
 use std::collections::HashMap;
 
 use asya_api::config::ClusterConfig;
@@ -617,45 +619,37 @@ mod fuzz {
     }
 
     fn arb_json(depth: u32) -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::from),
-            any::<i64>().prop_map(Value::from),
-            "[a-zA-Z0-9._/~ -]{0,12}".prop_map(Value::from),
-        ];
-        let keys = prop::sample::select(vec![
-            "image",
-            "handler",
-            "actor",
-            "transport",
-            "flavors",
-            "scaling",
-            "minReplicas",
-            "maxReplicaCount",
-            "resiliency",
-            "policies",
-            "rules",
-            "workload",
-            "template",
-            "containers",
-            "env",
-            "name",
-            "value",
-            "sidecar",
-            "command",
-            "replicas",
-            "timeout",
-            "processing",
-            "x~y/z",
-        ]);
-        leaf.prop_recursive(depth, 32, 6, move |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
-                proptest::collection::btree_map(keys.clone(), inner, 0..5).prop_map(|m| {
-                    Value::Object(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-                }),
-            ]
-        })
+        common::arb_json(
+            depth,
+            vec![
+                "image",
+                "handler",
+                "actor",
+                "transport",
+                "flavors",
+                "scaling",
+                "minReplicas",
+                "maxReplicaCount",
+                "resiliency",
+                "policies",
+                "rules",
+                "workload",
+                "template",
+                "containers",
+                "env",
+                "name",
+                "value",
+                "sidecar",
+                "command",
+                "replicas",
+                "timeout",
+                "processing",
+                "x~y/z",
+            ],
+            true,
+            32,
+            6,
+        )
     }
 }
 

@@ -2,6 +2,8 @@
 //! whole-pod clone and diff, serde-encoded response): same response bytes, same outcome,
 //! same errors, over a varied corpus and over fuzzed bodies.
 
+mod common;
+
 use std::collections::HashMap;
 
 use asya_api::config::ClusterConfig;
@@ -472,40 +474,32 @@ mod fuzz {
     use proptest::prelude::*;
 
     fn arb_json(depth: u32) -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::from),
-            any::<i32>().prop_map(Value::from),
-            "[a-zA-Z0-9._/~ -]{0,8}".prop_map(Value::from),
-        ];
-        let keys = prop::sample::select(vec![
-            "name",
-            "image",
-            "env",
-            "value",
-            "valueFrom",
-            "args",
-            "command",
-            "volumeMounts",
-            "mountPath",
-            "volumes",
-            "emptyDir",
-            "initContainers",
-            "containers",
-            "restartPolicy",
-            "resources",
-            "asya-runtime",
-            "asya-sidecar",
-            "x~y/z",
-        ]);
-        leaf.prop_recursive(depth, 24, 5, move |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
-                proptest::collection::btree_map(keys.clone(), inner, 0..5).prop_map(|m| {
-                    Value::Object(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
-                }),
-            ]
-        })
+        common::arb_json(
+            depth,
+            vec![
+                "name",
+                "image",
+                "env",
+                "value",
+                "valueFrom",
+                "args",
+                "command",
+                "volumeMounts",
+                "mountPath",
+                "volumes",
+                "emptyDir",
+                "initContainers",
+                "containers",
+                "restartPolicy",
+                "resources",
+                "asya-runtime",
+                "asya-sidecar",
+                "x~y/z",
+            ],
+            false,
+            24,
+            5,
+        )
     }
 
     fn arb_container() -> impl Strategy<Value = Value> {
