@@ -373,8 +373,9 @@ async fn run() -> anyhow::Result<()> {
         vresp.len(),
         presp.len()
     );
-    // HTTP/1.1 and h2 (what the API server speaks when ALPN offers it). Each webhook run
-    // comes right after its ceilings, so they see the same machine.
+    // HTTP/1.1 (what the API server uses for admission webhooks, so that its requests
+    // spread over replicas: kubernetes/kubernetes#82090) and h2 (the server offers both).
+    // Each webhook run comes right after its ceilings, so they see the same machine.
     for h2 in [false, true] {
         let cl = Client {
             ca: &ca.cert_pem,
