@@ -271,6 +271,15 @@ impl std::fmt::Debug for FlavorCatalog {
     }
 }
 
+/// Longest flavor name kept in the memo: a Kubernetes object name (DNS subdomain).
+const MEMO_NAME_MAX: usize = 253;
+
+/// Whether `names` may be kept: no longer than validation allows, each name no longer than
+/// an object name. Bounds the memo to `MEMO_CAP` × 8 × 253 bytes of names.
+fn memoisable(names: &[String]) -> bool {
+    names.len() <= MAX_FLAVORS && names.iter().all(|n| n.len() <= MEMO_NAME_MAX)
+}
+
 /// The most flavor lists a catalog remembers; past it the memo starts over (a cluster has
 /// far fewer distinct lists, so this only bounds memory against odd inputs).
 const MEMO_CAP: usize = 1024;
@@ -385,6 +394,12 @@ impl FlavorCatalog {
         names: &[String],
         policy: &Policy,
     ) -> std::sync::Arc<FlavorPart> {
+        // Lists validation refuses anyway are worked out but not kept: the memo holds
+        // about three copies of the names, and admission resolves before it validates, so
+        // keeping them would let anyone who may create AsyncActors fill memory.
+        if !memoisable(names) {
+            return std::sync::Arc::new(flavor_part(names, namespace, self, policy));
+        }
         let key = self.memo_key(namespace, names);
         if let Some(part) = self.memo.get(&key, policy) {
             return part;
@@ -1100,6 +1115,25 @@ mod tests {
             json!({"resiliency": {"policies": {"transient": {"initialInterval": "1s"}}, "rules": [{"match": "A", "policy": "transient"}, {"match": "B", "policy": "transient"}]}})
         );
         assert_eq!(def.warnings.len(), 2);
+    }
+
+    /// Lists validation refuses are resolved but not remembered: admission resolves before
+    /// it validates, so remembering them would let any client fill the memo with names.
+    #[test]
+    fn refused_lists_are_not_memoised() {
+        let cat = FlavorCatalog::new();
+        let policy = Policy::default();
+        let too_many: Vec<String> = (0..=MAX_FLAVORS).map(|i| format!("flavor-{i}")).collect();
+        let too_long = vec!["x".repeat(MEMO_NAME_MAX + 1)];
+        for names in [too_many, too_long] {
+            let s = spec(json!({"flavors": names}));
+            let first = resolve(&s, "ns", &cat, &policy);
+            assert!(cat.memo.lock().is_empty(), "{names:?} was memoised");
+            assert_eq!(resolve(&s, "ns", &cat, &policy), first);
+        }
+        let ok = spec(json!({"flavors": ["flavor-a", "flavor-b"]}));
+        let _ = resolve(&ok, "ns", &cat, &policy);
+        assert_eq!(cat.memo.lock().len(), 1);
     }
 }
 

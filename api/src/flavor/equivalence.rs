@@ -392,7 +392,7 @@ fn kind() -> impl Strategy<Value = Kind> {
         2 => pick(&NAMESPACES).prop_map(Kind::ConfigMap),
         1 => Just(Kind::Broken),
         1 => Just(Kind::ActorOnly),
-        1 => (0..5u8).prop_map(Kind::Raw),
+        1 => (0..6u8).prop_map(Kind::Raw),
     ]
 }
 
@@ -402,6 +402,10 @@ fn raw_data(variant: u8) -> Map<String, Value> {
         1 => json!({"image": null, "bogus": 1, "nodeSelector": {"raw": "r"}}),
         2 => json!({"env": [], "scaling": {"minReplicaCount": "x"}}),
         3 => json!({"scaling": {"maxReplicaCount": 7}, "tolerations": [{"key": "raw"}]}),
+        // Top-level nulls: they parse to the absent value, which is not the same as unset.
+        5 => {
+            json!({"scaling": null, "resources": null, "resiliency": null, "nodeSelector": {"n": "r"}})
+        }
         // Parses, but does not serialise back the same: the typed overlay must not be used.
         _ => json!({"scaling": {"maxReplicaCount": 7, "bogus": 1}, "resources": {"limits": null},
             "env": [{"name": "A", "value": "r", "extra": true}], "tolerations": [{"key": "raw", "x": 1}]}),
@@ -524,4 +528,31 @@ proptest! {
             }
         }
     }
+}
+
+/// Found by review: a flavor whose data has `"scaling": null` made the typed overlay drop
+/// the actor's inline `scaling`.
+#[test]
+fn null_top_level_flavor_field_keeps_the_inline_value() {
+    let mut cat = FlavorCatalog::new();
+    let mut data = Map::new();
+    data.insert("scaling".into(), Value::Null);
+    cat.insert(FlavorDef {
+        name: "nul".into(),
+        source: FlavorSource::Flavor,
+        data,
+        deprecated: None,
+        problem: None,
+        warnings: vec![],
+    });
+    let spec: AsyncActorSpec =
+        serde_json::from_value(json!({"flavors": ["nul"], "scaling": {"minReplicaCount": 2}}))
+            .unwrap();
+    let got = resolve(&spec, "ns", &cat, &Policy::default());
+    assert_eq!(
+        got,
+        resolve_reference(&spec, "ns", &cat, &Policy::default())
+    );
+    let spec_scaling = got.unwrap().spec.scaling.unwrap();
+    assert_eq!(spec_scaling.min_replica_count, Some(2));
 }

@@ -149,7 +149,10 @@ macro_rules! spec_fields {
         pub(super) fn exact_keys(typed: &AsyncActorSpec, data: &Map<String, Value>) -> Vec<&'static str> {
             let mut keys = Vec::new();
             $(
+                // A `null` parses to the field's absent value, which the typed overlay
+                // treats as unset while the JSON overlay replaces it: not exact.
                 if let Some(v) = data.get($key)
+                    && !v.is_null()
                     && serde_json::to_value(&typed.$field).ok().as_ref() == Some(v)
                 {
                     keys.push($key);
