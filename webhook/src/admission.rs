@@ -435,13 +435,7 @@ fn actor(
                 .collect();
             match serde_json::to_vec(&patch) {
                 Ok(bytes) => patched(resp, bytes, warnings),
-                Err(e) => deny(
-                    resp,
-                    500,
-                    "InternalError",
-                    format!("cannot encode the patch: {e}"),
-                    vec![],
-                ),
+                Err(e) => cannot_encode_patch(resp, e),
             }
         }
     }
@@ -455,14 +449,18 @@ fn patched(resp: AdmissionResponse, bytes: Vec<u8>, warnings: Vec<String>) -> Ad
             r.patch = Some(bytes);
             with_warnings(r, warnings)
         }
-        Err(e) => deny(
-            resp,
-            500,
-            "InternalError",
-            format!("cannot encode the patch: {e}"),
-            vec![],
-        ),
+        Err(e) => cannot_encode_patch(resp, e),
     }
+}
+
+fn cannot_encode_patch(resp: AdmissionResponse, e: impl std::fmt::Display) -> AdmissionResponse {
+    deny(
+        resp,
+        500,
+        "InternalError",
+        format!("cannot encode the patch: {e}"),
+        vec![],
+    )
 }
 
 /// What to add to a pod that asks for injection without saying for what.
@@ -630,6 +628,12 @@ enum PatchBy {
     Parts,
 }
 
+/// The copy [`PatchBy`] takes before injecting.
+enum Before {
+    Pod(Box<Pod>),
+    Parts(Touched),
+}
+
 /// Injection into a pod being created, however it was parsed. `req_ns`: the request's
 /// namespace.
 fn admit_pod(
@@ -657,14 +661,16 @@ fn admit_pod(
             );
         }
     };
+    if pod.spec.is_none() {
+        return deny(resp, 400, "BadRequest", "pod has no spec".into(), vec![]);
+    }
     // The patch compares typed-before with typed-after (see `patch`).
     let before = match by {
-        PatchBy::WholePod => Ok(pod.clone()),
-        PatchBy::Parts => Err(Touched::cloned(&pod)),
+        PatchBy::WholePod => Before::Pod(Box::new(pod.clone())),
+        PatchBy::Parts => Before::Parts(Touched::cloned(&pod)),
     };
-    let Some(spec) = pod.spec.as_mut() else {
-        return deny(resp, 400, "BadRequest", "pod has no spec".into(), vec![]);
-    };
+    // Present: checked above.
+    let spec = pod.spec.get_or_insert_default();
     if let Err(e) = inject_pod(
         &mut pod.metadata,
         spec,
@@ -681,10 +687,8 @@ fn admit_pod(
         );
     }
     let patch = match before {
-        Ok(before) => pod_patch(before, pod),
-        Err(Some(before)) => injected_patch(&before, &pod, ctx.memo.map(|m| &m.1)),
-        // A pod without a spec was denied above.
-        Err(None) => Err(serde::ser::Error::custom("pod has no spec")),
+        Before::Pod(before) => pod_patch(*before, pod),
+        Before::Parts(before) => injected_patch(&before, &pod, ctx.memo.map(|m| &m.1)),
     };
     let patch = match patch {
         Ok(p) => p,

@@ -28,15 +28,15 @@ pub struct Touched {
 }
 
 impl Touched {
-    /// Copies of the parts, or `None` when the pod has no spec.
-    pub fn cloned(pod: &Pod) -> Option<Self> {
-        let spec = pod.spec.as_ref()?;
-        Some(Touched {
+    /// Copies of the parts (a pod without a spec has only its annotations).
+    pub fn cloned(pod: &Pod) -> Self {
+        let spec = pod.spec.as_ref();
+        Touched {
             annotations: pod.metadata.annotations.clone(),
-            volumes: spec.volumes.clone(),
-            init_containers: spec.init_containers.clone(),
-            containers: spec.containers.clone(),
-        })
+            volumes: spec.and_then(|s| s.volumes.clone()),
+            init_containers: spec.and_then(|s| s.init_containers.clone()),
+            containers: spec.map(|s| s.containers.clone()).unwrap_or_default(),
+        }
     }
 
     /// Takes the parts out, or `None` (nothing taken) when the pod has no spec.
@@ -535,7 +535,7 @@ mod tests {
         for native in [true, false, true, false] {
             for v in pods() {
                 let before: Pod = serde_json::from_value(v).unwrap();
-                let parts = Touched::cloned(&before).unwrap();
+                let parts = Touched::cloned(&before);
                 let mut after = before.clone();
                 let spec = after.spec.as_mut().unwrap();
                 inject_pod(&mut after.metadata, spec, &settings(), &cfg, native).unwrap();
