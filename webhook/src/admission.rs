@@ -80,11 +80,11 @@ pub type PodSettings = Result<(ActorSettings, Vec<String>), (u16, String)>;
 /// flavor catalog: every replica and rollout of an actor asks the same question, and the
 /// answer changes only with the AsyncActor (its resourceVersion) or the catalog (its id).
 #[derive(Default)]
-pub struct SettingsMemo(
-    std::sync::Mutex<HashMap<(String, String), MemoEntry>>,
+pub struct SettingsMemo {
+    settings: std::sync::Mutex<HashMap<(String, String), MemoEntry>>,
     /// The containers injection adds, rendered once (they depend on the settings only).
-    crate::patch::RenderCache,
-);
+    rendered: crate::patch::RenderCache,
+}
 
 struct MemoEntry {
     version: String,
@@ -97,14 +97,14 @@ const MEMO_MAX: usize = 4096;
 
 impl SettingsMemo {
     fn get(&self, ns: &str, name: &str, version: &str, catalog: u64) -> Option<PodSettings> {
-        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let m = self.settings.lock().unwrap_or_else(|e| e.into_inner());
         m.get(&(ns.to_string(), name.to_string()))
             .filter(|e| e.version == version && e.catalog == catalog)
             .map(|e| e.settings.clone())
     }
 
     fn put(&self, ns: &str, name: &str, version: String, catalog: u64, settings: &PodSettings) {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.settings.lock().unwrap_or_else(|e| e.into_inner());
         if m.len() >= MEMO_MAX {
             m.clear();
         }
@@ -119,7 +119,10 @@ impl SettingsMemo {
     }
 
     pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.settings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -688,7 +691,7 @@ fn admit_pod(
     }
     let patch = match before {
         Before::Pod(before) => pod_patch(*before, pod),
-        Before::Parts(before) => injected_patch(&before, &pod, ctx.memo.map(|m| &m.1)),
+        Before::Parts(before) => injected_patch(&before, &pod, ctx.memo.map(|m| &m.rendered)),
     };
     let patch = match patch {
         Ok(p) => p,
