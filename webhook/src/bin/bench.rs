@@ -341,8 +341,11 @@ async fn run() -> anyhow::Result<()> {
         std::future::pending(),
     ));
 
+    // `ASYA_BENCH_PROFILE=CASE`: only that case, below and in the logic loop (with
+    // `ASYA_BENCH_LOGIC_ONLY`); the loop is skipped otherwise.
+    let profile = std::env::var("ASYA_BENCH_PROFILE").ok();
     // Where the time goes: the admission logic alone, no TLS or HTTP, one core.
-    {
+    if profile.is_none() || logic_only.is_some() {
         let catalog = shared.catalog();
         let ctx = asya_webhook::admission::Ctx {
             config: &shared.config,
@@ -363,6 +366,9 @@ async fn run() -> anyhow::Result<()> {
                 &pbody,
             ),
         ] {
+            if profile.as_deref().is_some_and(|p| p != name) {
+                continue;
+            }
             // `ASYA_BENCH_LOGIC_ONLY=N`: N iterations each, then stop (for `perf record`).
             let n = logic_only.unwrap_or(4000).max(20);
             // In 20 batches: the median and the best batch say more than one mean on a
@@ -386,6 +392,29 @@ async fn run() -> anyhow::Result<()> {
         }
     }
     if logic_only.is_some() {
+        return Ok(());
+    }
+    // `ASYA_BENCH_PROFILE=validate|inject|ceiling-validate|ceiling-inject`: only that load,
+    // HTTP/1.1, for SECONDS, then stop (for `perf record` under load).
+    if let Some(case) = profile {
+        let (addr, path, body) = match case.as_str() {
+            "validate" => (webhook, "/validate/asyncactors", &vbody),
+            "inject" => (webhook, "/mutate/pods", &pbody),
+            "ceiling-validate" => (ceiling_addr, "/validate", &vbody),
+            "ceiling-inject" => (ceiling_addr, "/inject", &pbody),
+            other => anyhow::bail!(
+                "ASYA_BENCH_PROFILE={other:?}: expected validate, inject, ceiling-validate or ceiling-inject"
+            ),
+        };
+        let cl = Client {
+            ca: &ca.cert_pem,
+            conns,
+            h2: false,
+        };
+        let f = load(&cl, addr, path, body.clone(), dur, None)
+            .await?
+            .figures();
+        show(&format!("HTTP/1.1 {case}"), &f, None);
         return Ok(());
     }
     println!(
