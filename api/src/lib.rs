@@ -26,4 +26,7 @@ pub mod review;
 pub mod validate;
 
 pub use resolved::ResolvedActor;
-pub use review::{ActorReview, ReviewRequest, review_actor, review_actor_decision};
+pub use review::{
+    ActorReview, ParsedActor, ParsedOld, ReviewRequest, review_actor, review_actor_decision,
+    review_parsed_decision,
+};

@@ -101,6 +101,25 @@ fn parse_spec(
     }
 }
 
+/// A spec parsed from its JSON text, and whether the text had fields the type does not
+/// know (which [`review_actor`] would warn of, or refuse, as `command`). `None` when it does
+/// not parse. For text a JSON `Value` holds exactly (numbers within `f64`, no lone
+/// surrogates, nesting within serde_json's limit), the spec is the one [`review_actor`]
+/// parses from that text's `Value`. A key given twice, where the `Value` keeps the last,
+/// either fails here (a field of a derived struct) or is taken last here too (maps and
+/// Kubernetes types), or is an unknown field, reported either way.
+pub fn spec_from_text(text: &str) -> Option<(AsyncActorSpec, bool)> {
+    let mut unknown = false;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let spec = AsyncActorSpec::deserialize(serde_ignored::Deserializer::new(
+        &mut de,
+        &mut |_: serde_ignored::Path<'_>| unknown = true,
+    ))
+    .ok()?;
+    de.end().ok()?;
+    Some((spec, unknown))
+}
+
 /// The value at a serde path, to quote it back to the user.
 fn lookup<'v>(root: &'v Value, path: &serde_path_to_error::Path) -> Option<&'v Value> {
     let mut v = root;
@@ -144,11 +163,89 @@ pub fn review_actor_decision(req: &ReviewRequest<'_>) -> ActorReview {
 
 fn review(req: &ReviewRequest<'_>, with_mutated: bool) -> ActorReview {
     let mut out = ActorReview::default();
-    let meta: ObjectMeta = req
-        .object
+    let meta = meta_of(req.object);
+    let Some(spec) = parse_spec(req.object, &mut out.warnings, &mut out.errors) else {
+        return out;
+    };
+    let old = req.old_object.map(|old| {
+        let mut ignore_w = Vec::new();
+        let mut ignore_e = FieldErrors::default();
+        let name = old
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        (name, parse_spec(old, &mut ignore_w, &mut ignore_e))
+    });
+    decide(
+        out,
+        &meta,
+        spec,
+        old,
+        with_mutated.then_some(req.object),
+        req.namespace,
+        req.catalog,
+        req.config,
+    )
+}
+
+/// The object's metadata as the review reads it: absent or malformed, empty.
+fn meta_of(object: &Value) -> ObjectMeta {
+    object
         .get("metadata")
         .and_then(|m| ObjectMeta::deserialize(m).ok())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// An AsyncActor its caller has parsed itself, more cheaply than through a JSON `Value`
+/// (the webhook, from the request's text).
+pub struct ParsedActor<'a> {
+    pub metadata: &'a ObjectMeta,
+    /// The spec, which must have parsed without unknown fields: [`review_actor`] warns of
+    /// those, and only it sees them.
+    pub spec: AsyncActorSpec,
+}
+
+/// The stored object of an UPDATE, parsed by the caller: its `metadata.name`, and its spec
+/// (`None` when it has none; a spec that does not parse cannot be given this way).
+pub struct ParsedOld {
+    pub name: Option<String>,
+    pub spec: Option<AsyncActorSpec>,
+}
+
+/// [`review_actor_decision`] of an object given parsed: the same review as for the object
+/// it was parsed from.
+pub fn review_parsed_decision(
+    actor: ParsedActor<'_>,
+    old: Option<ParsedOld>,
+    namespace: Option<&str>,
+    catalog: &FlavorCatalog,
+    config: &ClusterConfig,
+) -> ActorReview {
+    decide(
+        ActorReview::default(),
+        actor.metadata,
+        actor.spec,
+        old.map(|o| (o.name, o.spec)),
+        None,
+        namespace,
+        catalog,
+        config,
+    )
+}
+
+/// Everything after parsing. `old`: the stored object's name and spec, on UPDATE;
+/// `mutated_from`: the object, when the caller wants [`ActorReview::mutated`].
+#[allow(clippy::too_many_arguments)]
+fn decide(
+    mut out: ActorReview,
+    meta: &ObjectMeta,
+    mut spec: AsyncActorSpec,
+    old: Option<(Option<String>, Option<AsyncActorSpec>)>,
+    mutated_from: Option<&Value>,
+    namespace: Option<&str>,
+    catalog: &FlavorCatalog,
+    config: &ClusterConfig,
+) -> ActorReview {
     let name = meta
         .name
         .clone()
@@ -157,57 +254,44 @@ fn review(req: &ReviewRequest<'_>, with_mutated: bool) -> ActorReview {
     let namespace = meta
         .namespace
         .clone()
-        .or_else(|| req.namespace.map(str::to_string))
+        .or_else(|| namespace.map(str::to_string))
         .unwrap_or_else(|| "default".into());
 
-    let Some(mut spec) = parse_spec(req.object, &mut out.warnings, &mut out.errors) else {
-        return out;
-    };
-    let n = prepare(&mut spec, &name, req.config);
+    let n = prepare(&mut spec, &name, config);
     out.warnings.extend(n.warnings);
     out.errors.extend(n.errors);
 
-    if let Some(old) = req.old_object {
-        let mut ignore_w = Vec::new();
-        let mut ignore_e = FieldErrors::default();
-        let old_name = old
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or(&name)
-            .to_string();
-        if let Some(mut old_spec) = parse_spec(old, &mut ignore_w, &mut ignore_e) {
-            prepare(&mut old_spec, &old_name, req.config);
-            let queue = crate::naming::actor_queue(
-                &namespace,
-                old_spec.actor.as_deref().unwrap_or_default(),
-            );
-            for (field, new, old) in [
-                ("actor", &spec.actor, &old_spec.actor),
-                ("transport", &spec.transport, &old_spec.transport),
-            ] {
-                if new != old {
-                    out.errors.push(FieldError::invalid(
-                        format!("spec.{field}"),
-                        new.clone().unwrap_or_default(),
-                        format!(
-                            "field is immutable (was {:?}): the actor's queue {queue} lives on it; create a new AsyncActor instead",
-                            old.clone().unwrap_or_default()
-                        ),
-                    ));
-                }
+    if let Some((old_name, Some(mut old_spec))) = old {
+        let old_name = old_name.unwrap_or_else(|| name.clone());
+        prepare(&mut old_spec, &old_name, config);
+        let queue =
+            crate::naming::actor_queue(&namespace, old_spec.actor.as_deref().unwrap_or_default());
+        for (field, new, old) in [
+            ("actor", &spec.actor, &old_spec.actor),
+            ("transport", &spec.transport, &old_spec.transport),
+        ] {
+            if new != old {
+                out.errors.push(FieldError::invalid(
+                    format!("spec.{field}"),
+                    new.clone().unwrap_or_default(),
+                    format!(
+                        "field is immutable (was {:?}): the actor's queue {queue} lives on it; create a new AsyncActor instead",
+                        old.clone().unwrap_or_default()
+                    ),
+                ));
             }
         }
     }
 
-    if with_mutated {
-        let mut mutated = req.object.clone();
+    if let Some(object) = mutated_from {
+        let mut mutated = object.clone();
         if let (Some(obj), Ok(v)) = (mutated.as_object_mut(), serde_json::to_value(&spec)) {
             obj.insert("spec".into(), v);
         }
         out.mutated = Some(mutated);
     }
 
-    let resolution = match flavor::resolve(&spec, &namespace, req.catalog, &req.config.policy) {
+    let resolution = match flavor::resolve(&spec, &namespace, catalog, &config.policy) {
         Ok(r) => r,
         Err(errs) => {
             // The list itself (count, names, duplicates) is wrong or right whatever the
@@ -227,7 +311,7 @@ fn review(req: &ReviewRequest<'_>, with_mutated: bool) -> ActorReview {
     } = resolution;
     out.warnings.extend(warnings);
     out.missing_flavors = missing.clone();
-    let (effective, errors) = check_effective(merged, &missing, &origins, &namespace, req.config);
+    let (effective, errors) = check_effective(merged, &missing, &origins, &namespace, config);
     out.errors.extend(errors);
     if out.errors.is_empty() {
         if effective.workload.is_some() && crate::resolved::handler_of(&effective).is_none() {
@@ -237,7 +321,7 @@ fn review(req: &ReviewRequest<'_>, with_mutated: bool) -> ActorReview {
             &name,
             &namespace,
             effective,
-            req.config,
+            config,
             flavors.into_iter().map(|f| f.name).collect(),
             missing,
         );

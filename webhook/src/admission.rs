@@ -7,7 +7,10 @@ use asya_api::config::ClusterConfig;
 use asya_api::error::FieldErrors;
 use asya_api::flavor::FlavorCatalog;
 use asya_api::labels;
-use asya_api::review::{ActorReview, ReviewRequest, review_actor, review_actor_decision};
+use asya_api::review::{
+    ActorReview, ParsedActor, ParsedOld, ReviewRequest, review_actor, review_actor_decision,
+    review_parsed_decision,
+};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DynamicObject;
@@ -208,12 +211,67 @@ fn op_name(op: &Operation) -> &'static str {
 
 /// Parse and answer one AdmissionReview body.
 pub fn handle(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Result<Handled, BadRequest> {
-    if endpoint == Endpoint::MutatePods
-        && let Some(h) = handle_pod_create(body, ctx)
-    {
-        return Ok(h);
+    let fast = match endpoint {
+        Endpoint::MutatePods => handle_pod_create(body, ctx),
+        Endpoint::ValidateActors => handle_actor_validation(body, ctx),
+        Endpoint::MutateActors => None,
+    };
+    match fast {
+        Some(h) => Ok(h),
+        None => handle_reference(endpoint, body, ctx),
     }
-    handle_reference(endpoint, body, ctx)
+}
+
+/// The common validation (an AsyncActor CREATE or UPDATE whose spec has no unknown field)
+/// through the cheaper parse of [`crate::wire`]: the spec is parsed from the request's
+/// text, not through a JSON `Value`. `None` whenever that parse cannot vouch for the same
+/// answer as [`handle_reference`], which then answers. Public for the equivalence tests.
+#[doc(hidden)]
+pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
+    let review: crate::wire::WireReview<'_> = serde_json::from_slice(body).ok()?;
+    if review.types.kind != "AdmissionReview" || review.types.api_version != "admission.k8s.io/v1" {
+        return None;
+    }
+    let req = review.request?;
+    if req.kind.group != ACTOR_GROUP || req.kind.kind != ACTOR_KIND {
+        return None;
+    }
+    // The old parse checks an `oldObject` whatever the operation; only an UPDATE reads it.
+    let old = req.old_object.map(crate::wire::actor);
+    let old = match (&req.operation, old) {
+        (Operation::Create, None) => None,
+        (Operation::Update, Some(Some(old))) => Some(ParsedOld {
+            name: old.metadata.name,
+            spec: match old.spec.map(|s| s.get()) {
+                // What the old review makes of a spec it cannot parse: none.
+                None | Some("null") => None,
+                // Unknown fields of the stored spec do not matter (only its identity is
+                // read); a spec that does not parse here might still have parsed there.
+                Some(text) => Some(asya_api::review::spec_from_text(text)?.0),
+            },
+        }),
+        _ => return None,
+    };
+    let object = crate::wire::actor(req.object?)?;
+    let (spec, unknown) = asya_api::review::spec_from_text(object.spec?.get())?;
+    if unknown {
+        return None;
+    }
+    let operation = op_name(&req.operation);
+    let resp = allowing(review.types, req.uid);
+    let span = tracing::debug_span!("admit", endpoint = Endpoint::ValidateActors.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
+    let _g = span.enter();
+    let review = review_parsed_decision(
+        ParsedActor {
+            metadata: &object.metadata,
+            spec,
+        },
+        old,
+        req.namespace.as_deref(),
+        ctx.catalog,
+        ctx.config,
+    );
+    Some(handled(validated(resp, review, &req.name), operation))
 }
 
 /// The common pod request (a CREATE of a plain pod) through the cheaper parse of
@@ -237,17 +295,22 @@ pub fn handle_pod_create(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
     }
     let pod = crate::wire::pod(req.object?)?;
     let operation = op_name(&req.operation);
-    // As `AdmissionResponse::from(&request)` (kube keeps that the only public constructor
-    // from a request): the types and uid, allowed, nothing else.
-    let mut resp = AdmissionResponse::invalid("");
-    resp.types = review.types;
-    resp.uid = req.uid;
-    resp.allowed = true;
-    resp.result = Default::default();
+    let resp = allowing(review.types, req.uid);
     let span = tracing::debug_span!("admit", endpoint = Endpoint::MutatePods.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
     let _g = span.enter();
     let resp = admit_pod(pod, req.namespace, resp, ctx, PatchBy::Parts);
     Some(handled(resp, operation))
+}
+
+/// As `AdmissionResponse::from(&request)` for the fast paths (kube keeps that the only
+/// public constructor from a request): the types and uid, allowed, nothing else.
+fn allowing(types: kube::core::TypeMeta, uid: String) -> AdmissionResponse {
+    let mut resp = AdmissionResponse::invalid("");
+    resp.types = types;
+    resp.uid = uid;
+    resp.allowed = true;
+    resp.result = Default::default();
+    resp
 }
 
 fn handled(resp: AdmissionResponse, operation: &'static str) -> Handled {
@@ -413,16 +476,12 @@ fn actor(
     let ns = req.namespace.as_deref();
     let mutating = endpoint == Endpoint::MutateActors;
     let review = actor_review(obj, old, ns, ctx, mutating);
-    let what = format!("AsyncActor {:?}", req.name);
-    if !review.allowed() {
-        return with_warnings(deny_fields(resp, &what, &review.errors), review.warnings);
+    if !mutating || !review.allowed() {
+        return validated(resp, review, &req.name);
     }
-    match endpoint {
-        Endpoint::ValidateActors => with_warnings(resp, review.warnings),
-        _ => {
-            let Some(mutated) = review.mutated.as_ref() else {
-                return with_warnings(resp, review.warnings);
-            };
+    match review.mutated.as_ref() {
+        None => with_warnings(resp, review.warnings),
+        Some(mutated) => {
             let patch = json_patch::diff(obj, mutated);
             if patch.0.is_empty() {
                 // Nothing rewritten: the validating webhook reports the warnings.
@@ -442,6 +501,15 @@ fn actor(
             }
         }
     }
+}
+
+/// The validating answer: denied with every error, or allowed; with the warnings either way.
+fn validated(resp: AdmissionResponse, review: ActorReview, name: &str) -> AdmissionResponse {
+    if review.allowed() {
+        return with_warnings(resp, review.warnings);
+    }
+    let what = format!("AsyncActor {name:?}");
+    with_warnings(deny_fields(resp, &what, &review.errors), review.warnings)
 }
 
 /// `resp` allowing with the encoded JSON patch `bytes` and `warnings`.

@@ -1,15 +1,16 @@
-//! A cheaper parse of the pod-injection request, for the common case only.
+//! A cheaper parse of the common admission requests: a pod to inject, an AsyncActor to
+//! validate.
 //!
 //! [`crate::admission::handle`] used to parse every body as kube's
 //! `AdmissionReview<RawObject>`: the object became a `serde_json::Value` tree, its metadata
 //! was parsed again into `ObjectMeta`, and a pod was then converted from the tree into a
 //! typed `Pod`. Here the envelope is parsed with the same types as kube's, except that the
-//! objects are borrowed as raw JSON text, and a pod is parsed from that text straight into
-//! its typed form.
+//! objects are borrowed as raw JSON text, and a pod (or an AsyncActor's metadata and spec)
+//! is parsed from that text straight into its typed form.
 //!
 //! The answer must not change, so this parse is only trusted where it provably accepts no
-//! more than the old one did, and yields the same pod: on any doubt (a parse error, an
-//! unusual number or escape, deep nesting, anything but a pod CREATE) the caller falls back
+//! more than the old one did, and yields the same object: on any doubt (a parse error, an
+//! unusual number or escape, deep nesting, a request of another kind) the caller falls back
 //! to the old parse, which also keeps every error message as it was.
 
 use k8s_openapi::api::authentication::v1::UserInfo;
@@ -110,6 +111,27 @@ pub(crate) fn pod(raw: &RawValue) -> Option<Pod> {
         spec: p.spec,
         status: p.status,
     })
+}
+
+/// An AsyncActor as the old parse read it, with its spec left as text.
+#[derive(Deserialize)]
+pub(crate) struct ActorWire<'a> {
+    // Present, it must be an `ObjectMeta` (`null` is refused), as `RawObject` wants.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(borrow, default)]
+    pub spec: Option<&'a RawValue>,
+}
+
+/// The AsyncActor in `raw` (an AdmissionReview's object), when the old parse surely
+/// accepted `raw` and reads the same metadata and spec from it; `None` when in doubt.
+/// A repeated `metadata` or `spec` is refused (the old parse kept the last).
+pub(crate) fn actor(raw: &RawValue) -> Option<ActorWire<'_>> {
+    let text = raw.get();
+    if !text.starts_with('{') || !plain(text) {
+        return None;
+    }
+    serde_json::from_str(text).ok()
 }
 
 /// Deepest nesting taken here. The old parse refused an object nested past 125 levels

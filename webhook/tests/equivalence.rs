@@ -1,6 +1,7 @@
-//! The fast pod path answers exactly as the reference path (kube's `AdmissionReview` parse,
-//! whole-pod clone and diff, serde-encoded response): same response bytes, same outcome,
-//! same errors, over a varied corpus and over fuzzed bodies.
+//! The fast paths (a pod to inject; an AsyncActor to validate) answer exactly as the
+//! reference path (kube's `AdmissionReview` parse, the object as a JSON `Value`, whole-pod
+//! clone and diff, serde-encoded response): same response bytes, same outcome, same
+//! errors, over varied corpora (the seed examples among them) and over fuzzed bodies.
 
 mod common;
 
@@ -10,7 +11,7 @@ use asya_api::config::ClusterConfig;
 use asya_api::flavor::{FlavorCatalog, FlavorDef, FlavorSource};
 use asya_webhook::admission::{
     ActorLookup, Ctx, Endpoint, SettingsMemo, encode_review, encode_review_reference, handle,
-    handle_pod_create, handle_reference,
+    handle_actor_validation, handle_pod_create, handle_reference,
 };
 use serde_json::{Value, json};
 
@@ -46,7 +47,11 @@ fn actor(ns: &str, name: &str, spec: Value) -> Value {
 
 impl Env {
     fn new() -> Self {
-        let mut catalog = FlavorCatalog::new();
+        Self::with_catalog(FlavorCatalog::new())
+    }
+
+    /// `catalog` and the flavor the crafted actors use.
+    fn with_catalog(mut catalog: FlavorCatalog) -> Self {
         catalog.insert(FlavorDef::from_data(
             "gpu-small",
             FlavorSource::Flavor,
@@ -139,9 +144,17 @@ fn answer(
     }
 }
 
-/// Checks one body on every endpoint and context; true when the fast path took it.
-fn same(env: &Env, body: &[u8]) -> bool {
-    let mut fast = false;
+/// Which path answered a body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Took {
+    Reference,
+    Pod,
+    Actor,
+}
+
+/// Checks one body on every endpoint and context; which path took it.
+fn same(env: &Env, body: &[u8]) -> Took {
+    let mut took = Took::Reference;
     for ctx in env.contexts() {
         for ep in [
             Endpoint::MutatePods,
@@ -159,9 +172,17 @@ fn same(env: &Env, body: &[u8]) -> bool {
                 String::from_utf8_lossy(body)
             );
         }
-        fast |= handle_pod_create(body, &ctx).is_some();
+        match (
+            handle_pod_create(body, &ctx).is_some(),
+            handle_actor_validation(body, &ctx).is_some(),
+        ) {
+            (true, true) => panic!("both fast paths took a body"),
+            (true, false) => took = Took::Pod,
+            (false, true) => took = Took::Actor,
+            (false, false) => {}
+        }
     }
-    fast
+    took
 }
 
 fn review(kind: Value, op: &str, ns: Option<&str>, object: Value, old: Option<Value>) -> Value {
@@ -315,7 +336,7 @@ fn fast_and_reference_paths_answer_alike() {
                         r["request"]["dryRun"] = json!(dry);
                         let body = serde_json::to_vec(&r).unwrap();
                         total += 1;
-                        if same(&env, &body) {
+                        if same(&env, &body) == Took::Pod {
                             fast += 1;
                             assert!(op == "CREATE" && old.is_none());
                         }
@@ -328,31 +349,162 @@ fn fast_and_reference_paths_answer_alike() {
     assert_eq!(fast, pods().len() * 3 * 2, "{fast} of {total}");
 }
 
-/// Actor reviews: denials with causes, warnings, patches (only the encoding is new here).
-#[test]
-fn actor_reviews_answer_alike() {
-    let env = Env::new();
-    let kind = json!({"group": "asya.sh", "version": "v1alpha1", "kind": "AsyncActor"});
+fn actor_kind() -> Value {
+    json!({"group": "asya.sh", "version": "v1alpha1", "kind": "AsyncActor"})
+}
+
+/// The seed examples (deploy/examples) and the bad examples (tests/fixtures/invalid): their
+/// flavors in a catalog, and every AsyncActor.
+fn examples() -> (FlavorCatalog, Vec<Value>) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the webhook crate lives in the workspace")
+        .to_path_buf();
+    let docs = asya_webhook::validate_cmd::read_documents(&[
+        root.join("deploy/examples"),
+        root.join("tests/fixtures/invalid"),
+    ])
+    .expect("the examples read");
+    let mut catalog = FlavorCatalog::new();
+    let mut actors = Vec::new();
+    for d in docs {
+        let v = d.value;
+        match v["kind"].as_str() {
+            Some("Flavor") => catalog.insert(FlavorDef::from_flavor(
+                &serde_json::from_value(v).expect("a Flavor"),
+            )),
+            Some("EnvironmentConfig") => {
+                if let Some(f) = FlavorDef::from_environment_config(&v) {
+                    catalog.insert(f);
+                }
+            }
+            Some("AsyncActor") => actors.push(v),
+            _ => {}
+        }
+    }
+    assert!(actors.len() >= 60, "{} AsyncActors", actors.len());
+    (catalog, actors)
+}
+
+/// Specs that take the other branches: aliases, `command`, unknown fields, odd values.
+fn crafted_actors() -> Vec<Value> {
+    let mut out = Vec::new();
     for spec in [
         json!({"image": "i", "handler": "m.f", "flavors": ["gpu-small"]}),
         json!({"image": "i", "handler": "m.f", "flavors": ["not-there"]}),
         json!({"image": "i", "handler": "m.f", "scaling": {"minReplicas": 1, "maxReplicas": 4}}),
         json!({"handler": "not a handler", "imagePullPolicy": "Sometimes",
                "scaling": {"minReplicaCount": 5, "maxReplicaCount": 2}}),
+        json!({"image": "i", "handler": "m.f", "command": ["python"]}),
+        json!({"image": "i", "handler": "m.f", "unknown": 1, "scaling": {"alsoUnknown": true}}),
+        json!({"image": "i", "handler": "m.f", "replicas": 1.5}),
+        json!({"image": "i", "handler": "m.f", "replicas": -0}),
+        json!({"image": "i", "handler": "m.f", "replicas": 9007199254740993_u64}),
+        json!({"image": "i\u{e9}\u{1f600}", "handler": "m.f", "env": [{"name": "A", "value": "\"\\/"}]}),
+        json!({"image": "i", "handler": "m.f", "timeout": {"processing": "30s"}}),
+        json!({"image": "i", "handler": "m.f", "actor": "Bad_Name", "transport": "nope"}),
+        json!({"image": "i", "handler": "m.f", "resources": {"limits": {"cpu": 2}}}),
+        json!({"image": "i", "handler": "m.f", "volumes": [{"name": "v", "emptyDir": {"sizeLimit": "1Gi"}, "unknownField": 1}]}),
+        json!({"image": "i", "handler": "m.f", "workload": {"kind": "Deployment",
+               "template": {"metadata": {"creationTimestamp": "2026-01-01T00:00:00.5Z"},
+                            "spec": {"containers": [{"name": "asya-runtime", "image": "i"}]}}}}),
+        json!({}),
+        json!(null),
+        json!([]),
+        json!("spec"),
     ] {
-        for op in ["CREATE", "UPDATE", "DELETE"] {
-            let a = actor("team-a", "echo", spec.clone());
-            let body = serde_json::to_vec(&review(
-                kind.clone(),
-                op,
-                Some("team-a"),
-                a.clone(),
-                Some(a),
-            ))
-            .unwrap();
-            assert!(!same(&env, &body));
+        out.push(actor("team-a", "echo", spec));
+    }
+    // Identity from generateName, from the request's namespace, or from neither.
+    out.push(
+        json!({"metadata": {"generateName": "gen-"}, "spec": {"image": "i", "handler": "m.f"}}),
+    );
+    out.push(json!({"spec": {"image": "i", "handler": "m.f"}}));
+    out.push(json!({"metadata": null, "spec": {"image": "i", "handler": "m.f"}}));
+    out.push(json!({"metadata": {"name": 1}, "spec": {"image": "i", "handler": "m.f"}}));
+    out.push(json!({"metadata": {"name": "echo"}}));
+    out
+}
+
+/// What an UPDATE may carry as the stored object.
+fn olds(a: &Value) -> Vec<Value> {
+    let mut out = vec![a.clone()];
+    let mut set = |ptr: &str, v: Value| {
+        let mut o = a.clone();
+        if let Some(spec) = o.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.insert(ptr.into(), v);
+        }
+        out.push(o);
+    };
+    set("actor", json!("renamed"));
+    set("transport", json!("sqs"));
+    set("unknownOld", json!(1));
+    set("replicas", json!("not a number"));
+    let mut o = a.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.remove("spec");
+    }
+    out.push(o.clone());
+    o["spec"] = Value::Null;
+    out.push(o);
+    let mut o = a.clone();
+    o["metadata"] = json!({"name": "old-name"});
+    out.push(o);
+    out.push(json!({"spec": {"actor": "x"}}));
+    out.push(json!([1]));
+    out
+}
+
+/// Every example, bad example and crafted actor, on CREATE, UPDATE (against every kind of
+/// stored object) and DELETE: the same answer both ways, and the fast path takes what it
+/// is for.
+#[test]
+fn actor_reviews_answer_alike() {
+    let (catalog, mut actors) = examples();
+    let env = Env::with_catalog(catalog);
+    actors.extend(crafted_actors());
+    let (mut fast, mut total) = (0, 0);
+    for a in &actors {
+        // Whether the spec parses, with no field its type does not know.
+        let plain = serde_json::from_value::<asya_api::types::AsyncActorSpec>(a["spec"].clone())
+            .is_ok()
+            && a["spec"].is_object()
+            && !serde_json::to_string(&a["spec"])
+                .unwrap()
+                .contains("nknown")
+            && a["spec"].get("command").is_none();
+        for ns in [Some("team-a"), None] {
+            let mut bodies = vec![("CREATE", None), ("DELETE", Some(a.clone()))];
+            // Every kind of stored object once: the namespace does not bear on them.
+            if ns.is_some() {
+                bodies.extend(olds(a).into_iter().map(|o| ("UPDATE", Some(o))));
+            } else {
+                bodies.push(("UPDATE", Some(a.clone())));
+            }
+            for (op, old) in bodies {
+                let body =
+                    serde_json::to_vec(&review(actor_kind(), op, ns, a.clone(), old.clone()))
+                        .unwrap();
+                let took = same(&env, &body);
+                total += 1;
+                if took == Took::Actor {
+                    fast += 1;
+                    assert!(op != "DELETE", "{a}");
+                }
+                // The plain CREATEs of well-formed actors go the fast way.
+                if op == "CREATE"
+                    && plain
+                    && a["metadata"].is_object()
+                    && a.get("metadata")
+                        .and_then(|m| m.get("name"))
+                        .is_none_or(Value::is_string)
+                {
+                    assert_eq!(took, Took::Actor, "{a}");
+                }
+            }
         }
     }
+    assert!(fast * 2 > total, "{fast} of {total} went the fast way");
 }
 
 /// Bodies the raw parse takes but the reference parse refused (or read differently):
@@ -469,6 +621,138 @@ fn doubtful_bodies_answer_as_before() {
     }
 }
 
+/// Actor bodies the raw parse takes but the reference parse refused or read differently.
+#[test]
+fn doubtful_actor_bodies_answer_as_before() {
+    let env = Env::new();
+    let a = actor(
+        "team-a",
+        "echo",
+        json!({"image": "i", "handler": "m.f", "flavors": ["gpu-small"], "nodeSelector": {"k": "v"},
+               "resources": {"limits": {"cpu": "1"}}, "scaling": {"enabled": true}}),
+    );
+    let base = review(actor_kind(), "UPDATE", Some("team-a"), a.clone(), Some(a));
+    let text = serde_json::to_string(&base).unwrap();
+    assert_eq!(same(&env, text.as_bytes()), Took::Actor);
+    let with = |from: &str, to: &str| {
+        assert!(text.contains(from), "{from}");
+        text.replacen(from, to, 1)
+    };
+    // Both objects start with this (keys sorted); the first is the object, the second the old one.
+    let obj = r#"{"apiVersion":"asya.sh/v1alpha1","kind":"AsyncActor","#;
+    let spec = r#""spec":{"#;
+    let nest = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+    let mut bodies = vec![
+        with(spec, r#""spec":{"image":"j","#),
+        with(spec, r#""spec":{"handler":"x.y","#),
+        with(spec, r#""spec":{"flavors":[],"#),
+        with(spec, r#""spec":{"replicas":1e2,"#),
+        with(spec, r#""spec":{"replicas":2,"replicas":3,"#),
+        with(spec, r#""spec":{"replicas":1.0,"#),
+        with(spec, r#""spec":{"replicas":-0,"#),
+        with(spec, r#""spec":{"replicas":12345678901234567890123,"#),
+        with(spec, r#""spec":{"image":"\ud800","#),
+        with(spec, r#""spec":{"image":"\ud83d\ude00","#),
+        with(spec, r#""spec":{"image":"\u00e9\n","#),
+        with(spec, r#""spec":{"unknown":1,"unknown":2,"#),
+        with(spec, r#""spec":{"command":["x"],"#),
+        with(spec, r#""spec":{"actor":null,"#),
+        with(
+            spec,
+            r#""spec":{"env":[{"name":"A","name":"B","value":"v"}],"#,
+        ),
+        with(
+            spec,
+            r#""spec":{"workload":{"template":{"metadata":{"creationTimestamp":"2026-01-01T00:00:00.123Z"}}},"#,
+        ),
+        with(
+            r#""nodeSelector":{"k":"v"}"#,
+            r#""nodeSelector":{"k":"v","k":"w"}"#,
+        ),
+        with(
+            r#""limits":{"cpu":"1"}"#,
+            r#""limits":{"cpu":"1"},"limits":{"cpu":"2"}"#,
+        ),
+        with(r#""spec":{"#, r#""spec":null,"spec":{"#),
+        with(r#""spec":{"#, r#""spec":{"image":"k"},"spec":{"#),
+        with(obj, &format!(r#"{obj}"metadata":null,"#)),
+        with(obj, &format!(r#"{obj}"metadata":{{"name":"a"}},"#)),
+        with(obj, &format!(r#"{obj}"spec":null,"#)),
+        with(obj, &format!(r#"{obj}"status":{{"phase":1}},"#)),
+        with(obj, &format!(r#"{obj}"x":1e400,"#)),
+        with(r#""metadata":{"#, r#""metadata":{"name":"other","#),
+        with(r#""metadata":{"#, r#""metadata":{"labels":null,"#),
+        with(
+            r#""metadata":{"#,
+            r#""metadata":{"creationTimestamp":"bad","#,
+        ),
+        with(r#""operation":"UPDATE""#, r#""operation":"CREATE""#),
+        with(r#""operation":"UPDATE""#, r#""operation":"DELETE""#),
+        with(r#""operation":"UPDATE""#, r#""operation":"CONNECT""#),
+        with(
+            r#""kind":"AsyncActor","version""#,
+            r#""kind":"Flavor","version""#,
+        ),
+        with(r#""group":"asya.sh""#, r#""group":"other.sh""#),
+        with(
+            r#""namespace":"team-a","object""#,
+            r#""namespace":null,"object""#,
+        ),
+        with(
+            r#""namespace":"team-a","resourceVersion""#,
+            r#""resourceVersion""#,
+        ),
+        with(r#""dryRun":false"#, r#""dryRun":true"#),
+        with(r#""uid":"#, r#""uid":1,"x":"#),
+        text.replace(r#""actor""#, r#""actor ""#),
+    ];
+    // The old object, where it differs.
+    let second = text.rfind(obj).expect("an old object");
+    let (head, tail) = text.split_at(second);
+    for (from, to) in [
+        (spec, r#""spec":{"actor":"renamed","#),
+        (spec, r#""spec":{"transport":"sqs","#),
+        (spec, r#""spec":{"replicas":"x","#),
+        (spec, r#""spec":{"replicas":2,"replicas":3,"#),
+        (spec, r#""spec":{"actor":"echo","actor":"renamed","#),
+        (spec, r#""spec":{"unknownOld":1,"#),
+        (r#""spec":{"#, r#""spec":null,"x":{"#),
+        (r#""metadata":{"#, r#""metadata":{"name":"old","#),
+        (r#""metadata":{"#, r#""metadata":{"name":null,"#),
+        (obj, r#"{"metadata":null,"#),
+    ] {
+        bodies.push(format!("{head}{}", tail.replacen(from, to, 1)));
+    }
+    for n in [90, 99, 100, 101, 120, 124, 125, 126, 127, 128] {
+        bodies.push(with(spec, &format!(r#""spec":{{"x":{},"#, nest(n))));
+        bodies.push(with(
+            spec,
+            &format!(
+                r#""spec":{{"env":[{{"name":"A","valueFrom":{}}}],"#,
+                nest(n)
+            ),
+        ));
+    }
+    let mut fast = 0;
+    for b in &bodies {
+        if same(&env, b.as_bytes()) == Took::Actor {
+            fast += 1;
+        }
+    }
+    // Those that change nothing doubtful still go the fast way.
+    assert!(fast >= 8, "{fast} of {} went the fast way", bodies.len());
+    // Truncations and byte flips of a valid body.
+    let bytes = text.as_bytes();
+    for i in (0..bytes.len()).step_by(5) {
+        same(&env, &bytes[..i]);
+        for flip in [b'{', b'"', b'1', b'\\', b'e', b',', 0xff] {
+            let mut b = bytes.to_vec();
+            b[i] = flip;
+            same(&env, &b);
+        }
+    }
+}
+
 mod fuzz {
     use super::*;
     use proptest::prelude::*;
@@ -495,6 +779,37 @@ mod fuzz {
                 "asya-runtime",
                 "asya-sidecar",
                 "x~y/z",
+            ],
+            false,
+            24,
+            5,
+        )
+    }
+
+    fn arb_spec_json() -> impl Strategy<Value = Value> {
+        common::arb_json(
+            3,
+            vec![
+                "image",
+                "handler",
+                "flavors",
+                "actor",
+                "transport",
+                "replicas",
+                "scaling",
+                "enabled",
+                "minReplicaCount",
+                "maxReplicaCount",
+                "resiliency",
+                "actorTimeout",
+                "env",
+                "name",
+                "value",
+                "nodeSelector",
+                "resources",
+                "limits",
+                "command",
+                "unknown",
             ],
             false,
             24,
@@ -561,7 +876,7 @@ mod fuzz {
             if let Some(a) = annotations { meta["annotations"] = json!(a); }
             let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec});
             let body = serde_json::to_vec(&review(pod_kind(), "CREATE", ns, pod, None)).unwrap();
-            prop_assert!(same(&env, &body));
+            prop_assert_eq!(same(&env, &body), Took::Pod);
         }
 
         /// Pods whose spec is arbitrary JSON.
@@ -574,6 +889,71 @@ mod fuzz {
             same(&env, &serde_json::to_vec(&review(pod_kind(), "CREATE", Some("team-a"), pod, None)).unwrap());
             let pod = json!({"metadata": meta, "spec": {"containers": [{"name": "c"}]}});
             same(&env, &serde_json::to_vec(&review(pod_kind(), "CREATE", None, pod, None)).unwrap());
+        }
+
+        /// AsyncActors of known fields, valid and not: all go the fast way, alike.
+        #[test]
+        fn structured_actors(
+            image in proptest::option::of(prop::sample::select(vec!["i", "", "registry/img:1"])),
+            handler in proptest::option::of(prop::sample::select(vec!["m.f", "a.B.c", "bad handler", ""])),
+            flavors in proptest::collection::vec(prop::sample::select(vec!["gpu-small", "not-there", "X"]), 0..4),
+            identity in (
+                proptest::option::of(prop::sample::select(vec!["echo", "Bad_Name", "other"])),
+                proptest::option::of(prop::sample::select(vec!["rabbitmq", "sqs", "nope"])),
+            ),
+            replicas in proptest::option::of(-2i32..5),
+            scaling in proptest::option::of((proptest::option::of(-1i32..30), proptest::option::of(0i32..30), proptest::option::of(any::<bool>()))),
+            timeout in proptest::option::of(prop::sample::select(vec!["30s", "0s", "bad", "2m"])),
+            env in proptest::option::of(proptest::collection::vec(("[A-Z_]{0,3}", "[a-z]{0,2}"), 0..3)),
+            node_selector in proptest::option::of(proptest::collection::btree_map("[a-z/.]{1,4}", "[a-z]{0,2}", 0..3)),
+            old in proptest::option::of(proptest::option::of(prop::sample::select(vec!["echo", "renamed"]))),
+            ns in proptest::option::of(prop::sample::select(vec!["team-a", "default"])),
+        ) {
+            let env_ = Env::new();
+            let mut spec = serde_json::Map::new();
+            let mut put = |k: &str, v: Option<Value>| { if let Some(v) = v { spec.insert(k.into(), v); } };
+            put("image", image.map(Value::from));
+            put("handler", handler.map(Value::from));
+            put("flavors", (!flavors.is_empty()).then(|| json!(flavors)));
+            put("actor", identity.0.map(Value::from));
+            put("transport", identity.1.map(Value::from));
+            put("replicas", replicas.map(Value::from));
+            put("scaling", scaling.map(|(min, max, enabled)| {
+                let mut m = serde_json::Map::new();
+                if let Some(v) = min { m.insert("minReplicaCount".into(), v.into()); }
+                if let Some(v) = max { m.insert("maxReplicaCount".into(), v.into()); }
+                if let Some(v) = enabled { m.insert("enabled".into(), v.into()); }
+                Value::Object(m)
+            }));
+            put("resiliency", timeout.map(|t| json!({"actorTimeout": t})));
+            put("env", env.map(|e| json!(e.into_iter().map(|(n, v)| json!({"name": n, "value": v})).collect::<Vec<_>>())));
+            put("nodeSelector", node_selector.map(|m| json!(m)));
+            let a = actor("team-a", "echo", Value::Object(spec));
+            let (op, old) = match old {
+                None => ("CREATE", None),
+                Some(actor_name) => {
+                    let mut o = a.clone();
+                    match actor_name {
+                        Some(n) => o["spec"]["actor"] = json!(n),
+                        None => { o.as_object_mut().map(|m| m.remove("spec")); }
+                    }
+                    ("UPDATE", Some(o))
+                }
+            };
+            let body = serde_json::to_vec(&review(actor_kind(), op, ns, a, old)).unwrap();
+            prop_assert_eq!(same(&env_, &body), Took::Actor);
+        }
+
+        /// AsyncActors whose spec is arbitrary JSON over the spec's own keys.
+        #[test]
+        fn arbitrary_actor_specs(spec in arb_spec_json(), old in proptest::option::of(arb_spec_json())) {
+            let env = Env::new();
+            let a = actor("team-a", "echo", spec);
+            let (op, old) = match old {
+                None => ("CREATE", None),
+                Some(o) => ("UPDATE", Some(actor("team-a", "echo", o))),
+            };
+            same(&env, &serde_json::to_vec(&review(actor_kind(), op, Some("team-a"), a, old)).unwrap());
         }
 
         /// Arbitrary bytes: the same answer (and never a panic).
