@@ -228,11 +228,7 @@ pub fn handle(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Result<Handled,
 /// answer as [`handle_reference`], which then answers. Public for the equivalence tests.
 #[doc(hidden)]
 pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
-    let review: crate::wire::WireReview<'_> = serde_json::from_slice(body).ok()?;
-    if review.types.kind != "AdmissionReview" || review.types.api_version != "admission.k8s.io/v1" {
-        return None;
-    }
-    let req = review.request?;
+    let (types, req) = crate::wire::request(body)?;
     if req.kind.group != ACTOR_GROUP || req.kind.kind != ACTOR_KIND {
         return None;
     }
@@ -258,7 +254,7 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
         return None;
     }
     let operation = op_name(&req.operation);
-    let resp = allowing(review.types, req.uid);
+    let resp = allowing(types, req.uid);
     let span = tracing::debug_span!("admit", endpoint = Endpoint::ValidateActors.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
     let _g = span.enter();
     let review = review_parsed_decision(
@@ -279,11 +275,7 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
 /// [`handle_reference`], which then answers. Public for the equivalence tests.
 #[doc(hidden)]
 pub fn handle_pod_create(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
-    let review: crate::wire::WireReview<'_> = serde_json::from_slice(body).ok()?;
-    if review.types.kind != "AdmissionReview" || review.types.api_version != "admission.k8s.io/v1" {
-        return None;
-    }
-    let req = review.request?;
+    let (types, req) = crate::wire::request(body)?;
     // What `pod` answers without looking at the object goes the reference way; so does an
     // `oldObject`, which the reference parse checks.
     if !req.kind.group.is_empty()
@@ -295,7 +287,7 @@ pub fn handle_pod_create(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
     }
     let pod = crate::wire::pod(req.object?)?;
     let operation = op_name(&req.operation);
-    let resp = allowing(review.types, req.uid);
+    let resp = allowing(types, req.uid);
     let span = tracing::debug_span!("admit", endpoint = Endpoint::MutatePods.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
     let _g = span.enter();
     let resp = admit_pod(pod, req.namespace, resp, ctx, PatchBy::Parts);

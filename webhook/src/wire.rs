@@ -69,6 +69,16 @@ pub(crate) struct WireRequest<'a> {
     pub options: Option<RawExtension>,
 }
 
+/// The request of a v1 AdmissionReview, and the review's types; `None` for anything else
+/// (the old parse then answers, with its error).
+pub(crate) fn request(body: &[u8]) -> Option<(TypeMeta, WireRequest<'_>)> {
+    let review: WireReview<'_> = serde_json::from_slice(body).ok()?;
+    if review.types.kind != "AdmissionReview" || review.types.api_version != "admission.k8s.io/v1" {
+        return None;
+    }
+    Some((review.types, review.request?))
+}
+
 /// A pod as k8s-openapi's `Pod` parses it, but as strict as the old parse about
 /// `metadata`: present, it must be an `ObjectMeta` (`null` is refused, where `Pod` would
 /// take it as absent). Repeated keys are refused (the old parse kept the last): only a
