@@ -196,20 +196,42 @@ fn meta_of(object: &Value) -> ObjectMeta {
         .unwrap_or_default()
 }
 
-/// An AsyncActor its caller has parsed itself, more cheaply than through a JSON `Value`
-/// (the webhook, from the request's text).
+/// An AsyncActor parsed from its text, more cheaply than through a JSON `Value` (the
+/// webhook's requests).
 pub struct ParsedActor<'a> {
-    pub metadata: &'a ObjectMeta,
-    /// The spec, which must have parsed without unknown fields: [`review_actor`] warns of
-    /// those, and only it sees them.
-    pub spec: AsyncActorSpec,
+    metadata: &'a ObjectMeta,
+    spec: AsyncActorSpec,
 }
 
-/// The stored object of an UPDATE, parsed by the caller: its `metadata.name`, and its spec
-/// (`None` when it has none; a spec that does not parse cannot be given this way).
+impl<'a> ParsedActor<'a> {
+    /// `None` when the spec does not parse or has a field its type does not know: only
+    /// [`review_actor`] warns of those (or refuses them, as `command`), so such an object
+    /// must go that way. See [`spec_from_text`] for the text this is exact for.
+    pub fn from_text(metadata: &'a ObjectMeta, spec: &str) -> Option<Self> {
+        match spec_from_text(spec)? {
+            (spec, false) => Some(Self { metadata, spec }),
+            (_, true) => None,
+        }
+    }
+}
+
+/// The stored object of an UPDATE, parsed from its text: its `metadata.name`, and its spec.
 pub struct ParsedOld {
-    pub name: Option<String>,
-    pub spec: Option<AsyncActorSpec>,
+    name: Option<String>,
+    spec: Option<AsyncActorSpec>,
+}
+
+impl ParsedOld {
+    /// `spec`: the stored spec's text, `None` when it has none (or `null`), which the review
+    /// reads as no spec. `None` when the spec does not parse: [`review_actor`] might still
+    /// parse it from a `Value`. Its unknown fields do not matter: only its identity is read.
+    pub fn from_text(name: Option<String>, spec: Option<&str>) -> Option<Self> {
+        let spec = match spec {
+            None => None,
+            Some(text) => Some(spec_from_text(text)?.0),
+        };
+        Some(Self { name, spec })
+    }
 }
 
 /// [`review_actor_decision`] of an object given parsed: the same review as for the object

@@ -236,32 +236,22 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
     let old = req.old_object.map(crate::wire::actor);
     let old = match (&req.operation, old) {
         (Operation::Create, None) => None,
-        (Operation::Update, Some(Some(old))) => Some(ParsedOld {
-            name: old.metadata.name,
-            spec: match old.spec.map(|s| s.get()) {
-                // What the old review makes of a spec it cannot parse: none.
-                None | Some("null") => None,
-                // Unknown fields of the stored spec do not matter (only its identity is
-                // read); a spec that does not parse here might still have parsed there.
-                Some(text) => Some(asya_api::review::spec_from_text(text)?.0),
-            },
-        }),
+        // An absent or `null` stored spec reads as none (`Option<&RawValue>` takes `null`
+        // as `None`).
+        (Operation::Update, Some(Some(old))) => Some(ParsedOld::from_text(
+            old.metadata.name,
+            old.spec.map(|s| s.get()),
+        )?),
         _ => return None,
     };
     let object = crate::wire::actor(req.object?)?;
-    let (spec, unknown) = asya_api::review::spec_from_text(object.spec?.get())?;
-    if unknown {
-        return None;
-    }
+    let actor = ParsedActor::from_text(&object.metadata, object.spec?.get())?;
     let operation = op_name(&req.operation);
     let resp = allowing(types, req.uid);
     let span = tracing::debug_span!("admit", endpoint = Endpoint::ValidateActors.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
     let _g = span.enter();
     let review = review_parsed_decision(
-        ParsedActor {
-            metadata: &object.metadata,
-            spec,
-        },
+        actor,
         old,
         req.namespace.as_deref(),
         ctx.catalog,
