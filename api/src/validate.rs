@@ -2,6 +2,7 @@
 //! the field, the value and the rule.
 
 use std::collections::BTreeSet;
+use std::fmt::Display;
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -256,11 +257,13 @@ fn validate_shape(spec: &AsyncActorSpec, e: &mut FieldErrors) {
     }
 }
 
-fn one_of(e: &mut FieldErrors, path: &str, value: Option<&str>, allowed: &[&str]) {
+// `path` is formatted only for an error: most values are valid, and a path per field
+// was a visible part of every validation.
+fn one_of(e: &mut FieldErrors, path: impl Display, value: Option<&str>, allowed: &[&str]) {
     if let Some(v) = value
         && !allowed.contains(&v)
     {
-        e.push(FieldError::unsupported(path, v, allowed));
+        e.push(FieldError::unsupported(path.to_string(), v, allowed));
     }
 }
 
@@ -343,14 +346,14 @@ fn validate_scaling(spec: &AsyncActorSpec, e: &mut FieldErrors) {
 
 fn duration(
     e: &mut FieldErrors,
-    path: &str,
+    path: impl Display,
     d: Option<&DurationSpec>,
 ) -> Option<std::time::Duration> {
     let d = d?;
     match d.parse() {
         Ok(v) if v.is_zero() => {
             e.push(FieldError::invalid(
-                path,
+                path.to_string(),
                 d.as_str(),
                 "must be greater than zero",
             ));
@@ -358,7 +361,11 @@ fn duration(
         }
         Ok(v) => Some(v),
         Err(err) => {
-            e.push(FieldError::invalid(path, d.as_str(), err.to_string()));
+            e.push(FieldError::invalid(
+                path.to_string(),
+                d.as_str(),
+                err.to_string(),
+            ));
             None
         }
     }
@@ -366,9 +373,14 @@ fn duration(
 
 fn validate_resiliency(r: &Resiliency, e: &mut FieldErrors) {
     let p = "spec.resiliency";
-    duration(e, &format!("{p}.actorTimeout"), r.actor_timeout.as_ref());
+    duration(
+        e,
+        format_args!("{p}.actorTimeout"),
+        r.actor_timeout.as_ref(),
+    );
     for (name, pol) in &r.policies {
-        let pp = format!("{p}.policies.{name}");
+        // The policy's path, formatted only for an error.
+        let pp = format_args!("{p}.policies.{name}");
         if let Some(m) = pol.max_attempts.filter(|m| *m < 1) {
             e.push(FieldError::invalid(
                 format!("{pp}.maxAttempts"),
@@ -378,16 +390,20 @@ fn validate_resiliency(r: &Resiliency, e: &mut FieldErrors) {
         }
         one_of(
             e,
-            &format!("{pp}.backoff"),
+            format_args!("{pp}.backoff"),
             pol.backoff.as_deref(),
             &BACKOFFS,
         );
         let initial = duration(
             e,
-            &format!("{pp}.initialInterval"),
+            format_args!("{pp}.initialInterval"),
             pol.initial_interval.as_ref(),
         );
-        let max = duration(e, &format!("{pp}.maxInterval"), pol.max_interval.as_ref());
+        let max = duration(
+            e,
+            format_args!("{pp}.maxInterval"),
+            pol.max_interval.as_ref(),
+        );
         if let (Some(i), Some(m)) = (initial, max)
             && i > m
         {
@@ -408,7 +424,7 @@ fn validate_resiliency(r: &Resiliency, e: &mut FieldErrors) {
         }
     }
     for (i, rule) in r.rules.iter().enumerate() {
-        let rp = format!("{p}.rules[{i}]");
+        let rp = format_args!("{p}.rules[{i}]");
         match rule.match_.as_deref() {
             None => e.push(FieldError::required(
                 format!("{rp}.match"),
@@ -423,7 +439,7 @@ fn validate_resiliency(r: &Resiliency, e: &mut FieldErrors) {
         }
         one_of(
             e,
-            &format!("{rp}.action"),
+            format_args!("{rp}.action"),
             rule.action.as_deref(),
             &RULE_ACTIONS,
         );
