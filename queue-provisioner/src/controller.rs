@@ -28,6 +28,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::health::{Health, Phase};
 use crate::metrics::{ErrorLabel, Metrics, ResultLabel};
 use crate::queue::{QueueError, QueueOps, QueueSpec};
 use crate::render::{self, keda, workload};
@@ -896,6 +897,7 @@ pub async fn run(
     config: Arc<ClusterConfig>,
     own_namespace: String,
     metrics: Metrics,
+    health: Health,
 ) {
     let actors: Api<AsyncActor> = Api::all(client.clone());
     let so_ar = scaled_object_resource();
@@ -1030,6 +1032,28 @@ pub async fn run(
         failures: Mutex::new(HashMap::new()),
         ensured: Mutex::new(HashMap::new()),
         secrets_applied: Mutex::new(HashMap::new()),
+    });
+    // Ready once every cache has listed: before that, a reconcile would see no flavors.
+    let readers = (
+        store.clone(),
+        ctx.flavors.clone(),
+        ctx.flavor_maps.clone(),
+        ctx.env_configs.clone(),
+    );
+    tokio::spawn(async move {
+        let (actors, flavors, maps, envs) = readers;
+        let synced = actors.wait_until_ready().await.is_ok()
+            && flavors.wait_until_ready().await.is_ok()
+            && maps.wait_until_ready().await.is_ok();
+        let synced = synced
+            && match envs {
+                Some(e) => e.wait_until_ready().await.is_ok(),
+                None => true,
+            };
+        if synced {
+            info!("caches synced");
+            health.set(Phase::Running);
+        }
     });
     info!("controller starting");
     controller

@@ -3,6 +3,7 @@
 //! `queue` (brokers) and `controller` (Kubernetes).
 
 pub mod controller;
+pub mod health;
 pub mod leader;
 pub mod metrics;
 pub mod queue;

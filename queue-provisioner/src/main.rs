@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use asya_api::ClusterConfig;
+use asya_queue_provisioner::health::{Health, Phase, readiness};
 use asya_queue_provisioner::{controller, leader, metrics::Metrics};
 use axum::Router;
+use axum::http::StatusCode;
 use axum::routing::get;
 use clap::Parser;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -80,6 +82,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let client = client(args.kubeconfig.as_ref()).await?;
     let metrics = Metrics::default();
+    let health = Health::default();
 
     let m = metrics.clone();
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
@@ -93,8 +96,20 @@ async fn main() -> anyhow::Result<()> {
                 async move { m.encode() }
             }),
         )
+        // Liveness: the process answers (see `health`).
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }));
+        .route("/readyz", {
+            let health = health.clone();
+            get(move || {
+                let (ready, why) = readiness(health.phase());
+                let code = if ready {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                async move { (code, why) }
+            })
+        });
     tokio::spawn(async move { axum::serve(listener, app).await });
     info!(addr = %args.metrics_addr, "metrics listening");
 
@@ -107,11 +122,13 @@ async fn main() -> anyhow::Result<()> {
     );
     let leases = Api::<Lease>::namespaced(client.clone(), &args.namespace);
     if args.leader_elect {
+        health.set(Phase::Standby);
         leader::acquire(leases.clone(), identity.clone()).await;
         metrics.leader.set(1);
     }
+    health.set(Phase::Syncing);
     // Returns on SIGTERM/SIGINT once in-flight reconciles finish.
-    controller::run(client, Arc::new(config), args.namespace, metrics).await;
+    controller::run(client, Arc::new(config), args.namespace, metrics, health).await;
     if args.leader_elect {
         leader::release(&leases, &identity).await;
     }

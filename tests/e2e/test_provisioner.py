@@ -12,6 +12,8 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from contextlib import contextmanager
 
 import pytest
@@ -29,6 +31,26 @@ def _provisioner_running():
     pid = STATE / "provisioner.pid"
     if not pid.exists():
         pytest.fail("the provisioner is not running: tests/e2e/up starts it")
+
+
+PROVISIONER_HTTP = f"http://127.0.0.1:{os.environ.get('ASYA_E2E_PROVISIONER_METRICS_PORT', '9445')}"
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_readyz_says_leader_with_synced_caches():
+    # "ok" alone is the leader with every cache listed; a standby says so, a syncing leader is 503.
+    wait_for("the provisioner to be ready as leader",
+             lambda: http_get(f"{PROVISIONER_HTTP}/readyz") == (200, "ok\n"), timeout=60)
+    code, metrics = http_get(f"{PROVISIONER_HTTP}/metrics")
+    assert code == 200
+    assert "asya_provisioner_leader 1" in metrics.splitlines(), metrics
 
 
 def rabbit_queues() -> set[str]:
