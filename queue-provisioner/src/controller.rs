@@ -28,7 +28,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::health::{Health, Phase};
+use crate::health::{Health, Unsynced};
 use crate::metrics::{ErrorLabel, Metrics, ResultLabel};
 use crate::queue::{QueueError, QueueOps, QueueSpec};
 use crate::render::{self, keda, workload};
@@ -913,22 +913,31 @@ pub async fn run(
     let has_ec = crd_exists(&client, &ec_ar).await;
 
     // Caches for the flavor catalog; the controller's own watches (below) trigger the users.
+    // Ready once they have listed: before that, a reconcile would see no flavors. (The
+    // controller holds its reconciles until its own store has listed.)
+    let unsynced = Unsynced::new(2 + usize::from(has_ec), health);
     let (flavors, flavors_w) = reflector::store();
-    spawn_reflector(reflector::reflector(
-        flavors_w,
-        watcher(
-            Api::<Flavor>::all(client.clone()),
-            watcher::Config::default(),
+    spawn_reflector(
+        unsynced.clone(),
+        reflector::reflector(
+            flavors_w,
+            watcher(
+                Api::<Flavor>::all(client.clone()),
+                watcher::Config::default(),
+            ),
         ),
-    ));
+    );
     let (maps, maps_w) = reflector::store();
-    spawn_reflector(reflector::reflector(
-        maps_w,
-        watcher(
-            Api::<ConfigMap>::all(client.clone()),
-            watcher::Config::default().labels(labels::FLAVOR),
+    spawn_reflector(
+        unsynced.clone(),
+        reflector::reflector(
+            maps_w,
+            watcher(
+                Api::<ConfigMap>::all(client.clone()),
+                watcher::Config::default().labels(labels::FLAVOR),
+            ),
         ),
-    ));
+    );
 
     let reporter = Reporter {
         controller: MANAGER.into(),
@@ -996,13 +1005,16 @@ pub async fn run(
     if has_ec {
         let w = reflector::store::Writer::<DynamicObject>::new(ec_ar.clone());
         env_configs = Some(w.as_reader());
-        spawn_reflector(reflector::reflector(
-            w,
-            watcher(
-                Api::<DynamicObject>::all_with(client.clone(), &ec_ar),
-                watcher::Config::default(),
+        spawn_reflector(
+            unsynced,
+            reflector::reflector(
+                w,
+                watcher(
+                    Api::<DynamicObject>::all_with(client.clone(), &ec_ar),
+                    watcher::Config::default(),
+                ),
             ),
-        ));
+        );
         let s3 = store.clone();
         controller = controller.watches_with(
             Api::<DynamicObject>::all_with(client.clone(), &ec_ar),
@@ -1033,28 +1045,6 @@ pub async fn run(
         ensured: Mutex::new(HashMap::new()),
         secrets_applied: Mutex::new(HashMap::new()),
     });
-    // Ready once every cache has listed: before that, a reconcile would see no flavors.
-    let readers = (
-        store.clone(),
-        ctx.flavors.clone(),
-        ctx.flavor_maps.clone(),
-        ctx.env_configs.clone(),
-    );
-    tokio::spawn(async move {
-        let (actors, flavors, maps, envs) = readers;
-        let synced = actors.wait_until_ready().await.is_ok()
-            && flavors.wait_until_ready().await.is_ok()
-            && maps.wait_until_ready().await.is_ok();
-        let synced = synced
-            && match envs {
-                Some(e) => e.wait_until_ready().await.is_ok(),
-                None => true,
-            };
-        if synced {
-            info!("caches synced");
-            health.set(Phase::Running);
-        }
-    });
     info!("controller starting");
     controller
         .shutdown_on_signal()
@@ -1064,16 +1054,24 @@ pub async fn run(
 }
 
 /// Drives a reflector in the background; its watcher retries with backoff on errors.
-fn spawn_reflector<S, K>(stream: S)
+fn spawn_reflector<S, K>(unsynced: Unsynced, stream: S)
 where
     S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     K: Send + 'static,
 {
     tokio::spawn(async move {
+        let mut unsynced = Some(unsynced);
         let mut s = std::pin::pin!(stream.default_backoff());
         while let Some(ev) = s.next().await {
-            if let Err(e) = ev {
-                warn!(error = %e, "flavor watch failed; retrying");
+            match ev {
+                // The store has swapped in the whole first list.
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(u) = unsynced.take() {
+                        u.listed();
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "flavor watch failed; retrying"),
             }
         }
     });

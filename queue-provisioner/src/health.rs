@@ -9,7 +9,7 @@
 //! knows no AsyncActor.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 /// Where the replica is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +69,33 @@ pub fn readiness(phase: Phase) -> (bool, &'static str) {
     }
 }
 
+/// The caches still to list their first time; the last to list moves the replica to
+/// [`Phase::Running`]. Counted from the watch events rather than with
+/// `Store::wait_until_ready`: that wait wakes only the last task to poll it, so a second
+/// waiter (the controller waits on its own store) could take the other's wake-up.
+#[derive(Clone, Debug)]
+pub struct Unsynced {
+    left: Arc<AtomicUsize>,
+    health: Health,
+}
+
+impl Unsynced {
+    pub fn new(caches: usize, health: Health) -> Self {
+        Self {
+            left: Arc::new(AtomicUsize::new(caches)),
+            health,
+        }
+    }
+
+    /// One cache has listed; call once per cache.
+    pub fn listed(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            tracing::info!("caches synced");
+            self.health.set(Phase::Running);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,6 +113,18 @@ mod tests {
         .collect();
         assert_eq!(ready, [Phase::Standby, Phase::Running]);
         assert!(readiness(Phase::Syncing).1.contains("not synced"));
+    }
+
+    #[test]
+    fn running_only_when_the_last_cache_has_listed() {
+        let h = Health::default();
+        h.set(Phase::Syncing);
+        let u = Unsynced::new(3, h.clone());
+        u.listed();
+        u.clone().listed();
+        assert_eq!(h.phase(), Phase::Syncing);
+        u.listed();
+        assert_eq!(h.phase(), Phase::Running);
     }
 
     #[test]
