@@ -174,7 +174,10 @@ fn review(req: &ReviewRequest<'_>, with_mutated: bool) -> ActorReview {
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .map(str::to_string);
-        (name, parse_spec(old, &mut ignore_w, &mut ignore_e))
+        ParsedOld {
+            name,
+            spec: parse_spec(old, &mut ignore_w, &mut ignore_e),
+        }
     });
     decide(
         out,
@@ -247,7 +250,7 @@ pub fn review_parsed_decision(
         ActorReview::default(),
         actor.metadata,
         actor.spec,
-        old.map(|o| (o.name, o.spec)),
+        old,
         None,
         namespace,
         catalog,
@@ -262,7 +265,7 @@ fn decide(
     mut out: ActorReview,
     meta: &ObjectMeta,
     mut spec: AsyncActorSpec,
-    old: Option<(Option<String>, Option<AsyncActorSpec>)>,
+    old: Option<ParsedOld>,
     mutated_from: Option<&Value>,
     namespace: Option<&str>,
     catalog: &FlavorCatalog,
@@ -283,7 +286,11 @@ fn decide(
     out.warnings.extend(n.warnings);
     out.errors.extend(n.errors);
 
-    if let Some((old_name, Some(mut old_spec))) = old {
+    if let Some(ParsedOld {
+        name: old_name,
+        spec: Some(mut old_spec),
+    }) = old
+    {
         let old_name = old_name.unwrap_or_else(|| name.clone());
         prepare(&mut old_spec, &old_name, config);
         let queue =
