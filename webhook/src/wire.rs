@@ -104,12 +104,7 @@ fn some_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>,
 /// The pod in `raw`, when the old parse surely accepted `raw` (as the `object` of a
 /// request) and made the same `Pod` of it; `None` when in doubt.
 pub(crate) fn pod(raw: &RawValue) -> Option<Pod> {
-    let text = raw.get();
-    // The old parse wanted a JSON object; `PodWire` alone would also take an array.
-    if !text.starts_with('{') || !plain(text) {
-        return None;
-    }
-    let p: PodWire = serde_json::from_str(text).ok()?;
+    let p: PodWire = serde_json::from_str(object_text(raw)?).ok()?;
     // What `Pod`'s own deserializer checks.
     if p.api_version.as_deref().is_some_and(|v| v != "v1")
         || p.kind.as_deref().is_some_and(|k| k != "Pod")
@@ -137,11 +132,14 @@ pub(crate) struct ActorWire<'a> {
 /// accepted `raw` and reads the same metadata and spec from it; `None` when in doubt.
 /// A repeated `metadata` or `spec` is refused (the old parse kept the last).
 pub(crate) fn actor(raw: &RawValue) -> Option<ActorWire<'_>> {
+    serde_json::from_str(object_text(raw)?).ok()
+}
+
+/// The text of an object the old parse took as it is: a JSON object (the structs here
+/// would also take an array), and [`plain`].
+fn object_text(raw: &RawValue) -> Option<&str> {
     let text = raw.get();
-    if !text.starts_with('{') || !plain(text) {
-        return None;
-    }
-    serde_json::from_str(text).ok()
+    (text.starts_with('{') && plain(text)).then_some(text)
 }
 
 /// Deepest nesting taken here. The old parse refused an object nested past 125 levels
