@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Phase {
-    /// Configuration loaded, the Kubernetes client not yet used.
+    /// Configuration loaded; leader election not begun.
     Starting = 0,
     /// Waiting for the leader Lease, which another replica holds.
     Standby = 1,
@@ -59,7 +59,7 @@ impl Health {
 /// `/readyz`: ready or not, and the text saying why.
 pub fn readiness(phase: Phase) -> (bool, &'static str) {
     match phase {
-        Phase::Starting => (false, "starting: not connected to the API server yet\n"),
+        Phase::Starting => (false, "starting\n"),
         Phase::Standby => (
             true,
             "ok: standby, another replica holds the leader lease\n",
