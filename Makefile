@@ -7,12 +7,12 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/asya-rs/target
 export CARGO_INCREMENTAL ?= 0
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test deps lint unit services e2e validate-examples crds
+.PHONY: demo test deps lint images image-tests unit services e2e validate-examples crds
 
 demo: deps
 	./scripts/demo.sh
 
-test: deps lint services unit e2e
+test: deps lint images services unit image-tests e2e
 
 deps:
 	./scripts/deps.sh
@@ -20,6 +20,18 @@ deps:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+	$(HOME)/.cache/asya-rs/bin/actionlint .github/workflows/*.yml
+
+# The container images, as OCI archives under target/images/ (NAME.oci.tar), built from the
+# release binaries and Debian's packages: no registry is needed (deploy/images/ocibuild.py).
+IMAGE_BINS := asya-webhook asya-queue-provisioner asya-sidecar
+images:
+	cargo build --release --locked $(addprefix -p ,$(IMAGE_BINS)) $(addprefix --bin ,$(IMAGE_BINS))
+	python3 deploy/images/ocibuild.py --bin-dir $(CARGO_TARGET_DIR)/release
+
+# Each image is a valid OCI image and runs under containerd + runc (tests/images).
+image-tests:
+	python3 -m pytest -q -p no:cacheprovider tests/images
 
 # Real servers the tests talk to: the test cluster (kube-apiserver and controller manager),
 # which starts RabbitMQ and the SQS server first (tests/services/up).

@@ -8,6 +8,17 @@ need_apt=()
 command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] || need_apt+=(rabbitmq-server)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+# The container runtime the image tests (and the test node) run images with, and the builder
+# of the Python image's Debian base (make images).
+command -v containerd >/dev/null 2>&1 || need_apt+=(containerd)
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
+# The test node (tests/cluster): pod networking and kube-proxy's tools.
+[ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
+command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "deps: apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -15,6 +26,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # The package's postinst starts a broker we do not want; our scripts start their own.
   RUNLEVEL=1 apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
   service rabbitmq-server stop >/dev/null 2>&1 || true
+  # Likewise the package's containerd: tests/services/containerd runs one of our own.
+  service containerd stop >/dev/null 2>&1 || true
 fi
 
 py_missing=$(python3 - <<'PY'
@@ -31,3 +44,17 @@ fi
 for comp in rustfmt clippy; do
   cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1 || rustup component add "$comp"
 done
+
+# actionlint (a Go module) checks the release workflow in `make lint`.
+ACTIONLINT_VERSION=v1.7.12
+tools="$HOME/.cache/asya-rs/bin"
+if [ ! -x "$tools/actionlint-$ACTIONLINT_VERSION" ]; then
+  command -v go >/dev/null || { echo "deps: go is needed to build actionlint" >&2; exit 1; }
+  echo "deps: building actionlint $ACTIONLINT_VERSION (Go module)"
+  mkdir -p "$tools"
+  tmp="$(mktemp -d)"
+  (cd / && GOBIN="$tmp" GOFLAGS=-buildvcs=false go install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION")
+  mv "$tmp/actionlint" "$tools/actionlint-$ACTIONLINT_VERSION"
+  rmdir "$tmp"
+fi
+ln -sfn "actionlint-$ACTIONLINT_VERSION" "$tools/actionlint"

@@ -1,0 +1,403 @@
+"""The container images of `make images` (target/images/NAME.oci.tar): each archive is a valid
+OCI image, agrees with its Dockerfile, holds nothing its process does not need, and runs its
+entry point under a real container runtime (containerd + runc from Debian's packages, started by
+tests/services/containerd) as a non-root user with a read-only root filesystem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import tarfile
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "target" / "images"
+CTL = os.environ.get("ASYA_TEST_CONTAINERD_CTL", str(ROOT / "tests/services/containerd"))
+NS = "asya-image-tests"
+RUST_IMAGES = ["asya-webhook", "asya-queue-provisioner", "asya-sidecar"]
+ALL_IMAGES = RUST_IMAGES + ["asya-examples"]
+NONROOT = 65532
+# The sidecar image is pulled on every node that runs an actor (issue budget: 20 MB).
+SIDECAR_BUDGET = 20 * 1000 * 1000
+SHELLS = ("bin/sh", "bin/bash", "bin/dash", "bin/busybox", "usr/bin/sh", "usr/bin/bash", "usr/bin/dash")
+
+
+def workspace_version() -> str:
+    text = (ROOT / "Cargo.toml").read_text()
+    m = re.search(r'^\[workspace\.package\][^\[]*?^version\s*=\s*"([^"]+)"', text, re.M | re.S)
+    assert m, "Cargo.toml has no workspace version"
+    return m.group(1)
+
+
+class Archive:
+    """An OCI image archive, read and checked blob by blob."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.path = IMAGES / f"{name}.oci.tar"
+        assert self.path.is_file(), f"{self.path} is missing: run `make images`"
+        with tarfile.open(self.path) as tar:
+            self.files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isreg()}
+        self.layout = json.loads(self.files["oci-layout"])
+        self.index = json.loads(self.files["index.json"])
+        digest = self.index["manifests"][0]["digest"]
+        self.manifest = json.loads(self.blob(digest))
+        self.config = json.loads(self.blob(self.manifest["config"]["digest"]))
+
+    def blob(self, digest: str) -> bytes:
+        algo, hexd = digest.split(":", 1)
+        assert algo == "sha256", digest
+        data = self.files.get(f"blobs/sha256/{hexd}")
+        assert data is not None, f"{self.name}: blob {digest} is not in the archive"
+        assert hashlib.sha256(data).hexdigest() == hexd, f"{self.name}: blob {digest} does not match its digest"
+        return data
+
+    def layer_tars(self) -> list[bytes]:
+        return [gzip.decompress(self.blob(layer["digest"])) for layer in self.manifest["layers"]]
+
+    def paths(self) -> set[str]:
+        out = set()
+        for raw in self.layer_tars():
+            with tarfile.open(fileobj=io.BytesIO(raw)) as t:
+                out.update(m.name.lstrip("./") for m in t.getmembers())
+        return out
+
+    def compressed_size(self) -> int:
+        return sum(layer["size"] for layer in self.manifest["layers"])
+
+
+@pytest.fixture(scope="module", params=ALL_IMAGES)
+def archive(request) -> Archive:
+    return Archive(request.param)
+
+
+# --- the archive --------------------------------------------------------------------------
+
+
+def test_archive_is_a_valid_oci_image(archive: Archive):
+    assert archive.layout == {"imageLayoutVersion": "1.0.0"}
+    idx = archive.index
+    assert idx["schemaVersion"] == 2
+    assert idx["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    names = {m["annotations"]["io.containerd.image.name"] for m in idx["manifests"]}
+    assert names == {f"localhost/asya-rs/{archive.name}:dev", f"localhost/asya-rs/{archive.name}:{workspace_version()}"}
+    assert {m["annotations"]["org.opencontainers.image.ref.name"] for m in idx["manifests"]} == {"dev", workspace_version()}
+    assert len({m["digest"] for m in idx["manifests"]}) == 1, "both tags name one manifest"
+    ref = idx["manifests"][0]
+    manifest_bytes = archive.blob(ref["digest"])
+    assert len(manifest_bytes) == ref["size"]
+
+    m = archive.manifest
+    assert m["schemaVersion"] == 2
+    assert m["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    assert m["config"]["mediaType"] == "application/vnd.oci.image.config.v1+json"
+    assert len(archive.blob(m["config"]["digest"])) == m["config"]["size"]
+    assert m["layers"], "an image needs at least one layer"
+    for layer in m["layers"]:
+        assert layer["mediaType"] == "application/vnd.oci.image.layer.v1.tar+gzip"
+        assert len(archive.blob(layer["digest"])) == layer["size"]
+
+    cfg = archive.config
+    assert cfg["os"] == "linux"
+    assert cfg["architecture"] == ref["platform"]["architecture"]
+    # diff_ids are the digests of the uncompressed layers, in order.
+    assert cfg["rootfs"]["type"] == "layers"
+    assert cfg["rootfs"]["diff_ids"] == [f"sha256:{hashlib.sha256(t).hexdigest()}" for t in archive.layer_tars()]
+    assert len(cfg["history"]) == len(m["layers"])
+
+
+def test_labels_name_source_revision_and_version(archive: Archive):
+    labels = archive.config["config"]["Labels"]
+    assert labels["org.opencontainers.image.source"] == "https://github.com/asya-rs/asya-rs"
+    assert labels["org.opencontainers.image.version"] == workspace_version()
+    assert labels["org.opencontainers.image.title"] == archive.name
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # A tree with changes builds `HEAD-dirty`: never a commit the image was not built from.
+    assert labels["org.opencontainers.image.revision"] in (head, f"{head}-dirty")
+    assert archive.manifest["annotations"]["org.opencontainers.image.revision"] == labels["org.opencontainers.image.revision"]
+
+
+def test_user_is_not_root(archive: Archive):
+    user = archive.config["config"]["User"]
+    uid = user.split(":")[0]
+    assert uid not in ("", "0", "root"), f"{archive.name} runs as {user!r}"
+    assert int(uid) == NONROOT
+
+
+def dockerfile_final_stage(name: str) -> dict:
+    """USER, ENTRYPOINT, EXPOSE and LABEL keys of the Dockerfile's last stage."""
+    text = (ROOT / "deploy/images" / name / "Dockerfile").read_text()
+    text = re.sub(r"\\\n", " ", text)
+    stage = text.split("\nFROM ")[-1]
+    out: dict = {"labels": set(), "expose": set()}
+    for line in stage.splitlines():
+        line = line.strip()
+        if line.startswith("USER "):
+            out["user"] = line.split(None, 1)[1]
+        elif line.startswith("ENTRYPOINT "):
+            out["entrypoint"] = json.loads(line.split(None, 1)[1])
+        elif line.startswith("EXPOSE "):
+            out["expose"].update(line.split()[1:])
+        elif line.startswith("LABEL "):
+            out["labels"].update(re.findall(r'([a-z0-9.\-]+)="', line))
+    return out
+
+
+def test_agrees_with_its_dockerfile(archive: Archive):
+    df = dockerfile_final_stage(archive.name)
+    cfg = archive.config["config"]
+    assert df["user"] == cfg["User"]
+    assert df["entrypoint"] == cfg["Entrypoint"]
+    assert df["expose"] == set(cfg.get("ExposedPorts", {}))
+    missing = df["labels"] - set(cfg["Labels"])
+    assert not missing, f"labels in the Dockerfile but not in the image: {missing}"
+
+
+@pytest.mark.parametrize("name", RUST_IMAGES)
+def test_rust_images_hold_no_shell_and_no_package_manager(name: str):
+    paths = Archive(name).paths()
+    assert f"usr/local/bin/{name}" in paths
+    found = [p for p in paths if p in SHELLS or p.endswith(("bin/apt", "bin/dpkg", "bin/apt-get"))]
+    assert not found, f"{name} contains {found}"
+    # Beyond the binary: the C libraries, certificates, passwd/group, copyright files, /tmp.
+    tops = {p.split("/")[0] for p in paths}
+    assert tops <= {"etc", "home", "lib", "lib64", "root", "tmp", "usr"}, tops
+    if name == "asya-sidecar":
+        runtime = (ROOT / "sidecar/runtime/asya_runtime.py").read_bytes()
+        tars = Archive(name).layer_tars()
+        found_runtime = []
+        for raw in tars:
+            with tarfile.open(fileobj=io.BytesIO(raw)) as t:
+                with contextlib.suppress(KeyError):
+                    found_runtime.append(t.extractfile("usr/share/asya/asya_runtime.py").read())
+        assert found_runtime == [runtime]
+
+
+def test_sizes_and_the_sidecar_budget():
+    sizes = {n: Archive(n).compressed_size() for n in ALL_IMAGES}
+    for n, s in sizes.items():
+        print(f"IMAGE-SIZE {n} compressed={s / 1e6:.1f}MB")
+    assert sizes["asya-sidecar"] < SIDECAR_BUDGET, f"asya-sidecar is {sizes['asya-sidecar']} bytes compressed"
+    # The three Rust images share their base layer, so a node stores it once.
+    bases = {Archive(n).manifest["layers"][0]["digest"] for n in RUST_IMAGES}
+    assert len(bases) == 1, bases
+
+
+# --- under containerd -----------------------------------------------------------------------
+
+
+def ctr(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run([CTL, "ctr", "-n", NS, *args], capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"ctr {' '.join(args)} exited {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def imported() -> dict[str, str]:
+    """Imports every archive into containerd; the image reference of each."""
+    st = subprocess.run([CTL, "status"], capture_output=True, text=True)
+    assert st.returncode == 0, "containerd is not running: tests/services/up starts it"
+    refs = {}
+    for name in ALL_IMAGES:
+        path = IMAGES / f"{name}.oci.tar"
+        assert path.is_file(), f"{path} is missing: run `make images`"
+        ctr("images", "import", str(path), timeout=300)
+        ref = f"localhost/asya-rs/{name}:dev"
+        listed = ctr("images", "ls", "-q").stdout.split()
+        assert ref in listed and f"localhost/asya-rs/{name}:{workspace_version()}" in listed, listed
+        refs[name] = ref
+    return refs
+
+
+def run_once(ref: str, *args: str, mounts: tuple[str, ...] = (), env: tuple[str, ...] = (), read_only: bool = True):
+    cid = f"t-{uuid.uuid4().hex[:12]}"
+    flags = ["--rm"] + (["--read-only"] if read_only else [])
+    for m in mounts:
+        flags += ["--mount", m]
+    for e in env:
+        flags += ["--env", e]
+    return ctr("run", *flags, ref, cid, *args, check=False)
+
+
+@contextlib.contextmanager
+def running(ref: str, *args: str, mounts: tuple[str, ...] = (), env: tuple[str, ...] = (), net_host: bool = False):
+    """A detached container; yields its host pid, removes it afterwards."""
+    cid = f"t-{uuid.uuid4().hex[:12]}"
+    flags = ["--detach", "--read-only"] + (["--net-host"] if net_host else [])
+    for m in mounts:
+        flags += ["--mount", m]
+    for e in env:
+        flags += ["--env", e]
+    ctr("run", *flags, ref, cid, *args)
+    try:
+        pid = None
+        deadline = time.monotonic() + 30
+        while pid is None and time.monotonic() < deadline:
+            for line in ctr("tasks", "ls").stdout.splitlines()[1:]:
+                cols = line.split()
+                if cols and cols[0] == cid and cols[2] == "RUNNING":
+                    pid = int(cols[1])
+            if pid is None:
+                time.sleep(0.1)
+        assert pid, f"container {cid} never reached RUNNING: {ctr('tasks', 'ls').stdout}"
+        yield pid
+    finally:
+        ctr("tasks", "kill", "-s", "SIGKILL", cid, check=False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and ctr("tasks", "delete", cid, check=False).returncode != 0:
+            if cid not in ctr("tasks", "ls", "-q").stdout.split():
+                break
+            time.sleep(0.1)
+        ctr("containers", "delete", cid, check=False)
+
+
+def uids_of(pid: int) -> list[int]:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return [int(x) for x in line.split()[1:]]
+    raise AssertionError(f"/proc/{pid}/status has no Uid line")
+
+
+def wait_for(what: str, cond, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def shared_dir():
+    """A host directory the container's nonroot user may write into."""
+    d = tempfile.mkdtemp(prefix="asya-image-test-")
+    os.chmod(d, 0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("name", RUST_IMAGES)
+def test_entry_point_answers_version_and_help(imported, name: str):
+    binary = f"/usr/local/bin/{name}"
+    out = run_once(imported[name], binary, "--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"{name} {workspace_version()}"
+    out = run_once(imported[name], binary, "--help")
+    assert out.returncode == 0, out.stderr
+    assert f"Usage: {name}" in out.stdout
+    # The image's own ENTRYPOINT, with no arguments: the binary itself answers.
+    out = run_once(imported[name])
+    assert f"Usage: {name}" in (out.stdout + out.stderr), (out.stdout, out.stderr)
+
+
+def test_webhook_writes_certificates_as_nonroot(imported, shared_dir):
+    out = run_once(imported["asya-webhook"], "/usr/local/bin/asya-webhook", "certs", "generate", "--out", "/out",
+                   "--dns", "asya-webhook.asya-system.svc",
+                   mounts=(f"type=bind,src={shared_dir},dst=/out,options=rbind:rw",))
+    assert out.returncode == 0, out.stderr
+    for f in ("ca.crt", "tls.crt", "tls.key"):
+        st = os.stat(os.path.join(shared_dir, f))
+        assert st.st_uid == NONROOT, f"{f} owned by uid {st.st_uid}"
+    assert Path(shared_dir, "tls.crt").read_text().startswith("-----BEGIN CERTIFICATE-----")
+    # The key is for the process's eyes only.
+    assert os.stat(os.path.join(shared_dir, "tls.key")).st_mode & 0o077 == 0
+
+
+def test_sidecar_install_runtime_writes_the_runtime(imported, shared_dir):
+    out = run_once(imported["asya-sidecar"], "/usr/local/bin/asya-sidecar", "install-runtime", "/opt/asya",
+                   mounts=(f"type=bind,src={shared_dir},dst=/opt/asya,options=rbind:rw",))
+    assert out.returncode == 0, out.stderr
+    written = Path(shared_dir, "asya_runtime.py")
+    assert written.read_bytes() == (ROOT / "sidecar/runtime/asya_runtime.py").read_bytes()
+    assert written.stat().st_uid == NONROOT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_provisioner_serves_health_as_nonroot_on_a_read_only_root(imported, shared_dir):
+    # An API server that refuses connections: the provisioner starts, answers /healthz and keeps
+    # trying; enough to see the process run as it would in a pod.
+    kubeconfig = Path(shared_dir, "kubeconfig")
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    kubeconfig.chmod(0o644)
+    port = free_port()
+    with running(imported["asya-queue-provisioner"], "/usr/local/bin/asya-queue-provisioner",
+                 "--kubeconfig", "/kube/kubeconfig", "--metrics-addr", f"127.0.0.1:{port}",
+                 mounts=(f"type=bind,src={shared_dir},dst=/kube,options=rbind:ro",), net_host=True) as pid:
+        def healthy():
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    return r.status == 200 and r.read() == b"ok"
+            return False
+        wait_for("the provisioner's /healthz", healthy)
+        assert all(u == NONROOT for u in uids_of(pid)), uids_of(pid)
+
+
+def frame(obj) -> bytes:
+    data = json.dumps(obj).encode()
+    return struct.pack(">I", len(data)) + data
+
+
+def read_frame(conn: socket.socket) -> object:
+    def exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = conn.recv(n - len(buf))
+            assert chunk, "the runtime closed the connection mid-frame"
+            buf += chunk
+        return buf
+    (length,) = struct.unpack(">I", exactly(4))
+    return json.loads(exactly(length))
+
+
+def test_examples_image_serves_a_handler_over_the_socket(imported, shared_dir):
+    with running(imported["asya-examples"],
+                 env=("ASYA_HANDLER=pipeline.shout", "ASYA_SOCKET_DIR=/var/run/asya"),
+                 mounts=(f"type=bind,src={shared_dir},dst=/var/run/asya,options=rbind:rw",)) as pid:
+        sock_path = os.path.join(shared_dir, "asya-runtime.sock")
+        wait_for("the runtime's socket", lambda: os.path.exists(sock_path))
+        assert all(u == NONROOT for u in uids_of(pid)), uids_of(pid)
+        envelope = {"id": "e1", "route": {"actors": ["shout"], "current": 0}, "headers": {},
+                    "payload": {"word": "hello", "position": 3}}
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(30)
+            conn.connect(sock_path)
+            conn.sendall(frame(envelope))
+            answer = read_frame(conn)
+        assert answer == {"word": "HELLO", "position": 3}
+        # A handler error comes back as an error object with its traceback.
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(30)
+            conn.connect(sock_path)
+            conn.sendall(frame({**envelope, "payload": {"position": 1}}))
+            answer = read_frame(conn)
+        assert answer["error"], answer
+        assert answer["details"]["type"] == "KeyError"
+        assert "shout" in answer["details"]["traceback"]
