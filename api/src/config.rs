@@ -12,8 +12,12 @@ use crate::error::{FieldError, FieldErrors};
 
 pub const TRANSPORT_RABBITMQ: &str = "rabbitmq";
 pub const TRANSPORT_SQS: &str = "sqs";
-/// The sidecar image the chart ships when none is configured.
-pub const DEFAULT_SIDECAR_IMAGE: &str = "ghcr.io/asya-rs/asya-sidecar:0.1.0";
+/// RabbitMQ's AMQP-over-TLS port: TLS is the default there (`Transport::rabbitmq_tls`).
+pub const AMQPS_PORT: u16 = 5671;
+/// The sidecar image the chart ships when none is configured: the release of this very
+/// build (`make images` builds it as `localhost/asya-rs/asya-sidecar`, docs/images.md).
+pub const DEFAULT_SIDECAR_IMAGE: &str =
+    concat!("ghcr.io/asya-rs/asya-sidecar:", env!("CARGO_PKG_VERSION"));
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]

@@ -65,6 +65,42 @@ def test_config_map_renders_cluster_config_from_values():
     assert cfg["serviceAccount"] == {"actorRoleArn": "arn:aws:iam::123456789012:role/asya-{actor}"}
 
 
+def images_of(*args) -> dict[str, str]:
+    """Every image the chart names: its Deployments' containers and the configured sidecar."""
+    out = {}
+    for d in render(*args):
+        if d["kind"] == "Deployment":
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                out[d["metadata"]["name"]] = c["image"]
+    out["sidecar"] = cluster_config(*args)["sidecar"]["image"]
+    return out
+
+
+def test_images_default_to_the_release_and_follow_the_registry_switch():
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert images_of() == {
+        "asya-webhook": f"ghcr.io/asya-rs/asya-webhook:{version}",
+        "asya-provisioner": f"ghcr.io/asya-rs/asya-queue-provisioner:{version}",
+        "sidecar": f"ghcr.io/asya-rs/asya-sidecar:{version}",
+    }
+    # One switch points every image at a mirror (and one tag at a build).
+    mirrored = images_of("--set", "global.imageRegistry=mirror.example.com:5000/platform/asya",
+                         "--set", "global.imageTag=dev")
+    assert mirrored == {
+        "asya-webhook": "mirror.example.com:5000/platform/asya/asya-webhook:dev",
+        "asya-provisioner": "mirror.example.com:5000/platform/asya/asya-queue-provisioner:dev",
+        "sidecar": "mirror.example.com:5000/platform/asya/asya-sidecar:dev",
+    }
+    # A component's own tag, and a full reference, win over the switch.
+    own = images_of("--set", "global.imageRegistry=mirror.example.com/asya", "--set", "webhook.image.tag=1.2.3",
+                    "--set", "sidecar.image=other.example.com/sidecar:9")
+    assert own["asya-webhook"] == "mirror.example.com/asya/asya-webhook:1.2.3"
+    assert own["sidecar"] == "other.example.com/sidecar:9"
+    # The chart's default agrees with the platform's built-in default (api DEFAULT_SIDECAR_IMAGE).
+    cargo = (ROOT / "Cargo.toml").read_text()
+    assert f'version = "{version}"' in cargo, "Chart appVersion and the workspace version differ"
+
+
 def test_rendered_webhook_configurations_follow_the_contract():
     docs = render("--show-only", "templates/webhook-configurations.yaml", namespace="platform")
     by_kind = {d["kind"]: d for d in docs}

@@ -23,9 +23,21 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* An image reference: a string is used as is; {repository, tag} goes under
+     global.imageRegistry (unless the repository has a "/") with its tag, else global.imageTag,
+     else the chart's appVersion. */}}
 {{- define "asya.image" -}}
-{{- $tag := .image.tag | default .root.Chart.AppVersion -}}
-{{- printf "%s:%s" .image.repository $tag -}}
+{{- if kindIs "string" .image -}}
+{{- .image -}}
+{{- else -}}
+{{- $g := .root.Values.global | default dict -}}
+{{- $tag := .image.tag | default $g.imageTag | default .root.Chart.AppVersion -}}
+{{- $repo := .image.repository -}}
+{{- if and $g.imageRegistry (not (contains "/" $repo)) -}}
+{{- $repo = printf "%s/%s" (trimSuffix "/" $g.imageRegistry) $repo -}}
+{{- end -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Drops empty strings and nulls from a map, recursively, so optional settings left "" in
@@ -75,7 +87,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $transports $name (dict "enabled" (ne $t.enabled false) "type" $t.type "config" (include "asya.compact" ($t.config | default dict) | fromJson)) -}}
 {{- end -}}
 {{- $cfg := dict "defaultTransport" (include "asya.defaultTransport" .) "transports" $transports -}}
-{{- $_ := set $cfg "sidecar" (include "asya.compact" .Values.sidecar | fromJson) -}}
+{{- $sidecar := include "asya.compact" .Values.sidecar | fromJson -}}
+{{- $_ := set $sidecar "image" (include "asya.image" (dict "root" . "image" .Values.sidecar.image)) -}}
+{{- $_ := set $cfg "sidecar" $sidecar -}}
 {{- $_ := set $cfg "policy" .Values.policy -}}
 {{- if .Values.actorServiceAccount.roleArn -}}
 {{- $_ := set $cfg "serviceAccount" (dict "actorRoleArn" .Values.actorServiceAccount.roleArn) -}}
