@@ -381,18 +381,36 @@ impl Transport {
     pub fn is_rabbitmq(&self) -> bool {
         self.kind == TRANSPORT_RABBITMQ
     }
-    /// Whether AMQP should use TLS: explicit setting, else on for non-loopback hosts.
+    /// Whether AMQP uses TLS: the explicit `tls` setting, else on exactly when the port is
+    /// AMQPS's 5671. A stock RabbitMQ serves plain AMQP on 5672, and seed 001's values name
+    /// that port without `tls`: deciding by host made every sidecar speak TLS to it.
     pub fn rabbitmq_tls(&self) -> bool {
-        self.config.tls.unwrap_or(!matches!(
-            self.config.host.as_deref(),
-            Some("127.0.0.1" | "localhost" | "::1")
-        ))
+        self.config
+            .tls
+            .unwrap_or(self.config.port == Some(AMQPS_PORT))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rabbit(yaml: &str) -> Transport {
+        let text = format!("transports:\n  rabbitmq:\n    type: rabbitmq\n    config: {yaml}\n");
+        let c = ClusterConfig::from_yaml(&text).expect("config parses");
+        c.transport("rabbitmq").expect("enabled").clone()
+    }
+
+    #[test]
+    fn amqp_tls_follows_the_setting_then_the_port_never_the_host() {
+        // Seed 001's values as written: a cluster-internal host on the plain port.
+        let seed = rabbit("{host: rabbitmq.default.svc.cluster.local, port: 5672}");
+        assert!(!seed.rabbitmq_tls());
+        assert!(!rabbit("{host: rabbitmq.example.com}").rabbitmq_tls());
+        assert!(rabbit("{host: rabbitmq.example.com, port: 5671}").rabbitmq_tls());
+        assert!(rabbit("{host: rabbitmq.example.com, port: 5672, tls: true}").rabbitmq_tls());
+        assert!(!rabbit("{host: 127.0.0.1, port: 5671, tls: false}").rabbitmq_tls());
+    }
 
     #[test]
     fn defaults_enable_both_transports_with_rabbitmq_default() {

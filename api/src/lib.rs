@@ -5,6 +5,7 @@
 //! Everything here is pure: no I/O, no clocks. Callers bring the objects (from a reflector
 //! cache, a file, an AdmissionReview) and get back decisions they can act on.
 
+pub mod amqp;
 pub mod config;
 pub mod crd;
 pub mod duration;

@@ -160,7 +160,10 @@ impl Config {
         }
         let transport = match v.required("ASYA_TRANSPORT", "rabbitmq or sqs")?.as_str() {
             "rabbitmq" => TransportConfig::RabbitMq {
-                url: v.required("ASYA_RABBITMQ_URL", "amqp://user:pass@host:5672/vhost")?,
+                url: asya_api::amqp::normalize_url(
+                    &v.required("ASYA_RABBITMQ_URL", "amqp://user:pass@host:5672/vhost")?,
+                )
+                .into_owned(),
                 exchange: v
                     .get("ASYA_RABBITMQ_EXCHANGE")
                     .unwrap_or_else(|| asya_api::naming::RABBITMQ_EXCHANGE.into()),
