@@ -50,6 +50,9 @@ import (
 	kubectlcmd "k8s.io/kubectl/pkg/cmd"
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	cmapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxyapp "k8s.io/kubernetes/cmd/kube-proxy/app"
+	schedapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubeletapp "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 func main() {
@@ -57,7 +60,7 @@ func main() {
 	args := os.Args[1:]
 	if name == "asya-test-cluster" || strings.HasPrefix(name, "asya-test-cluster") {
 		if len(args) == 0 {
-			fmt.Fprintln(os.Stderr, "usage: asya-test-cluster run|kube-apiserver|kube-controller-manager|kubectl ...")
+			fmt.Fprintln(os.Stderr, "usage: asya-test-cluster run|kube-apiserver|kube-controller-manager|kube-scheduler|kube-proxy|kubelet|kubectl ...")
 			os.Exit(2)
 		}
 		name, args = args[0], args[1:]
@@ -69,6 +72,12 @@ func main() {
 		os.Exit(cli.Run(apiserverapp.NewAPIServerCommand()))
 	case "kube-controller-manager":
 		os.Exit(cli.Run(cmapp.NewControllerManagerCommand()))
+	case "kube-scheduler":
+		os.Exit(cli.Run(schedapp.NewSchedulerCommand()))
+	case "kube-proxy":
+		os.Exit(cli.Run(proxyapp.NewProxyCommand()))
+	case "kubelet":
+		os.Exit(cli.Run(kubeletapp.NewKubeletCommand(context.Background())))
 	case "kubectl":
 		cmd := kubectlcmd.NewDefaultKubectlCommand()
 		if err := cli.RunNoErrOutput(cmd); err != nil {
@@ -91,6 +100,7 @@ type config struct {
 	dir      string
 	port     int
 	etcdPort int
+	node     nodeConfig
 }
 
 func run(args []string) error {
@@ -99,6 +109,12 @@ func run(args []string) error {
 	fs.StringVar(&c.dir, "dir", "", "state directory (pki, etcd data, kubeconfig, logs)")
 	fs.IntVar(&c.port, "port", 16443, "API server secure port on 127.0.0.1")
 	fs.IntVar(&c.etcdPort, "etcd-port", 12379, "etcd client port on 127.0.0.1 (peer port is +1)")
+	fs.StringVar(&c.node.ip, "node-ip", "", "host address of the node (kubelet, CoreDNS); empty: no node, the control plane only")
+	fs.StringVar(&c.node.podCIDR, "pod-cidr", "10.244.0.0/24", "pod addresses (the CNI bridge's subnet)")
+	fs.StringVar(&c.node.runtime, "container-runtime-endpoint", "unix:///run/asya-containerd/containerd.sock", "CRI endpoint of the node")
+	fs.StringVar(&c.node.kubeletRoot, "kubelet-root-dir", "/var/lib/asya-test-kubelet", "the kubelet's root directory")
+	fs.StringVar(&c.node.coredns, "coredns", "", "CoreDNS binary to serve cluster DNS on the node IP")
+	fs.Var(&c.node.forwards, "forward", "LISTEN=TARGET: serve a host server (on loopback) to pods at LISTEN (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -110,6 +126,13 @@ func run(args []string) error {
 		return err
 	}
 	log.SetPrefix("[test-cluster] ")
+	if c.node.enabled() {
+		lock, err := lockNode(c.dir)
+		if err != nil {
+			return err
+		}
+		defer lock.Close()
+	}
 	for _, d := range []string{"pki", "etcd", "logs"} {
 		if err := os.MkdirAll(filepath.Join(c.dir, d), 0o755); err != nil {
 			return err
@@ -136,7 +159,7 @@ func run(args []string) error {
 		return err
 	}
 	pki := func(f string) string { return filepath.Join(c.dir, "pki", f) }
-	apiserver, err := startChild(ctx, c, self, "kube-apiserver", []string{
+	apiserverArgs := []string{
 		"--etcd-servers=" + fmt.Sprintf("http://127.0.0.1:%d", c.etcdPort),
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
@@ -156,7 +179,12 @@ func run(args []string) error {
 		"--enable-priority-and-fairness=false",
 		"--endpoint-reconciler-type=none",
 		"--v=1",
-	})
+	}
+	if c.node.enabled() {
+		// Pods reach the API server through the kubernetes Service: its endpoint is kept.
+		apiserverArgs = withFlags(dropFlag(apiserverArgs, "--endpoint-reconciler-type"), apiserverNodeArgs(c, pki))
+	}
+	apiserver, err := startChild(ctx, c, self, "kube-apiserver", apiserverArgs)
 	if err != nil {
 		return err
 	}
@@ -165,7 +193,7 @@ func run(args []string) error {
 	}
 	log.Printf("kube-apiserver ready on https://127.0.0.1:%d", c.port)
 
-	cm, err := startChild(ctx, c, self, "kube-controller-manager", []string{
+	cmArgs := []string{
 		"--kubeconfig=" + filepath.Join(c.dir, "controller-manager.kubeconfig"),
 		"--authentication-kubeconfig=" + filepath.Join(c.dir, "controller-manager.kubeconfig"),
 		"--authorization-kubeconfig=" + filepath.Join(c.dir, "controller-manager.kubeconfig"),
@@ -180,45 +208,129 @@ func run(args []string) error {
 		// No nodes and no cloud: the controllers that manage them only log noise.
 		"--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller,-persistentvolume-binder,-attachdetach,-persistentvolume-expander,-ttl",
 		"--v=1",
-	})
-	if err != nil {
+	}
+	if c.node.enabled() {
+		cmArgs = withFlags(cmArgs, controllerManagerNodeArgs())
+	}
+	// Children in start order; stopped in reverse.
+	children := []*child{apiserver}
+	stopAll := func() {
+		for i := len(children) - 1; i >= 0; i-- {
+			stopChild(children[i])
+		}
+	}
+	start := func(name string, args []string) error {
+		ch, err := startChild(ctx, c, self, name, args)
+		if err != nil {
+			stopAll()
+			return err
+		}
+		children = append(children, ch)
+		return nil
+	}
+	if err := start("kube-controller-manager", cmArgs); err != nil {
 		return err
 	}
-	log.Printf("kube-controller-manager started")
+	if c.node.enabled() {
+		for _, f := range c.node.forwards {
+			parts := strings.SplitN(f, "=", 2)
+			if err := forward(ctx, parts[0], parts[1]); err != nil {
+				stopAll()
+				return fmt.Errorf("--forward %s: %w", f, err)
+			}
+		}
+		files, err := writeNodeFiles(c)
+		if err != nil {
+			stopAll()
+			return fmt.Errorf("node configuration: %w", err)
+		}
+		if err := start("kube-scheduler", []string{"--config=" + files.schedulerConfig, "--secure-port=0", "--v=1"}); err != nil {
+			return err
+		}
+		if c.node.coredns != "" {
+			ch, err := startProgram(ctx, c, "coredns", c.node.coredns, []string{"-conf", files.corefile})
+			if err != nil {
+				stopAll()
+				return err
+			}
+			children = append(children, ch)
+		}
+		if err := start("kube-proxy", []string{"--config=" + files.proxyConfig, "--v=1"}); err != nil {
+			return err
+		}
+		if err := start("kubelet", []string{
+			"--config=" + files.kubeletConfig,
+			"--kubeconfig=" + files.kubeletKubeconfig,
+			"--hostname-override=" + nodeName,
+			"--node-ip=" + c.node.ip,
+			"--root-dir=" + c.node.kubeletRoot,
+			"--cert-dir=" + filepath.Join(c.node.kubeletRoot, "pki"),
+			"--v=1",
+		}); err != nil {
+			return err
+		}
+	}
 	if err := os.WriteFile(filepath.Join(c.dir, "ready"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		stopAll()
 		return err
 	}
 
+	// Any child exiting takes the whole cluster down: tests/cluster/up then says which.
+	exited := make(chan *child, len(children))
+	for _, ch := range children {
+		go func(ch *child) { ch.err = <-ch.done; exited <- ch }(ch)
+	}
+	var failure error
 	select {
 	case <-ctx.Done():
 		log.Printf("stopping")
-	case err := <-apiserver.done:
-		stopChild(cm)
-		return fmt.Errorf("kube-apiserver exited: %v (log: %s)", err, apiserver.logPath)
-	case err := <-cm.done:
-		stopChild(apiserver)
-		return fmt.Errorf("kube-controller-manager exited: %v (log: %s)", err, cm.logPath)
+	case ch := <-exited:
+		failure = fmt.Errorf("%s exited: %v (log: %s)", ch.name, ch.err, ch.logPath)
 	}
 	os.Remove(filepath.Join(c.dir, "ready"))
-	stopChild(cm)
-	stopChild(apiserver)
-	return nil
+	stopAll()
+	return failure
+}
+
+// withFlags sets each --name=value of `over` in `args`, replacing a flag of the same name.
+func withFlags(args, over []string) []string {
+	for _, o := range over {
+		name := strings.SplitN(o, "=", 2)[0]
+		args = append(dropFlag(args, name), o)
+	}
+	return args
+}
+
+func dropFlag(args []string, name string) []string {
+	out := args[:0:0]
+	for _, a := range args {
+		if a != name && !strings.HasPrefix(a, name+"=") {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 type child struct {
 	name    string
 	cmd     *exec.Cmd
 	done    chan error
+	err     error
 	logPath string
 }
 
 func startChild(ctx context.Context, c config, self, name string, args []string) (*child, error) {
+	return startProgram(ctx, c, name, self, append([]string{name}, args...))
+}
+
+// startProgram runs PATH ARGS as the child NAME, its output in DIR/logs/NAME.log.
+func startProgram(ctx context.Context, c config, name, path string, args []string) (*child, error) {
 	logPath := filepath.Join(c.dir, "logs", name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, append([]string{name}, args...)...)
+	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	// Die with us even if we are killed with SIGKILL.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
@@ -227,7 +339,12 @@ func startChild(ctx context.Context, c config, self, name string, args []string)
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	ch := &child{name: name, cmd: cmd, done: make(chan error, 1), logPath: logPath}
-	go func() { ch.done <- cmd.Wait(); f.Close() }()
+	go func() {
+		err := cmd.Wait()
+		f.Close()
+		ch.done <- err
+		close(ch.done)
+	}()
 	log.Printf("%s started (pid %d, log %s)", name, cmd.Process.Pid, logPath)
 	return ch, nil
 }
@@ -318,61 +435,51 @@ func startEtcd(c config) (*embed.Etcd, error) {
 
 // ---- PKI ---------------------------------------------------------------------------------
 
+// leafSpec is a certificate the cluster CA (or the front-proxy CA) issues.
+type leafSpec struct {
+	name    string // files NAME.crt, NAME.key
+	cn, org string
+	client  bool // client auth; else server auth
+	dns     []string
+	ips     []net.IP
+}
+
+// ensurePKI creates what is missing, file by file, so a state directory made before a
+// component existed gets that component's identity without losing the others.
 func ensurePKI(c config) error {
 	dir := filepath.Join(c.dir, "pki")
 	p := func(f string) string { return filepath.Join(dir, f) }
-	if _, err := os.Stat(p("ca.crt")); errors.Is(err, os.ErrNotExist) {
-		log.Printf("generating certificates in %s", dir)
-		caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, caKey, err := ensureCA(dir, "ca", "asya-test-cluster-ca")
+	if err != nil {
+		return err
+	}
+	leaves := []leafSpec{
+		{name: "apiserver", cn: "kube-apiserver",
+			dns: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+			ips: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), net.ParseIP("10.96.0.1")}},
+		{name: "admin", cn: "asya-test-admin", org: "system:masters", client: true},
+		{name: "controller-manager", cn: "system:kube-controller-manager", client: true},
+	}
+	if c.node.enabled() {
+		leaves = append(leaves, nodePKI...)
+	}
+	for _, l := range leaves {
+		if err := ensureLeaf(dir, ca, caKey, l); err != nil {
+			return err
+		}
+	}
+	if c.node.enabled() {
+		// The aggregation layer's request-header CA is its own (the client CA must not be
+		// able to assert X-Remote-User).
+		fpCA, fpKey, err := ensureCA(dir, "front-proxy-ca", "asya-test-front-proxy-ca")
 		if err != nil {
 			return err
 		}
-		caTmpl := &x509.Certificate{
-			SerialNumber:          serial(),
-			Subject:               pkix.Name{CommonName: "asya-test-cluster-ca"},
-			NotBefore:             time.Now().Add(-time.Hour),
-			NotAfter:              time.Now().AddDate(10, 0, 0),
-			KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageCRLSign,
-			BasicConstraintsValid: true,
-			IsCA:                  true,
-		}
-		caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-		if err != nil {
+		if err := ensureLeaf(dir, fpCA, fpKey, leafSpec{name: "front-proxy-client", cn: "front-proxy-client", client: true}); err != nil {
 			return err
 		}
-		ca, _ := x509.ParseCertificate(caDER)
-		issue := func(name string, subj pkix.Name, usage x509.ExtKeyUsage, dns []string, ips []net.IP) error {
-			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-			if err != nil {
-				return err
-			}
-			tmpl := &x509.Certificate{
-				SerialNumber: serial(), Subject: subj,
-				NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(10, 0, 0),
-				KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-				ExtKeyUsage: []x509.ExtKeyUsage{usage}, DNSNames: dns, IPAddresses: ips,
-			}
-			der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-			if err != nil {
-				return err
-			}
-			if err := writePEM(p(name+".crt"), "CERTIFICATE", der, 0o644); err != nil {
-				return err
-			}
-			kb, _ := x509.MarshalECPrivateKey(key)
-			return writePEM(p(name+".key"), "EC PRIVATE KEY", kb, 0o600)
-		}
-		if err := issue("apiserver", pkix.Name{CommonName: "kube-apiserver"}, x509.ExtKeyUsageServerAuth,
-			[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-			[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), net.ParseIP("10.96.0.1")}); err != nil {
-			return err
-		}
-		if err := issue("admin", pkix.Name{CommonName: "asya-test-admin", Organization: []string{"system:masters"}}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
-			return err
-		}
-		if err := issue("controller-manager", pkix.Name{CommonName: "system:kube-controller-manager"}, x509.ExtKeyUsageClientAuth, nil, nil); err != nil {
-			return err
-		}
+	}
+	if _, err := os.Stat(p("sa.pub")); errors.Is(err, os.ErrNotExist) {
 		saKey, err := rsa.GenerateKey(rand.Reader, 2048)
 		if err != nil {
 			return err
@@ -384,14 +491,6 @@ func ensurePKI(c config) error {
 		if err := writePEM(p("sa.pub"), "PUBLIC KEY", pub, 0o644); err != nil {
 			return err
 		}
-		ckb, _ := x509.MarshalECPrivateKey(caKey)
-		if err := writePEM(p("ca.key"), "EC PRIVATE KEY", ckb, 0o600); err != nil {
-			return err
-		}
-		// Last: its presence marks the PKI complete.
-		if err := writePEM(p("ca.crt"), "CERTIFICATE", caDER, 0o644); err != nil {
-			return err
-		}
 	} else if err != nil {
 		return err
 	}
@@ -400,6 +499,101 @@ func ensurePKI(c config) error {
 		return err
 	}
 	return writeKubeconfig(filepath.Join(c.dir, "controller-manager.kubeconfig"), server, p("ca.crt"), p("controller-manager.crt"), p("controller-manager.key"), "system:kube-controller-manager")
+}
+
+// ensureCA loads NAME.crt/NAME.key, or makes them (the key first: the certificate's presence
+// marks the pair complete).
+func ensureCA(dir, name, cn string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	crtPath, keyPath := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	if _, err := os.Stat(crtPath); err == nil {
+		return loadPair(crtPath, keyPath)
+	}
+	log.Printf("generating %s in %s", name, dir)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: cn},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().AddDate(10, 0, 0),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	kb, _ := x509.MarshalECPrivateKey(key)
+	if err := writePEM(keyPath, "EC PRIVATE KEY", kb, 0o600); err != nil {
+		return nil, nil, err
+	}
+	if err := writePEM(crtPath, "CERTIFICATE", der, 0o644); err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	return cert, key, err
+}
+
+func loadPair(crtPath, keyPath string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	crtPEM, err := os.ReadFile(crtPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyPEM, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	cb, _ := pem.Decode(crtPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, nil, fmt.Errorf("%s or %s is not PEM", crtPath, keyPath)
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", crtPath, err)
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", keyPath, err)
+	}
+	return cert, key, nil
+}
+
+func ensureLeaf(dir string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, l leafSpec) error {
+	crtPath, keyPath := filepath.Join(dir, l.name+".crt"), filepath.Join(dir, l.name+".key")
+	if _, err := os.Stat(crtPath); err == nil {
+		return nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	usage := x509.ExtKeyUsageServerAuth
+	if l.client {
+		usage = x509.ExtKeyUsageClientAuth
+	}
+	subj := pkix.Name{CommonName: l.cn}
+	if l.org != "" {
+		subj.Organization = []string{l.org}
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: subj,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(10, 0, 0),
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage: []x509.ExtKeyUsage{usage}, DNSNames: l.dns, IPAddresses: l.ips,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return err
+	}
+	kb, _ := x509.MarshalECPrivateKey(key)
+	if err := writePEM(keyPath, "EC PRIVATE KEY", kb, 0o600); err != nil {
+		return err
+	}
+	return writePEM(crtPath, "CERTIFICATE", der, 0o644)
 }
 
 func serial() *big.Int {
