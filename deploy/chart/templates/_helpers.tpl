@@ -77,6 +77,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $cfg := dict "defaultTransport" (include "asya.defaultTransport" .) "transports" $transports -}}
 {{- $_ := set $cfg "sidecar" (include "asya.compact" .Values.sidecar | fromJson) -}}
 {{- $_ := set $cfg "policy" .Values.policy -}}
+{{- $_ := set $cfg "endQueueRetention" (.Values.endQueueRetention | default "168h") -}}
 {{- if .Values.actorServiceAccount.roleArn -}}
 {{- $_ := set $cfg "serviceAccount" (dict "actorRoleArn" .Values.actorServiceAccount.roleArn) -}}
 {{- end -}}
