@@ -315,6 +315,32 @@ where
     Ok(Some(generation.1))
 }
 
+/// Applies a workload (when it changed) and returns (spec.replicas, readyReplicas): from the
+/// apply's answer, or the cache when the apply was skipped.
+async fn apply_workload<K>(
+    ctx: &Ctx,
+    api: &Api<K>,
+    kind: &str,
+    ns: &str,
+    desired: K,
+    store: &Store<K>,
+    counts: fn(&K) -> (Option<i32>, Option<i32>),
+) -> Result<(Option<i32>, i32), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let live = live_in(store, ns, &name);
+    let (replicas, ready) = match apply_changed(ctx, api, kind, ns, desired, live).await? {
+        Some(sent) => counts(&sent),
+        None => store
+            .get(&ObjectRef::new(&name).within(ns))
+            .map(|k| counts(&k))
+            .unwrap_or_default(),
+    };
+    Ok((replicas, ready.unwrap_or(0)))
+}
+
 /// The cached object as [`work::decide_apply`] compares it.
 fn live_of(meta: Option<&ObjectMeta>) -> Live {
     match meta {
@@ -853,53 +879,40 @@ async fn apply_objects(
             hand_replicas_over(&deps, &name).await?;
         }
     }
-    // (spec.replicas, readyReplicas): from the apply's answer, or the cache when the apply
-    // was skipped.
-    let counts = |replicas: Option<i32>, ready: Option<i32>| (replicas, ready.unwrap_or(0));
     let res = if r.workload_kind() == "StatefulSet" {
         if before.as_deref() == Some("Deployment") {
             delete_ignore_missing(&deps, &name).await?;
             forget_applied(ctx, "Deployment", ns, &name);
         }
         let desired = workload::stateful_set(r, labels, owner, &ctx.config);
-        let live = live_in(&ctx.stateful_sets, ns, &name);
-        apply_changed(ctx, &sts, "StatefulSet", ns, desired, live)
-            .await
-            .map(|sent| {
-                let s = sent.or_else(|| {
-                    ctx.stateful_sets
-                        .get(&ObjectRef::new(&name).within(ns))
-                        .map(|s| s.as_ref().clone())
-                });
-                let spec = s.as_ref().and_then(|s| s.spec.as_ref());
-                let st = s.as_ref().and_then(|s| s.status.as_ref());
-                counts(
-                    spec.and_then(|x| x.replicas),
-                    st.and_then(|x| x.ready_replicas),
-                )
-            })
+        let counts = work::stateful_set_counts;
+        apply_workload(
+            ctx,
+            &sts,
+            "StatefulSet",
+            ns,
+            desired,
+            &ctx.stateful_sets,
+            counts,
+        )
+        .await
     } else {
         if before.as_deref() == Some("StatefulSet") {
             delete_ignore_missing(&sts, &name).await?;
             forget_applied(ctx, "StatefulSet", ns, &name);
         }
         let desired = workload::deployment(r, labels, owner, &ctx.config);
-        let live = live_in(&ctx.deployments, ns, &name);
-        apply_changed(ctx, &deps, "Deployment", ns, desired, live)
-            .await
-            .map(|sent| {
-                let d = sent.or_else(|| {
-                    ctx.deployments
-                        .get(&ObjectRef::new(&name).within(ns))
-                        .map(|d| d.as_ref().clone())
-                });
-                let spec = d.as_ref().and_then(|d| d.spec.as_ref());
-                let st = d.as_ref().and_then(|d| d.status.as_ref());
-                counts(
-                    spec.and_then(|x| x.replicas),
-                    st.and_then(|x| x.ready_replicas),
-                )
-            })
+        let counts = work::deployment_counts;
+        apply_workload(
+            ctx,
+            &deps,
+            "Deployment",
+            ns,
+            desired,
+            &ctx.deployments,
+            counts,
+        )
+        .await
     };
     match res {
         Ok(w) => {

@@ -39,6 +39,8 @@ pub struct Metrics {
     pub duration: Histogram,
     pub queue_ops: Family<QueueOpLabel, Counter>,
     pub leader: Gauge,
+    /// Requests sent to the Kubernetes API server (a watch counts once per connection).
+    pub api_requests: Counter,
     /// End queues of deleted namespaces kept for their messages (endQueueRetention).
     pub end_queues_retained: Gauge,
     pub end_queues_deleted: Family<EndQueueLabel, Counter>,
@@ -53,6 +55,12 @@ impl Default for Metrics {
         let duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
         let queue_ops = Family::<QueueOpLabel, Counter>::default();
         let leader = Gauge::default();
+        let api_requests = Counter::default();
+        r.register(
+            "api_requests",
+            "Requests sent to the Kubernetes API server (a watch once per connection)",
+            api_requests.clone(),
+        );
         let end_queues_retained = Gauge::default();
         let end_queues_deleted = Family::<EndQueueLabel, Counter>::default();
         r.register("reconciles", "Reconciles by result", reconciles.clone());
@@ -92,6 +100,7 @@ impl Default for Metrics {
             duration,
             queue_ops,
             leader,
+            api_requests,
             end_queues_retained,
             end_queues_deleted,
             registry: Arc::new(r),

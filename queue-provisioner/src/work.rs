@@ -11,6 +11,7 @@ use asya_api::AsyncActor;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use serde::Serialize;
 
@@ -35,33 +36,33 @@ pub fn actor_fingerprint(a: &AsyncActor) -> Option<u64> {
     )))
 }
 
-/// What of a workload the status reads: its spec (generation: also a foreign edit to undo),
-/// the replica target and the ready count. Not the controller manager's other status writes.
-pub fn workload_fingerprint(
-    generation: Option<i64>,
-    replicas: Option<i32>,
-    ready: Option<i32>,
-    deleting: bool,
-) -> Option<u64> {
-    Some(hash_of(&(generation, replicas, ready, deleting)))
+/// (spec.replicas, status.readyReplicas): what the status reads of a workload.
+pub fn deployment_counts(d: &Deployment) -> (Option<i32>, Option<i32>) {
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas);
+    (replicas, d.status.as_ref().and_then(|s| s.ready_replicas))
+}
+
+pub fn stateful_set_counts(s: &StatefulSet) -> (Option<i32>, Option<i32>) {
+    let replicas = s.spec.as_ref().and_then(|s| s.replicas);
+    (replicas, s.status.as_ref().and_then(|s| s.ready_replicas))
+}
+
+/// What of a workload matters: its spec (generation: also a foreign edit to undo), the
+/// counts the status reads, deletion. Not the controller manager's other status writes.
+pub fn workload_fingerprint(meta: &ObjectMeta, counts: (Option<i32>, Option<i32>)) -> Option<u64> {
+    Some(hash_of(&(
+        meta.generation,
+        counts,
+        meta.deletion_timestamp.is_some(),
+    )))
 }
 
 pub fn deployment_fingerprint(d: &Deployment) -> Option<u64> {
-    workload_fingerprint(
-        d.metadata.generation,
-        d.spec.as_ref().and_then(|s| s.replicas),
-        d.status.as_ref().and_then(|s| s.ready_replicas),
-        d.metadata.deletion_timestamp.is_some(),
-    )
+    workload_fingerprint(&d.metadata, deployment_counts(d))
 }
 
 pub fn stateful_set_fingerprint(s: &StatefulSet) -> Option<u64> {
-    workload_fingerprint(
-        s.metadata.generation,
-        s.spec.as_ref().and_then(|s| s.replicas),
-        s.status.as_ref().and_then(|s| s.ready_replicas),
-        s.metadata.deletion_timestamp.is_some(),
-    )
+    workload_fingerprint(&s.metadata, stateful_set_counts(s))
 }
 
 /// A ScaledObject matters when its spec changes (someone else's edit) or it goes.
@@ -215,12 +216,21 @@ mod tests {
 
     #[test]
     fn a_workloads_fingerprint_follows_replicas_and_readiness_only() {
-        let base = workload_fingerprint(Some(1), Some(1), None, false);
-        assert_eq!(base, workload_fingerprint(Some(1), Some(1), None, false));
-        assert_ne!(base, workload_fingerprint(Some(1), Some(1), Some(1), false));
-        assert_ne!(base, workload_fingerprint(Some(1), Some(3), None, false));
-        assert_ne!(base, workload_fingerprint(Some(2), Some(1), None, false));
-        assert_ne!(base, workload_fingerprint(Some(1), Some(1), None, true));
+        let meta = |generation| ObjectMeta {
+            generation: Some(generation),
+            resource_version: Some("1".into()),
+            ..Default::default()
+        };
+        let base = workload_fingerprint(&meta(1), (Some(1), None));
+        let mut other_rv = meta(1);
+        other_rv.resource_version = Some("2".into());
+        assert_eq!(base, workload_fingerprint(&other_rv, (Some(1), None)));
+        assert_ne!(base, workload_fingerprint(&meta(1), (Some(1), Some(1))));
+        assert_ne!(base, workload_fingerprint(&meta(1), (Some(3), None)));
+        assert_ne!(base, workload_fingerprint(&meta(2), (Some(1), None)));
+        let mut deleting = meta(1);
+        deleting.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        assert_ne!(base, workload_fingerprint(&deleting, (Some(1), None)));
     }
 
     #[test]

@@ -4,8 +4,8 @@ not match test_*.py); run explicitly, after `ASYA_E2E_RELEASE=1 tests/e2e/up`:
     python3 -m pytest -q -s -p no:cacheprovider tests/e2e/bench_provisioner.py
 
 Each scenario prints one `PROVISIONER-BENCH` line: wall time, and the work behind it —
-reconciles, API requests (the API server's own count for the provisioner's ServiceAccount)
-and broker operations per actor, CPU seconds and peak RSS of the provisioner process.
+reconciles, API requests (the provisioner's client's count; and every client's, from the API
+server's apiserver_request_total) and broker operations per actor, CPU seconds and peak RSS of the provisioner process.
 ASYA_BENCH_ACTORS (1000) and ASYA_BENCH_FLAVOR_ACTORS (500) set the sizes.
 """
 
@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from conftest import STATE, kubectl, kubectl_json, process_stopped, wait_for
-from test_provisioner import FLAT, actor, all_converged, ensure_provisioner_flow_schema, wait_quiet, work_counters
+from test_provisioner import FLAT, actor, all_converged, metric_total, wait_quiet, work_counters
 
 N = int(os.environ.get("ASYA_BENCH_ACTORS", "1000"))
 N_FLAVOR = int(os.environ.get("ASYA_BENCH_FLAVOR_ACTORS", "500"))
@@ -40,11 +40,19 @@ def proc_usage(pid: int) -> dict:
     return {"cpu": cpu, "rss": kib("VmRSS"), "hwm": kib("VmHWM")}
 
 
+def counters() -> dict:
+    """The provisioner's counts (wait_quiet's) and every client's requests to the API server."""
+    c = wait_quiet(timeout=600)
+    c["all_api"] = metric_total(kubectl("get", "--raw", "/metrics").stdout, "apiserver_request_total")
+    return c
+
+
 def report(name: str, n: int, seconds: float, before: dict, after: dict, u0: dict, u1: dict) -> str:
     line = (f"PROVISIONER-BENCH {name} actors={n} seconds={seconds:.1f} "
             f"reconciles/actor={(after['reconciles'] - before['reconciles']) / n:.2f} "
             f"api_requests/actor={(after['api'] - before['api']) / n:.2f} "
             f"broker_ops/actor={(after['broker'] - before['broker']) / n:.2f} "
+            f"all_clients_api_requests/actor={(after['all_api'] - before['all_api']) / n:.2f} "
             f"cpu_s={u1['cpu'] - u0['cpu']:.1f} rss_mib={u1['rss']:.0f} peak_rss_mib={u1['hwm']:.0f}")
     print("\n" + line)
     with open(STATE / "provisioner-bench.txt", "a") as f:
@@ -70,7 +78,6 @@ def versions(ns: str) -> dict:
 
 @pytest.fixture(scope="module")
 def bench_ns():
-    ensure_provisioner_flow_schema()
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     kubectl("create", "namespace", ns)
     wait_for(f"service account in {ns}", lambda: kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0)
@@ -80,12 +87,12 @@ def bench_ns():
 
 def test_fresh_apply_converges(bench_ns):
     ns = bench_ns
-    before, u0 = wait_quiet(), proc_usage(provisioner_pid())
+    before, u0 = counters(), proc_usage(provisioner_pid())
     t0 = time.monotonic()
     apply_actors(ns, "a", N, {**FLAT})
     wait_for(f"{N} actors converge", lambda: all_converged(ns, N), timeout=900, interval=1.0)
     seconds = time.monotonic() - t0
-    after = wait_quiet(timeout=600)
+    after = counters()
     report("fresh-apply", N, seconds, before, after, u0, proc_usage(provisioner_pid()))
 
 
@@ -97,12 +104,14 @@ def test_restart_settles_without_rewriting(bench_ns):
         pass
     pid = provisioner_pid()
     u0 = proc_usage(pid)
-    before = {"reconciles": 0.0, "broker": 0.0, "api": work_counters()["api"]}
+    all_api = metric_total(kubectl("get", "--raw", "/metrics").stdout, "apiserver_request_total")
+    before = {"reconciles": 0.0, "broker": 0.0, "api": 0.0, "all_api": all_api}
     t0 = time.monotonic()
     # Settled: every actor reconciled once by the new process, then quiet.
     wait_for("every actor reconciled after the restart", lambda: work_counters()["reconciles"] >= N,
              timeout=600, interval=0.5)
     after = wait_quiet(seconds=3, timeout=600)
+    after["all_api"] = metric_total(kubectl("get", "--raw", "/metrics").stdout, "apiserver_request_total")
     seconds = time.monotonic() - t0 - 3
     report("restart", N, seconds, before, after, u0, proc_usage(pid))
     rv1 = versions(ns)
@@ -122,7 +131,7 @@ def test_flavor_change_reaches_every_user():
                                                              check=False).returncode == 0)
         apply_actors(ns, "f", N_FLAVOR, {**FLAT, "flavors": [flavor]})
         wait_for(f"{N_FLAVOR} actors converge", lambda: all_converged(ns, N_FLAVOR), timeout=900, interval=1.0)
-        before, u0 = wait_quiet(timeout=600), proc_usage(provisioner_pid())
+        before, u0 = counters(), proc_usage(provisioner_pid())
         t0 = time.monotonic()
         kubectl("patch", "flavor", flavor, "--type=merge", "-p", '{"spec":{"scaling":{"maxReplicaCount":6}}}')
 
@@ -132,7 +141,7 @@ def test_flavor_change_reaches_every_user():
 
         wait_for("every ScaledObject follows the flavor", all_follow, timeout=900, interval=1.0)
         seconds = time.monotonic() - t0
-        after = wait_quiet(timeout=600)
+        after = counters()
         report("flavor-change", N_FLAVOR, seconds, before, after, u0, proc_usage(provisioner_pid()))
     finally:
         kubectl("delete", "namespace", ns, "--wait=false", check=False)
