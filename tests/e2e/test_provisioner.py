@@ -608,11 +608,14 @@ def test_fresh_apply_costs_bounded_work_per_actor(namespace):
     per = {k: (after[k] - before[k]) / n for k in before}
     print(f"\nPROVISIONER-WORK actors={n} reconciles/actor={per['reconciles']:.2f} "
           f"api_requests/actor={per['api']:.2f} broker_ops/actor={per['broker']:.2f}")
-    # Measured (docs/benchmarks.md): ~2-3 reconciles, ~10 requests (4 of them Events), ~2
-    # broker operations per actor; the bounds leave room for other actors' periodic checks.
+    # Measured (docs/benchmarks.md): 2.0-2.5 reconciles, ~12 requests (4 of them Events),
+    # 3.3-4.5 broker operations per actor (declare, count, and the periodic check of each
+    # queue when the machine is slow enough for the window to pass 60 s); the bounds leave
+    # room for other actors' periodic checks. Before issue 16: ~6 reconciles at 200 actors,
+    # ~30 at 1,000, each with a pod list and every object applied again.
     assert per["reconciles"] <= 4, per
     assert per["api"] <= 16, per
-    assert per["broker"] <= 4, per
+    assert per["broker"] <= 6, per
 
 
 def test_own_status_writes_do_not_trigger_reconciles(namespace):
@@ -670,7 +673,9 @@ def test_end_queues_go_with_their_namespace():
     # With messages: kept for the retention, and said so.
     assert sink in rabbit_queues() and sqs_queue_url(sink)
     assert metric_total(provisioner_metrics(), "asya_provisioner_end_queues_retained") >= 2
-    log = (STATE / "provisioner.log").read_text()
+    import re
+
+    log = re.sub(r"\x1b\[[0-9;]*m", "", (STATE / "provisioner.log").read_text())  # colours off
     assert f"queue={sink}" in log and "kept until the retention" in log
     wait_for("x-sink deleted after the retention", lambda: sink not in rabbit_queues() and not sqs_queue_url(sink),
              timeout=90, interval=1.0)
