@@ -44,6 +44,17 @@ pub struct ClusterConfig {
     /// ServiceAccount settings for actors (IRSA role annotation).
     #[serde(default)]
     pub service_account: ServiceAccountConfig,
+    /// How long the provisioner keeps a namespace's non-empty end queue (`x-sink`,
+    /// `x-sump`: unread results are data) after the namespace is gone; empty ones go at once.
+    #[serde(default = "default_end_queue_retention")]
+    pub end_queue_retention: crate::duration::DurationSpec,
+}
+
+/// The default of [`ClusterConfig::end_queue_retention`]: a week to fetch unread results.
+pub const DEFAULT_END_QUEUE_RETENTION: &str = "168h";
+
+fn default_end_queue_retention() -> crate::duration::DurationSpec {
+    crate::duration::DurationSpec::new(DEFAULT_END_QUEUE_RETENTION)
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -281,6 +292,7 @@ impl Default for ClusterConfig {
             sidecar: SidecarConfig::default(),
             policy: Policy::default(),
             service_account: ServiceAccountConfig::default(),
+            end_queue_retention: default_end_queue_retention(),
         }
     }
 }
@@ -344,6 +356,13 @@ impl ClusterConfig {
             errs.push(FieldError::required(
                 "sidecar.image",
                 "the sidecar image must be set",
+            ));
+        }
+        if let Err(e) = self.end_queue_retention.parse() {
+            errs.push(FieldError::invalid(
+                "endQueueRetention",
+                self.end_queue_retention.to_string(),
+                format!("not a duration ({e}); e.g. 168h, 30m, 0s"),
             ));
         }
         if self.policy.max_replicas < 1 {

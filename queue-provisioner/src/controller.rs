@@ -14,14 +14,13 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-    PostParams,
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -34,6 +33,7 @@ use crate::queue::{QueueError, QueueOps, QueueSpec};
 use crate::render::{self, keda, workload};
 use crate::status::{self, Observed, TransportObs};
 use crate::transports::Transports;
+use crate::work::{self, Applied, ApplyDecision, Live};
 
 pub const MANAGER: &str = "asya-queue-provisioner";
 pub const FINALIZER: &str = "asya.sh/queue-provisioner";
@@ -44,10 +44,13 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("transport: {0}")]
     Queue(#[from] QueueError),
-    #[error("finalizer: {0}")]
+    #[error("finalizer {FINALIZER}: {0}")]
     Finalizer(String),
     #[error("object has no namespace")]
     NoNamespace,
+    /// A cache's watch ended (the process is shutting down).
+    #[error("the {0} cache stopped")]
+    Cache(&'static str),
 }
 
 impl Error {
@@ -57,6 +60,7 @@ impl Error {
             Error::Queue(_) => "transport",
             Error::Finalizer(_) => "finalizer",
             Error::NoNamespace => "invalid",
+            Error::Cache(_) => "cache",
         }
     }
 }
@@ -64,25 +68,49 @@ impl Error {
 pub struct Ctx {
     pub client: Client,
     pub config: Arc<ClusterConfig>,
-    pub transports: Transports,
+    pub transports: Arc<Transports>,
+    /// Namespaces whose actors were cleaned up: their end queues are looked after.
+    pub end_queues: crate::end_queues::Candidates,
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub flavors: Store<Flavor>,
     pub flavor_maps: Store<ConfigMap>,
     pub env_configs: Option<Store<DynamicObject>>,
+    /// Caches of what the reconcile reads, fed by the same watches that trigger it: a
+    /// reconcile lists nothing (a list per reconcile costs the API server a scan of the
+    /// namespace, so work grows with the square of the actors).
+    pub pods: Store<Pod>,
+    pub deployments: Store<Deployment>,
+    pub stateful_sets: Store<StatefulSet>,
+    pub scaled_objects: Option<Store<DynamicObject>>,
+    /// Metadata of the ServiceAccounts and TriggerAuthentications it applies (whether they
+    /// are as it would render them).
+    pub service_accounts: Store<PartialObjectMeta<ServiceAccount>>,
+    pub trigger_auths: Option<Store<PartialObjectMeta<DynamicObject>>>,
+    /// The HPAs KEDA makes for the ScaledObjects (desired replicas).
+    pub hpas: Store<HorizontalPodAutoscaler>,
     /// KEDA's API, when its CRDs are installed.
     pub keda: Option<(ApiResource, ApiResource)>,
     /// Consecutive failures per actor, for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
-    /// Queues ensured recently (transport/queue → when, spec, info): within [`RECHECK`] a
-    /// reconcile only checks the queue still exists instead of declaring it again.
+    /// Queues ensured or checked recently (transport/queue → when, spec, info): within
+    /// [`RECHECK`] a reconcile trusts them without asking the broker.
     ensured: Mutex<HashMap<String, (Instant, QueueSpec, crate::queue::QueueInfo)>>,
-    /// Transport secrets applied recently per namespace/transport.
-    secrets_applied: Mutex<HashMap<String, Instant>>,
+    /// What was applied last per object (kind/namespace/name), to skip applies that would
+    /// not change anything.
+    applied: Mutex<HashMap<String, Applied>>,
 }
 
-/// How long an ensured queue or applied secret is trusted before the full step runs again.
-const RECHECK: Duration = Duration::from_secs(60);
+/// How long a queue's existence is trusted: checked once per interval, not per reconcile.
+/// Below [`PERIOD`], so each periodic reconcile checks.
+const RECHECK: Duration = Duration::from_secs(55);
+/// The periodic reconcile (queue check, queue depth), spread over [`PERIOD`] + up to
+/// [`SPREAD`] by actor so that actors applied together do not come back together.
+const PERIOD: Duration = Duration::from_secs(60);
+const SPREAD: Duration = Duration::from_secs(15);
+/// Reconciles at once. Each is mostly waiting on the API server and the broker; more than
+/// this only queues up in them on a 2-core machine (see docs/benchmarks.md).
+pub const CONCURRENCY: u16 = 16;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -176,17 +204,6 @@ where
     api.patch(name, &apply_params(), &Patch::Apply(obj)).await
 }
 
-async fn apply_typed<K>(api: &Api<K>, name: &str, obj: &K) -> Result<K, kube::Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-{
-    // SSA needs apiVersion/kind in the body; k8s-openapi types serialize them.
-    let mut v = serde_json::to_value(obj).map_err(kube::Error::SerdeError)?;
-    v["apiVersion"] = json!(K::api_version(&()));
-    v["kind"] = json!(K::kind(&()));
-    api.patch(name, &apply_params(), &Patch::Apply(&v)).await
-}
-
 /// Field manager that keeps `spec.replicas` while KEDA's HPA takes it over.
 const HANDOFF_MANAGER: &str = "asya-queue-provisioner-handoff";
 
@@ -240,28 +257,225 @@ fn queue_spec(ns: &str, actor: &str, timeout: Duration) -> QueueSpec {
     }
 }
 
+/// Key of one object in [`Ctx::applied`].
+fn object_key(kind: &str, ns: &str, name: &str) -> String {
+    format!("{kind}/{ns}/{name}")
+}
+
+/// Applies `desired` (server-side apply, with its hash in [`work::APPLIED_HASH`]) unless the
+/// last apply sent the same and the live object (`live`, from a cache) is still the one it
+/// produced, or a restarted controller finds it carrying that hash. `None` when skipped.
+async fn apply_changed<K>(
+    ctx: &Ctx,
+    api: &Api<K>,
+    kind: &str,
+    ns: &str,
+    mut desired: K,
+    live: Live,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let key = object_key(kind, ns, &name);
+    let hash = work::desired_hash(&desired);
+    let now = Instant::now();
+    let decision = work::decide_apply(lock(&ctx.applied).get(&key), hash, live, now);
+    let generation = match decision {
+        ApplyDecision::Skip => return Ok(None),
+        ApplyDecision::Adopt { generation } => {
+            lock(&ctx.applied).insert(
+                key,
+                Applied {
+                    hash,
+                    generation,
+                    at: now,
+                },
+            );
+            return Ok(None);
+        }
+        ApplyDecision::Apply => {
+            desired
+                .meta_mut()
+                .annotations
+                .get_or_insert_default()
+                .insert(work::APPLIED_HASH.into(), format!("{hash:016x}"));
+            let out = apply(api, &name, &desired).await?;
+            (out.meta().generation, out)
+        }
+    };
+    lock(&ctx.applied).insert(
+        key,
+        Applied {
+            hash,
+            generation: generation.0,
+            at: Instant::now(),
+        },
+    );
+    Ok(Some(generation.1))
+}
+
+/// Applies a workload (when it changed) and returns (spec.replicas, readyReplicas): from the
+/// apply's answer, or the cache when the apply was skipped.
+async fn apply_workload<K>(
+    ctx: &Ctx,
+    api: &Api<K>,
+    kind: &str,
+    ns: &str,
+    desired: K,
+    store: &Store<K>,
+    counts: fn(&K) -> (Option<i32>, Option<i32>),
+) -> Result<(Option<i32>, i32), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let live = live_in(store, ns, &name);
+    let (replicas, ready) = match apply_changed(ctx, api, kind, ns, desired, live).await? {
+        Some(sent) => counts(&sent),
+        None => store
+            .get(&ObjectRef::new(&name).within(ns))
+            .map(|k| counts(&k))
+            .unwrap_or_default(),
+    };
+    Ok((replicas, ready.unwrap_or(0)))
+}
+
+/// The cached object as [`work::decide_apply`] compares it.
+fn live_of(meta: Option<&ObjectMeta>) -> Live {
+    match meta {
+        Some(m) => Live::Present {
+            generation: m.generation,
+            applied: work::applied_hash(&m.annotations),
+        },
+        None => Live::Missing,
+    }
+}
+
+fn live_in<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>, ns: &str, name: &str) -> Live {
+    live_of(
+        store
+            .get(&ObjectRef::new(name).within(ns))
+            .as_deref()
+            .map(Resource::meta),
+    )
+}
+
+/// The periodic requeue of a settled actor, spread by actor.
+fn periodic(key: &str) -> Duration {
+    let spread = work::desired_hash(&key) % SPREAD.as_millis() as u64;
+    PERIOD + Duration::from_millis(spread)
+}
+
+/// The label KEDA puts on the HPA it makes for a ScaledObject: the ScaledObject's name.
+const KEDA_HPA_LABEL: &str = "scaledobject.keda.sh/name";
+
+fn keda_hpa_name(scaled_object: &str) -> String {
+    format!("keda-hpa-{scaled_object}")
+}
+
+fn has_finalizer(a: &AsyncActor) -> bool {
+    a.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// Adds the finalizer and goes on with the patched object in the same reconcile (a JSON
+/// patch that tests the list first, so a concurrent writer is not overwritten).
+async fn add_finalizer(api: &Api<AsyncActor>, a: &AsyncActor) -> Result<AsyncActor, Error> {
+    let ops = match a.metadata.finalizers.as_deref() {
+        None | Some([]) => json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": a.metadata.finalizers},
+            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
+        ]),
+        Some(list) => json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": list},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}
+        ]),
+    };
+    let patch = serde_json::from_value(ops).map_err(|e| Error::Finalizer(e.to_string()))?;
+    Ok(api
+        .patch(
+            &a.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await?)
+}
+
+async fn remove_finalizer(api: &Api<AsyncActor>, a: &AsyncActor) -> Result<(), Error> {
+    let Some(i) = a.finalizers().iter().position(|f| f == FINALIZER) else {
+        return Ok(());
+    };
+    let path = format!("/metadata/finalizers/{i}");
+    let ops = json!([
+        {"op": "test", "path": path, "value": FINALIZER},
+        {"op": "remove", "path": path}
+    ]);
+    let patch = serde_json::from_value(ops).map_err(|e| Error::Finalizer(e.to_string()))?;
+    match api
+        .patch(
+            &a.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Already gone: the API server removed the object once the last finalizer went.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 pub async fn reconcile(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = actor.namespace().ok_or(Error::NoNamespace)?;
     let span = info_span!("reconcile", namespace = %ns, name = %actor.name_any());
     let started = Instant::now();
-    let api: Api<AsyncActor> = Api::namespaced(ctx.client.clone(), &ns);
-    let res = finalizer(&api, FINALIZER, actor.clone(), |ev| async {
-        match ev {
-            Finalizer::Apply(a) => apply_actor(a, ctx.clone()).await,
-            Finalizer::Cleanup(a) => cleanup(a, ctx.clone()).await,
+    let res = async {
+        // The caches the reconcile reads must have listed once (the controller only waits
+        // for its own): a status derived from an empty pod cache would be false.
+        let stopped = |what| move |_| Error::Cache(what);
+        ctx.pods.wait_until_ready().await.map_err(stopped("pod"))?;
+        ctx.hpas.wait_until_ready().await.map_err(stopped("HPA"))?;
+        ctx.service_accounts
+            .wait_until_ready()
+            .await
+            .map_err(stopped("ServiceAccount"))?;
+        if let Some(s) = &ctx.trigger_auths {
+            s.wait_until_ready()
+                .await
+                .map_err(stopped("TriggerAuthentication"))?;
         }
-    })
+        ctx.deployments
+            .wait_until_ready()
+            .await
+            .map_err(stopped("Deployment"))?;
+        ctx.stateful_sets
+            .wait_until_ready()
+            .await
+            .map_err(stopped("StatefulSet"))?;
+        if let Some(s) = &ctx.scaled_objects {
+            s.wait_until_ready()
+                .await
+                .map_err(stopped("ScaledObject"))?;
+        }
+        let api: Api<AsyncActor> = Api::namespaced(ctx.client.clone(), &ns);
+        if actor.metadata.deletion_timestamp.is_some() {
+            if !has_finalizer(&actor) {
+                return Ok(Action::await_change());
+            }
+            let action = cleanup(actor.clone(), ctx.clone()).await?;
+            remove_finalizer(&api, &actor).await?;
+            return Ok(action);
+        }
+        let actor = if has_finalizer(&actor) {
+            actor
+        } else {
+            Arc::new(add_finalizer(&api, &actor).await?)
+        };
+        apply_actor(actor, ctx.clone()).await
+    }
     .instrument(span)
-    .await
-    .or_else(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => Err(e),
-        // The object is already gone (a stale event after our own finalizer removal).
-        kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(s)) if s.code == 404 => {
-            Ok(Action::await_change())
-        }
-        other => Err(Error::Finalizer(other.to_string())),
-    });
+    .await;
     ctx.metrics
         .duration
         .observe(started.elapsed().as_secs_f64());
@@ -438,11 +652,18 @@ async fn apply_actor(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Er
 
     // 3. Pods that escaped injection.
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &resolved.namespace);
-    let lp = ListParams::default().labels(&format!("{}={}", labels::ACTOR, resolved.name));
-    let pods = pods_api.list(&lp).await?;
+    let pods: Vec<Arc<Pod>> = ctx
+        .pods
+        .state()
+        .into_iter()
+        .filter(|p| {
+            p.metadata.namespace.as_deref() == Some(resolved.namespace.as_str())
+                && work::label(&p.metadata.labels, labels::ACTOR) == Some(resolved.name.as_str())
+        })
+        .collect();
     let bare: Vec<&Pod> = pods
-        .items
         .iter()
+        .map(Arc::as_ref)
         .filter(|p| status::needs_replacing(p))
         .collect();
     // Replaced only once injection works again: deleting while the webhook is still down
@@ -463,38 +684,33 @@ async fn apply_actor(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Er
             format!("pod {pn} carries no asya-sidecar (created while the injection webhook was unavailable); deleted so its controller recreates it with the sidecar")).await;
     }
     o.pods = pods
-        .items
         .iter()
         .filter(|p| !status::needs_replacing(p))
-        .map(status::classify_pod)
+        .map(|p| status::classify_pod(p))
         .collect();
 
     // 4. KEDA's HPA target.
     if o.scaling_enabled {
-        let hpa: Api<HorizontalPodAutoscaler> =
-            Api::namespaced(ctx.client.clone(), &resolved.namespace);
-        if let Ok(Some(h)) = hpa.get_opt(&format!("keda-hpa-{}", resolved.name)).await {
-            o.hpa_desired = h.status.map(|s| s.desired_replicas);
+        let hpa = ctx
+            .hpas
+            .get(&ObjectRef::new(&keda_hpa_name(&resolved.name)).within(&resolved.namespace));
+        if let Some(h) = hpa {
+            o.hpa_desired = h.status.as_ref().map(|s| s.desired_replicas);
         }
     }
 
     let new = status::derive(&prev, &o, now());
-    let settled = matches!(
-        new.phase.as_deref(),
-        Some(status::PHASE_RUNNING | status::PHASE_NAPPING)
-    );
     let failed = o.workload_error.is_some() || o.scaling_error.is_some();
     write_status(&ctx, &actor, new).await?;
     let backoff = ctx.backoff(&key, failed);
-    // The periodic requeue is also the check that the queue still exists.
+    // The periodic requeue is also the check that the queue still exists. Pods and the
+    // workload report through their watches: an unsettled actor needs no faster poll.
     Ok(Action::requeue(if failed {
         backoff
     } else if injection_down {
         Duration::from_secs(10)
-    } else if settled {
-        Duration::from_secs(60)
     } else {
-        Duration::from_secs(20)
+        periodic(&key)
     }))
 }
 
@@ -537,8 +753,10 @@ async fn injection_works(api: &Api<Pod>, pod: &Pod) -> bool {
     }
 }
 
-/// Ensures one queue, or within [`RECHECK`] of the last ensure with the same spec only checks
-/// that it still exists (a vanished queue is then recreated at once).
+/// Ensures one queue. Within [`RECHECK`] of the last ensure or check with the same spec it
+/// is trusted without a broker call; after that one existence check (a vanished queue is
+/// recreated at once), so each queue costs the broker one call per interval, not one per
+/// reconcile, and a namespace's end queues are checked once for all its actors.
 async fn ensure_cached(
     ctx: &Ctx,
     backend: &crate::queue::Backend,
@@ -546,15 +764,19 @@ async fn ensure_cached(
     spec: QueueSpec,
 ) -> Result<crate::queue::QueueInfo, QueueError> {
     let key = format!("{transport}/{}", spec.name);
-    let cached = lock(&ctx.ensured)
+    let known = lock(&ctx.ensured)
         .get(&key)
-        .filter(|(at, s, _)| at.elapsed() < RECHECK && *s == spec)
-        .map(|(_, _, info)| info.clone());
-    if let Some(mut info) = cached {
+        .filter(|(_, s, _)| *s == spec)
+        .map(|(at, _, info)| (at.elapsed() < RECHECK, info.clone()));
+    if let Some((fresh, mut info)) = known {
+        info.created = false;
+        if fresh {
+            return Ok(info);
+        }
         let res = backend.exists(&spec.name).await;
         ctx.metrics.queue_op(backend.kind(), "exists", res.is_ok());
         if res? {
-            info.created = false;
+            lock(&ctx.ensured).insert(key, (Instant::now(), spec, info.clone()));
             return Ok(info);
         }
     }
@@ -565,6 +787,10 @@ async fn ensure_cached(
     Ok(info)
 }
 
+/// Visibility timeout of the end queues: theirs, not the timeout of whichever actor of the
+/// namespace ensures them (actors with different timeouts would rewrite it in turn).
+const END_QUEUE_VISIBILITY: Duration = Duration::from_secs(300);
+
 async fn ensure_queues(
     ctx: &Ctx,
     actor: &AsyncActor,
@@ -573,7 +799,7 @@ async fn ensure_queues(
     let (backend, _) = ctx.transports.get(&r.transport).await?;
     let kind = backend.kind();
     for end in [naming::SINK_ACTOR, naming::SUMP_ACTOR] {
-        let spec = queue_spec(&r.namespace, end, r.actor_timeout);
+        let spec = queue_spec(&r.namespace, end, END_QUEUE_VISIBILITY);
         ensure_cached(ctx, &backend, &r.transport, spec).await?;
     }
     let spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout);
@@ -620,23 +846,21 @@ async fn apply_objects(
     let ns = &r.namespace;
     let transport = ctx.config.transports.get(&r.transport);
 
-    // Transport credentials in the actor's namespace.
-    let skey = format!("{ns}/{}", r.transport);
-    let fresh = lock(&ctx.secrets_applied)
-        .get(&skey)
-        .is_some_and(|at| at.elapsed() < RECHECK);
-    if !fresh && let (Some(t), Ok((_, creds))) = (transport, ctx.transports.get(&r.transport).await)
-    {
+    // Transport credentials in the actor's namespace (shared by its actors: one apply).
+    if let (Some(t), Ok((_, creds))) = (transport, ctx.transports.get(&r.transport).await) {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
         for s in render::transport_secrets(ns, &r.transport, t, &creds) {
-            let name = s.metadata.name.clone().unwrap_or_default();
-            apply_typed(&secrets, &name, &s).await?;
+            apply_changed(ctx, &secrets, "Secret", ns, s, Live::NotCached).await?;
         }
-        lock(&ctx.secrets_applied).insert(skey, Instant::now());
     }
     let sa: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let sa_obj = render::service_account(r, labels, owner, &ctx.config);
-    apply_typed(&sa, &naming::service_account_name(&r.name), &sa_obj).await?;
+    let sa_live = live_in(
+        &ctx.service_accounts,
+        ns,
+        &naming::service_account_name(&r.name),
+    );
+    apply_changed(ctx, &sa, "ServiceAccount", ns, sa_obj, sa_live).await?;
 
     // The workload; the other kind goes when the actor switched kinds.
     let name = naming::workload_name(&r.name);
@@ -658,37 +882,37 @@ async fn apply_objects(
     let res = if r.workload_kind() == "StatefulSet" {
         if before.as_deref() == Some("Deployment") {
             delete_ignore_missing(&deps, &name).await?;
+            forget_applied(ctx, "Deployment", ns, &name);
         }
-        apply_typed(
+        let desired = workload::stateful_set(r, labels, owner, &ctx.config);
+        let counts = work::stateful_set_counts;
+        apply_workload(
+            ctx,
             &sts,
-            &name,
-            &workload::stateful_set(r, labels, owner, &ctx.config),
+            "StatefulSet",
+            ns,
+            desired,
+            &ctx.stateful_sets,
+            counts,
         )
         .await
-        .map(|s| {
-            let st = s.status.unwrap_or_default();
-            (
-                s.spec.and_then(|x| x.replicas),
-                st.ready_replicas.unwrap_or(0),
-            )
-        })
     } else {
         if before.as_deref() == Some("StatefulSet") {
             delete_ignore_missing(&sts, &name).await?;
+            forget_applied(ctx, "StatefulSet", ns, &name);
         }
-        apply_typed(
+        let desired = workload::deployment(r, labels, owner, &ctx.config);
+        let counts = work::deployment_counts;
+        apply_workload(
+            ctx,
             &deps,
-            &name,
-            &workload::deployment(r, labels, owner, &ctx.config),
+            "Deployment",
+            ns,
+            desired,
+            &ctx.deployments,
+            counts,
         )
         .await
-        .map(|d| {
-            let st = d.status.unwrap_or_default();
-            (
-                d.spec.and_then(|x| x.replicas),
-                st.ready_replicas.unwrap_or(0),
-            )
-        })
     };
     match res {
         Ok(w) => {
@@ -727,8 +951,23 @@ async fn apply_objects(
     let so_name = naming::scaled_object_name(&r.name);
     let ta_name = naming::trigger_authentication_name(&r.name);
     if !o.scaling_enabled {
+        // Only when there is something to remove: not two DELETEs on every reconcile.
+        let cached = ctx.scaled_objects.as_ref().is_some_and(|s| {
+            s.get(&ObjectRef::new_with(&so_name, so_ar.clone()).within(ns))
+                .is_some()
+        });
+        let was_keda = actor
+            .status
+            .as_ref()
+            .and_then(|s| s.scaling_mode.as_deref())
+            != Some("Manual");
+        if !cached && !was_keda {
+            return Ok(());
+        }
         let removed = delete_ignore_missing(&so, &so_name).await?;
         delete_ignore_missing(&ta, &ta_name).await?;
+        forget_applied(ctx, "ScaledObject", ns, &so_name);
+        forget_applied(ctx, "TriggerAuthentication", ns, &ta_name);
         if removed {
             ctx.event(
                 actor,
@@ -763,8 +1002,24 @@ async fn apply_objects(
         .and_then(|s| s.scaling_mode.as_deref())
         == Some("KEDA");
     let res = async {
-        apply(&ta, &ta_name, &ta_obj).await?;
-        apply(&so, &so_name, &so_obj).await
+        let ta_live = match &ctx.trigger_auths {
+            Some(s) => live_of(
+                s.get(&ObjectRef::new_with(&ta_name, ta_ar.clone()).within(ns))
+                    .as_deref()
+                    .map(Resource::meta),
+            ),
+            None => Live::NotCached,
+        };
+        apply_changed(ctx, &ta, "TriggerAuthentication", ns, ta_obj, ta_live).await?;
+        let so_live = match &ctx.scaled_objects {
+            Some(s) => live_of(
+                s.get(&ObjectRef::new_with(&so_name, so_ar.clone()).within(ns))
+                    .as_deref()
+                    .map(Resource::meta),
+            ),
+            None => Live::NotCached,
+        };
+        apply_changed(ctx, &so, "ScaledObject", ns, so_obj, so_live).await
     }
     .await;
     match res {
@@ -785,6 +1040,10 @@ async fn apply_objects(
         }
     }
     Ok(())
+}
+
+fn forget_applied(ctx: &Ctx, kind: &str, ns: &str, name: &str) {
+    lock(&ctx.applied).remove(&object_key(kind, ns, name));
 }
 
 async fn cleanup(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -811,7 +1070,19 @@ async fn cleanup(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Error>
         .is_some_and(|t| t.enabled)
     {
         let (backend, _) = ctx.transports.get(&transport).await?;
-        lock(&ctx.ensured).remove(&format!("{transport}/{queue}"));
+        {
+            // Checked again by the next reconcile: the sweep may delete the end queues.
+            let mut ensured = lock(&ctx.ensured);
+            for q in [
+                queue.clone(),
+                naming::sink_queue(&ns),
+                naming::sump_queue(&ns),
+            ] {
+                ensured.remove(&format!("{transport}/{q}"));
+            }
+        }
+        // The namespace's end queues go with the namespace, once it is gone.
+        ctx.end_queues.add(&transport, &ns);
         // The retry policies (flavors included, when they still resolve) name the delay queues.
         let resolved = asya_api::review::review_typed(&actor, &ctx.catalog(), &ctx.config).resolved;
         let resiliency = match &resolved {
@@ -850,6 +1121,18 @@ async fn cleanup(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Error>
             &naming::trigger_authentication_name(&name),
         )
         .await?;
+    }
+    for (kind, n) in [
+        ("Deployment", naming::workload_name(&name)),
+        ("StatefulSet", naming::workload_name(&name)),
+        ("ServiceAccount", naming::service_account_name(&name)),
+        ("ScaledObject", naming::scaled_object_name(&name)),
+        (
+            "TriggerAuthentication",
+            naming::trigger_authentication_name(&name),
+        ),
+    ] {
+        forget_applied(&ctx, kind, &ns, &n);
     }
     ctx.event(
         &actor,
@@ -944,46 +1227,120 @@ pub async fn run(
         instance: std::env::var("POD_NAME").ok(),
     };
     let mut env_configs = None;
-    let mut controller = Controller::new(actors, watcher::Config::default().any_semantic())
-        // Debounce: one actor's create fans out into a burst of watch events (finalizer,
-        // status, Deployment, pods); coalesce them into one reconcile.
+    let managed = format!("{}={}", workload::MANAGED_BY.0, workload::MANAGED_BY.1);
+    let pred = PredicateConfig::default;
+    // Each watch feeds a cache the reconcile reads and triggers reconciles only for changes
+    // that matter to what it renders (`work`'s fingerprints): not for the controller's own
+    // status and finalizer writes, not for the controller manager's status bookkeeping.
+    let (actor_store, actor_writer) = reflector::store();
+    let actor_events = watcher(actors, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .reflect(actor_writer)
+        .applied_objects()
+        .predicate_filter(work::actor_fingerprint, pred());
+    let (deployments, deployments_w) = reflector::store();
+    let deployment_events = watcher(
+        Api::<Deployment>::all(client.clone()),
+        watcher::Config::default().labels(&managed).any_semantic(),
+    )
+    .default_backoff()
+    .modify(|d| d.managed_fields_mut().clear())
+    .reflect(deployments_w)
+    .applied_objects()
+    .predicate_filter(work::deployment_fingerprint, pred());
+    let (stateful_sets, stateful_sets_w) = reflector::store();
+    let stateful_set_events = watcher(
+        Api::<StatefulSet>::all(client.clone()),
+        watcher::Config::default().labels(&managed).any_semantic(),
+    )
+    .default_backoff()
+    .modify(|s| s.managed_fields_mut().clear())
+    .reflect(stateful_sets_w)
+    .applied_objects()
+    .predicate_filter(work::stateful_set_fingerprint, pred());
+    let (pods, pods_w) = reflector::store();
+    let pod_events = watcher(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default()
+            .labels(&format!("{}=true", labels::INJECT))
+            .any_semantic(),
+    )
+    .default_backoff()
+    .modify(|p| p.managed_fields_mut().clear())
+    .reflect(pods_w)
+    .applied_objects()
+    .predicate_filter(work::pod_fingerprint, pred());
+    let mut controller = Controller::for_stream(actor_events, actor_store)
+        // Debounce: one actor's create still fans out into a few events (its workload, its
+        // ScaledObject, its pod); coalesce them into one reconcile.
         .with_config(
             kube::runtime::controller::Config::default()
-                .concurrency(16)
+                .concurrency(CONCURRENCY)
                 .debounce(Duration::from_millis(500)),
         )
-        .owns(
-            Api::<Deployment>::all(client.clone()),
-            watcher::Config::default().labels(&format!(
-                "{}={}",
-                workload::MANAGED_BY.0,
-                workload::MANAGED_BY.1
-            )),
+        .owns_stream(deployment_events)
+        .owns_stream(stateful_set_events)
+        .watches_stream(pod_events, |pod: Pod| {
+            let ns = pod.namespace();
+            pod.labels()
+                .get(labels::ACTOR)
+                .map(|a| ObjectRef::new(a).within(ns.as_deref().unwrap_or_default()))
+        });
+    // KEDA's HPAs (label set by KEDA), mapped back by the ScaledObject (= actor) name.
+    let (hpas, hpas_w) = reflector::store();
+    let hpa_events = watcher(
+        Api::<HorizontalPodAutoscaler>::all(client.clone()),
+        watcher::Config::default()
+            .labels(KEDA_HPA_LABEL)
+            .any_semantic(),
+    )
+    .default_backoff()
+    .modify(|h| h.managed_fields_mut().clear())
+    .reflect(hpas_w)
+    .applied_objects()
+    .predicate_filter(work::hpa_fingerprint, pred());
+    controller = controller.watches_stream(hpa_events, |h: HorizontalPodAutoscaler| {
+        let ns = h.namespace();
+        h.labels()
+            .get(KEDA_HPA_LABEL)
+            .map(|a| ObjectRef::new(a).within(ns.as_deref().unwrap_or_default()))
+    });
+    // Metadata only (generation, the applied hash) of the kinds it applies but need not watch
+    // for changes: enough to skip an apply that would change nothing, after a restart too.
+    let (service_accounts, sa_w) = reflector::store();
+    drive(
+        watcher(
+            Api::<PartialObjectMeta<ServiceAccount>>::all(client.clone()),
+            watcher::Config::default().labels(&managed).any_semantic(),
         )
-        .owns(
-            Api::<StatefulSet>::all(client.clone()),
-            watcher::Config::default().labels(&format!(
-                "{}={}",
-                workload::MANAGED_BY.0,
-                workload::MANAGED_BY.1
-            )),
-        )
-        .watches(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default().labels(&format!("{}=true", labels::INJECT)),
-            |pod: Pod| {
-                let ns = pod.namespace();
-                pod.labels()
-                    .get(labels::ACTOR)
-                    .map(|a| ObjectRef::new(a).within(ns.as_deref().unwrap_or_default()))
-            },
+        .default_backoff()
+        .reflect(sa_w),
+    );
+    let mut trigger_auths = None;
+    let mut scaled_objects = None;
+    if let Some((so_ar, ta_ar)) = &keda {
+        let w = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(ta_ar.clone());
+        trigger_auths = Some(w.as_reader());
+        drive(
+            watcher(
+                Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), ta_ar),
+                watcher::Config::default().labels(&managed).any_semantic(),
+            )
+            .default_backoff()
+            .reflect(w),
         );
-    if let Some((so_ar, _)) = &keda {
-        controller = controller.owns_with(
+        let w = reflector::store::Writer::<DynamicObject>::new(so_ar.clone());
+        scaled_objects = Some(w.as_reader());
+        let events = watcher(
             Api::<DynamicObject>::all_with(client.clone(), so_ar),
-            so_ar.clone(),
-            watcher::Config::default(),
-        );
+            watcher::Config::default().labels(&managed).any_semantic(),
+        )
+        .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear())
+        .reflect(w)
+        .applied_objects()
+        .predicate_filter(work::scaled_object_fingerprint, pred());
+        controller = controller.owns_stream_with(events, so_ar.clone());
     }
     let store = controller.store();
     let s1 = store.clone();
@@ -1028,22 +1385,45 @@ pub async fn run(
         );
     }
 
+    let transports = Arc::new(Transports::new(
+        config.clone(),
+        Api::namespaced(client.clone(), &own_namespace),
+    ));
+    let end_queues = crate::end_queues::Candidates::default();
+    // Validated when the configuration was read; the default should it not parse.
+    let retention = config
+        .end_queue_retention
+        .parse()
+        .unwrap_or_else(|_| Duration::from_secs(7 * 24 * 3600));
+    tokio::spawn(crate::end_queues::run(
+        client.clone(),
+        own_namespace.clone(),
+        transports.clone(),
+        end_queues.clone(),
+        retention,
+        metrics.clone(),
+    ));
     let ctx = Arc::new(Ctx {
         client: client.clone(),
-        transports: Transports::new(
-            config.clone(),
-            Api::namespaced(client.clone(), &own_namespace),
-        ),
+        transports: transports.clone(),
+        end_queues: end_queues.clone(),
         config,
         recorder: Recorder::new(client.clone(), reporter),
         metrics,
         flavors,
         flavor_maps: maps,
         env_configs,
+        pods,
+        deployments,
+        stateful_sets,
+        scaled_objects,
+        service_accounts,
+        trigger_auths,
+        hpas,
         keda,
         failures: Mutex::new(HashMap::new()),
         ensured: Mutex::new(HashMap::new()),
-        secrets_applied: Mutex::new(HashMap::new()),
+        applied: Mutex::new(HashMap::new()),
     });
     info!("controller starting");
     controller
@@ -1051,6 +1431,22 @@ pub async fn run(
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+/// Drives a cache's watch in the background (its watcher retries with backoff on errors).
+fn drive<S, K>(stream: S)
+where
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    K: Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut s = std::pin::pin!(stream);
+        while let Some(ev) = s.next().await {
+            if let Err(e) = ev {
+                warn!(error = %e, "cache watch failed; retrying");
+            }
+        }
+    });
 }
 
 /// Drives a reflector in the background; its watcher retries with backoff on errors.

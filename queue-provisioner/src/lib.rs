@@ -3,6 +3,7 @@
 //! `queue` (brokers) and `controller` (Kubernetes).
 
 pub mod controller;
+pub mod end_queues;
 pub mod health;
 pub mod leader;
 pub mod metrics;
@@ -10,3 +11,4 @@ pub mod queue;
 pub mod render;
 pub mod status;
 pub mod transports;
+pub mod work;

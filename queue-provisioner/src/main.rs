@@ -44,17 +44,31 @@ struct Args {
     log_json: bool,
 }
 
-async fn client(path: Option<&PathBuf>) -> anyhow::Result<Client> {
-    let Some(path) = path else {
-        return Client::try_default()
+/// The Kubernetes client; every request it sends counts in `api_requests` (the work per
+/// actor docs/benchmarks.md reports, and tests/e2e bounds).
+async fn client(path: Option<&PathBuf>, metrics: &Metrics) -> anyhow::Result<Client> {
+    let cfg = match path {
+        None => kube::Config::infer()
             .await
-            .context("no Kubernetes configuration found");
+            .context("no Kubernetes configuration found")?,
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .context("kubeconfig")?
+        }
     };
-    let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .context("kubeconfig")?;
-    Client::try_from(cfg).context("building the Kubernetes client")
+    let requests = metrics.api_requests.clone();
+    let counting =
+        tower::util::MapRequestLayer::new(move |req: hyper::http::Request<kube::client::Body>| {
+            requests.inc();
+            req
+        });
+    Ok(kube::client::ClientBuilder::try_from(cfg)
+        .context("building the Kubernetes client")?
+        .with_layer(&counting)
+        .build())
 }
 
 #[tokio::main]
@@ -80,8 +94,8 @@ async fn main() -> anyhow::Result<()> {
         }
         None => ClusterConfig::default(),
     };
-    let client = client(args.kubeconfig.as_ref()).await?;
     let metrics = Metrics::default();
+    let client = client(args.kubeconfig.as_ref(), &metrics).await?;
     let health = Health::default();
 
     let m = metrics.clone();

@@ -26,6 +26,12 @@ pub struct QueueOpLabel {
     pub result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndQueueLabel {
+    pub transport: String,
+    pub reason: String,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub reconciles: Family<ResultLabel, Counter>,
@@ -33,6 +39,11 @@ pub struct Metrics {
     pub duration: Histogram,
     pub queue_ops: Family<QueueOpLabel, Counter>,
     pub leader: Gauge,
+    /// Requests sent to the Kubernetes API server (a watch counts once per connection).
+    pub api_requests: Counter,
+    /// End queues of deleted namespaces kept for their messages (endQueueRetention).
+    pub end_queues_retained: Gauge,
+    pub end_queues_deleted: Family<EndQueueLabel, Counter>,
     pub registry: Arc<Registry>,
 }
 
@@ -44,6 +55,14 @@ impl Default for Metrics {
         let duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
         let queue_ops = Family::<QueueOpLabel, Counter>::default();
         let leader = Gauge::default();
+        let api_requests = Counter::default();
+        r.register(
+            "api_requests",
+            "Requests sent to the Kubernetes API server (a watch once per connection)",
+            api_requests.clone(),
+        );
+        let end_queues_retained = Gauge::default();
+        let end_queues_deleted = Family::<EndQueueLabel, Counter>::default();
         r.register("reconciles", "Reconciles by result", reconciles.clone());
         r.register(
             "reconcile_errors",
@@ -65,12 +84,25 @@ impl Default for Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        r.register(
+            "end_queues_retained",
+            "End queues of deleted namespaces kept because they hold messages (endQueueRetention)",
+            end_queues_retained.clone(),
+        );
+        r.register(
+            "end_queues_deleted",
+            "End queues of deleted namespaces deleted, by reason (empty, retention)",
+            end_queues_deleted.clone(),
+        );
         Metrics {
             reconciles,
             errors,
             duration,
             queue_ops,
             leader,
+            api_requests,
+            end_queues_retained,
+            end_queues_deleted,
             registry: Arc::new(r),
         }
     }
@@ -83,6 +115,15 @@ impl Metrics {
                 transport: transport.into(),
                 op: op.into(),
                 result: if ok { "ok" } else { "error" }.into(),
+            })
+            .inc();
+    }
+
+    pub fn end_queue_deleted(&self, transport: &str, reason: &str) {
+        self.end_queues_deleted
+            .get_or_create(&EndQueueLabel {
+                transport: transport.into(),
+                reason: reason.into(),
             })
             .inc();
     }

@@ -107,6 +107,81 @@ async fn rabbitmq_create_bind_delete_recreate() {
     q.delete(&s.name).await.unwrap();
 }
 
+/// Many operations at once on one connection, more channels in all than the connection's
+/// `channel_max` (so channel ids would be reused) and many of them closed by the broker (the
+/// passive declare of a missing queue): every operation gets its own answer, right, and never
+/// another operation's error (lapin keeps a broker-closed channel's error against its id; a
+/// reused id used to fail with another actor's `NOT_FOUND - no queue …` and leak).
+#[tokio::test]
+async fn rabbitmq_concurrent_operations_on_one_connection_never_cross() {
+    use futures::StreamExt;
+    let q = RabbitQueues::new(env("ASYA_TEST_RABBITMQ_URL"), "asya");
+    let ns = unique("cross");
+    let present: Vec<QueueSpec> = (0..16).map(|i| spec(&ns, &format!("p{i}"))).collect();
+    for s in &present {
+        q.ensure(s).await.unwrap();
+    }
+    // About 5,000 channels: more than RabbitMQ's default channel_max (2047) twice over.
+    let ops = 2400;
+    let results: Vec<Result<(), String>> = futures::stream::iter(0..ops)
+        .map(|i| {
+            let (q, ns, present) = (&q, &ns, &present);
+            async move {
+                let p = &present[i % present.len()];
+                let what =
+                    |op: &str, name: &str, got: String| format!("op {i}: {op} {name}: {got}");
+                match i % 4 {
+                    0 => {
+                        let missing = asya_api::naming::actor_queue(ns, &format!("m{i}"));
+                        match q.exists(&missing).await {
+                            Ok(false) => Ok(()),
+                            other => Err(what("exists", &missing, format!("{other:?}"))),
+                        }
+                    }
+                    1 => match q.exists(&p.name).await {
+                        Ok(true) => Ok(()),
+                        other => Err(what("exists", &p.name, format!("{other:?}"))),
+                    },
+                    2 => match q.ensure(p).await {
+                        Ok(info) if !info.created => Ok(()),
+                        other => Err(what("ensure", &p.name, format!("{other:?}"))),
+                    },
+                    _ => {
+                        let t = spec(ns, &format!("t{i}"));
+                        match q.ensure(&t).await {
+                            Ok(info) if info.created => {}
+                            other => return Err(what("ensure", &t.name, format!("{other:?}"))),
+                        }
+                        if let Err(e) = q.delete(&t.name).await {
+                            return Err(what("delete", &t.name, e.to_string()));
+                        }
+                        match q.exists(&t.name).await {
+                            Ok(false) => Ok(()),
+                            other => {
+                                Err(what("exists after delete", &t.name, format!("{other:?}")))
+                            }
+                        }
+                    }
+                }
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let mut wrong: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+    for s in &present {
+        if let Err(e) = q.delete(&s.name).await {
+            wrong.push(format!("cleanup: delete {}: {e}", s.name));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {ops} operations went wrong, first ones: {:#?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+}
+
 /// A deleted actor's delay queues go with its queue: the sidecar's own send path declares one
 /// for a delayed retry; the provisioner's delete finds it from the retry policy.
 #[tokio::test]

@@ -91,6 +91,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $sidecar "image" (include "asya.image" (dict "root" . "image" .Values.sidecar.image)) -}}
 {{- $_ := set $cfg "sidecar" $sidecar -}}
 {{- $_ := set $cfg "policy" .Values.policy -}}
+{{- $_ := set $cfg "endQueueRetention" (.Values.endQueueRetention | default "168h") -}}
 {{- if .Values.actorServiceAccount.roleArn -}}
 {{- $_ := set $cfg "serviceAccount" (dict "actorRoleArn" .Values.actorServiceAccount.roleArn) -}}
 {{- end -}}

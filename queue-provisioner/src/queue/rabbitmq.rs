@@ -5,11 +5,18 @@
 //! One connection per transport, reconnected on demand. Every operation opens its own
 //! channel: a passive declare of a missing queue closes the channel (404), which must not
 //! break the other reconciles sharing the connection.
+//!
+//! A connection opens at most `channel_max` channels in its life, then the next operation
+//! starts a new one (the old closes when its last channel is done). lapin (4.12) keeps the
+//! error of a channel the broker closed recorded against its *id*, and the id sequence wraps
+//! at `channel_max`: a new channel that reuses such an id fails at open with the old
+//! channel's error (another actor's `NOT_FOUND - no queue …`) and is never released, so the
+//! connection runs out of channels. Never reusing an id avoids both.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use asya_api::types::Resiliency;
 use asya_sidecar::resiliency::{Plan, backoff_delay};
@@ -17,7 +24,7 @@ use asya_sidecar::transport::rabbitmq::RabbitTransport;
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Semaphore};
 
 use super::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 
@@ -26,8 +33,32 @@ pub struct RabbitQueues {
     /// The URL without credentials, for status and logs.
     display: String,
     exchange: String,
-    connection: Mutex<Option<Connection>>,
+    connection: Mutex<Option<Shared>>,
+    /// Bounds the operations (so channels) in flight on the connection.
+    in_flight: Semaphore,
     management: Option<Management>,
+}
+
+/// The connection and how many channels it has opened so far.
+struct Shared {
+    connection: Connection,
+    opened: u32,
+    /// Channels it may open before the id sequence would wrap.
+    limit: u32,
+}
+
+/// Operations in flight at once; more wait for a slot (a burst of reconciles must not open
+/// channels faster than the broker closes them).
+pub const MAX_IN_FLIGHT: usize = 32;
+
+/// How many channels one connection may open in its life: every channel id of the
+/// negotiated `channel_max` once (0 means no limit: the whole u16 range).
+pub fn channels_per_connection(channel_max: u16) -> u32 {
+    u32::from(if channel_max == 0 {
+        u16::MAX
+    } else {
+        channel_max
+    })
 }
 
 type HttpClient = hyper_util::client::legacy::Client<
@@ -43,7 +74,18 @@ struct Management {
     client: HttpClient,
     /// Whether this outage was logged already (depth is asked on every reconcile).
     warned: AtomicBool,
+    /// Counts of every queue of the vhost, listed at most every [`COUNTS_TTL`]: one listing
+    /// serves every actor's reconcile (a filtered listing per reconcile would make the broker
+    /// scan all its queues each time).
+    snapshot: Mutex<Option<(Instant, HashMap<String, QueueDepth>)>>,
 }
+
+/// How long one listing of the counts serves.
+const COUNTS_TTL: Duration = Duration::from_secs(5);
+/// A queue missing from the listing (created since) lists again, at most this often.
+const COUNTS_MIN_AGE: Duration = Duration::from_secs(1);
+/// Queues per listing page.
+const PAGE_SIZE: usize = 500;
 
 impl Management {
     fn new(
@@ -69,26 +111,62 @@ impl Management {
             authorization: format!("Basic {token}"),
             client,
             warned: AtomicBool::new(false),
+            snapshot: Mutex::new(None),
         })
     }
 
     /// Ready and unacknowledged counts; `None` for a missing queue.
     ///
-    /// Asked with `disable_stats=true&enable_queue_totals=true` on the queue listing, which
-    /// reads each queue's own counters instead of the management statistics database: the
-    /// per-queue endpoint asked about a queue created a moment before (no statistics yet)
+    /// From a listing of the vhost's queues with `disable_stats=true&enable_queue_totals=true`,
+    /// which reads each queue's own counters instead of the management statistics database:
+    /// the per-queue endpoint asked about a queue created a moment before (no statistics yet)
     /// crashed RabbitMQ 3.10's statistics database worker (badkey), after which every
-    /// management request answered 500 until the node restarted. It is cheaper too.
+    /// management request answered 500 until the node restarted.
     async fn counts(&self, name: &str) -> Result<Option<QueueDepth>, String> {
+        let mut snap = self.snapshot.lock().await;
+        let stale = match snap.as_ref() {
+            None => true,
+            Some((at, m)) => {
+                at.elapsed() >= COUNTS_TTL
+                    || (!m.contains_key(name) && at.elapsed() >= COUNTS_MIN_AGE)
+            }
+        };
+        if stale {
+            *snap = Some((Instant::now(), self.list_counts().await?));
+        }
+        Ok(snap.as_ref().and_then(|(_, m)| m.get(name).copied()))
+    }
+
+    /// Drops a deleted queue from the listing, which would otherwise count it a while longer.
+    async fn forget(&self, name: &str) {
+        if let Some((_, m)) = self.snapshot.lock().await.as_mut() {
+            m.remove(name);
+        }
+    }
+
+    /// Counts of every queue of the vhost, page by page.
+    async fn list_counts(&self) -> Result<HashMap<String, QueueDepth>, String> {
+        let mut out = HashMap::new();
+        let mut page = 1;
+        loop {
+            let uri = format!(
+                "{}/api/queues/{}?disable_stats=true&enable_queue_totals=true&columns=name,messages_ready,messages_unacknowledged&page={page}&page_size={PAGE_SIZE}",
+                self.base,
+                crate::render::encode(&self.vhost),
+            );
+            let v = self.get_json(&uri).await?;
+            out.extend(depths_from_listing(&v));
+            let pages = v.get("page_count").and_then(|n| n.as_u64()).unwrap_or(1);
+            if page >= pages {
+                return Ok(out);
+            }
+            page += 1;
+        }
+    }
+
+    async fn get_json(&self, uri: &str) -> Result<serde_json::Value, String> {
         use http_body_util::BodyExt;
-        let enc = crate::render::encode;
-        let uri = format!(
-            "{}/api/queues/{}?disable_stats=true&enable_queue_totals=true&use_regex=true&page=1&page_size=10&name={}",
-            self.base,
-            enc(&self.vhost),
-            enc(&exact_name_regex(name))
-        );
-        let req = hyper::Request::get(&uri)
+        let req = hyper::Request::get(uri)
             .header(hyper::header::AUTHORIZATION, &self.authorization)
             .body(http_body_util::Empty::new())
             .map_err(|e| e.to_string())?;
@@ -106,42 +184,30 @@ impl Management {
             .await
             .map_err(|e| format!("GET {uri}: {e}"))?
             .to_bytes();
-        let v: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| format!("GET {uri}: {e}"))?;
-        Ok(depth_from_listing(&v, name))
+        serde_json::from_slice(&body).map_err(|e| format!("GET {uri}: {e}"))
     }
 }
 
-/// `^name$` with the regex metacharacters escaped, for the listing's `name` filter.
-fn exact_name_regex(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 2);
-    out.push('^');
-    for c in name.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('$');
-    out
-}
-
-/// The counts of queue `name` in a management listing page; `None` when it is not there or
-/// its counters are missing.
-fn depth_from_listing(v: &serde_json::Value, name: &str) -> Option<QueueDepth> {
-    let item = v
-        .get("items")?
-        .as_array()?
-        .iter()
-        .find(|q| q.get("name").and_then(|n| n.as_str()) == Some(name))?;
-    let ready = item.get("messages_ready").and_then(|n| n.as_i64())?;
-    let unacked = item
-        .get("messages_unacknowledged")
-        .and_then(|n| n.as_i64())?;
-    Some(QueueDepth {
-        queued: Some(ready),
-        processing: Some(unacked),
-    })
+/// The counts of every queue in a management listing page; a queue without counters is left
+/// out.
+fn depths_from_listing(v: &serde_json::Value) -> HashMap<String, QueueDepth> {
+    let items = v.get("items").and_then(|i| i.as_array());
+    items
+        .into_iter()
+        .flatten()
+        .filter_map(|q| {
+            let name = q.get("name")?.as_str()?;
+            let ready = q.get("messages_ready")?.as_i64()?;
+            let unacked = q.get("messages_unacknowledged")?.as_i64()?;
+            Some((
+                name.to_string(),
+                QueueDepth {
+                    queued: Some(ready),
+                    processing: Some(unacked),
+                },
+            ))
+        })
+        .collect()
 }
 
 fn unavailable(e: impl std::fmt::Display) -> QueueError {
@@ -221,6 +287,7 @@ impl RabbitQueues {
             url,
             exchange: exchange.to_string(),
             connection: Mutex::new(None),
+            in_flight: Semaphore::new(MAX_IN_FLIGHT),
             management: None,
         }
     }
@@ -238,26 +305,35 @@ impl RabbitQueues {
 
     async fn channel(&self) -> Result<Channel, QueueError> {
         let mut guard = self.connection.lock().await;
+        if guard
+            .as_ref()
+            .is_some_and(|c| !c.connection.status().connected() || c.opened >= c.limit)
+        {
+            *guard = None;
+        }
         let res = tokio::time::timeout(CONNECT_TIMEOUT, async {
-            if let Some(c) = guard.as_ref()
-                && c.status().connected()
-            {
-                return c.create_channel().await.map(|ch| (ch, None));
-            }
-            let props = ConnectionProperties::default()
-                .with_connection_name("asya-queue-provisioner".to_string().into());
-            let conn = Connection::connect(&self.url, props).await?;
-            let ch = conn.create_channel().await?;
-            Ok((ch, Some(conn)))
+            let mut c = match guard.take() {
+                Some(c) => c,
+                None => {
+                    let props = ConnectionProperties::default()
+                        .with_connection_name("asya-queue-provisioner".to_string().into());
+                    let connection = Connection::connect(&self.url, props).await?;
+                    let limit = channels_per_connection(connection.configuration().channel_max());
+                    Shared {
+                        connection,
+                        opened: 0,
+                        limit,
+                    }
+                }
+            };
+            c.opened += 1;
+            let ch = c.connection.create_channel().await;
+            *guard = Some(c);
+            ch
         })
         .await;
         match res {
-            Ok(Ok((ch, fresh))) => {
-                if let Some(conn) = fresh {
-                    *guard = Some(conn);
-                }
-                Ok(ch)
-            }
+            Ok(Ok(ch)) => Ok(ch),
             Ok(Err(e)) => Err(unavailable(e)),
             Err(_) => {
                 // A broker that accepted the socket and went silent: start afresh next time.
@@ -277,7 +353,17 @@ impl RabbitQueues {
         what: &str,
         op: impl Future<Output = Result<T, QueueError>>,
     ) -> Result<T, QueueError> {
-        match tokio::time::timeout(OP_TIMEOUT, op).await {
+        // Waiting for a slot counts toward the deadline: a stuck broker fails fast either way.
+        let res = tokio::time::timeout(OP_TIMEOUT, async {
+            let _slot = self
+                .in_flight
+                .acquire()
+                .await
+                .map_err(|e| QueueError::Unavailable(e.to_string()))?;
+            op.await
+        })
+        .await;
+        match res {
             Ok(res) => res,
             Err(_) => {
                 *self.connection.lock().await = None;
@@ -292,9 +378,9 @@ impl RabbitQueues {
         format!("{}/{}", self.display.trim_end_matches('/'), name)
     }
 
-    /// Message count of an existing queue, `None` when it does not exist.
-    async fn passive(&self, name: &str) -> Result<Option<u32>, QueueError> {
-        let ch = self.channel().await?;
+    /// Message count of an existing queue, `None` when it does not exist (the broker then
+    /// closes `ch`; otherwise it stays open for the caller).
+    async fn passive_on(ch: &Channel, name: &str) -> Result<Option<u32>, QueueError> {
         let res = ch
             .queue_declare(
                 name.into(),
@@ -306,21 +392,30 @@ impl RabbitQueues {
             )
             .await;
         match res {
-            Ok(q) => {
-                let _ = ch.close(200, "done".into()).await;
-                Ok(Some(q.message_count()))
-            }
+            Ok(q) => Ok(Some(q.message_count())),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(unavailable(e)),
         }
+    }
+
+    /// Message count of an existing queue, `None` when it does not exist.
+    async fn passive(&self, name: &str) -> Result<Option<u32>, QueueError> {
+        let ch = self.channel().await?;
+        let res = Self::passive_on(&ch, name).await;
+        if matches!(res, Ok(Some(_))) {
+            let _ = ch.close(200, "done".into()).await;
+        }
+        res
     }
 }
 
 impl QueueOps for RabbitQueues {
     async fn ensure(&self, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
         self.bounded(&format!("declare {}", spec.name), async {
-            let existed = self.passive(&spec.name).await?.is_some();
             let ch = self.channel().await?;
+            // An existing queue leaves the channel open for the declare; a missing one closes it.
+            let existed = Self::passive_on(&ch, &spec.name).await?.is_some();
+            let ch = if existed { ch } else { self.channel().await? };
             let rejected = |e: lapin::Error| QueueError::Rejected(format!("{}: {e}", spec.name));
             asya_sidecar::transport::rabbitmq::declare_bound_queue(&ch, &self.exchange, &spec.name)
                 .await
@@ -349,6 +444,9 @@ impl QueueOps for RabbitQueues {
                 .await
                 .map_err(unavailable)?;
             let _ = ch.close(200, "done".into()).await;
+            if let Some(m) = &self.management {
+                m.forget(name).await;
+            }
             Ok(())
         })
         .await
@@ -382,34 +480,28 @@ impl QueueOps for RabbitQueues {
 
 #[cfg(test)]
 mod tests {
-    use super::{delay_queues, depth_from_listing, exact_name_regex, redact};
+    use super::{delay_queues, depths_from_listing, redact};
     use crate::queue::QueueDepth;
-
-    #[test]
-    fn the_listing_filter_matches_one_queue_exactly() {
-        assert_eq!(exact_name_regex("asya-ns-a"), "^asya-ns-a$");
-        assert_eq!(
-            exact_name_regex("asya-ns-a.delay-100ms"),
-            r"^asya-ns-a\.delay-100ms$"
-        );
-    }
 
     #[test]
     fn counts_come_from_the_item_with_that_exact_name() {
         let page = serde_json::json!({"items": [
             {"name": "asya-ns-a.delay-100ms", "messages_ready": 9, "messages_unacknowledged": 9},
             {"name": "asya-ns-a", "messages_ready": 2, "messages_unacknowledged": 1},
+            {"name": "asya-ns-b"},
         ]});
+        let d = depths_from_listing(&page);
         assert_eq!(
-            depth_from_listing(&page, "asya-ns-a"),
-            Some(QueueDepth {
+            d.get("asya-ns-a"),
+            Some(&QueueDepth {
                 queued: Some(2),
                 processing: Some(1)
             })
         );
-        assert_eq!(depth_from_listing(&page, "asya-ns-b"), None);
-        let no_counters = serde_json::json!({"items": [{"name": "asya-ns-a"}]});
-        assert_eq!(depth_from_listing(&no_counters, "asya-ns-a"), None);
+        // No counters (or not listed): unknown, not zero.
+        assert_eq!(d.get("asya-ns-b"), None);
+        assert_eq!(d.get("asya-ns-c"), None);
+        assert_eq!(d.len(), 2);
     }
 
     #[test]

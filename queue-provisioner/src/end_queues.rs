@@ -1,0 +1,356 @@
+//! The lifecycle of a namespace's end queues (`asya-{ns}-x-sink`, `asya-{ns}-x-sump`): they
+//! outlive each actor but not their namespace. Once the namespace is gone an empty one is
+//! deleted; a non-empty one (unread results are data) is kept for the configured
+//! `endQueueRetention`, said in a log line and the `end_queues_retained` metric, then deleted.
+//!
+//! Only namespaces whose actors this provisioner cleaned up are looked at, so a broker shared
+//! with another cluster keeps that cluster's queues. Retained queues are remembered in the
+//! ConfigMap [`RETAINED_CONFIGMAP`] of the provisioner's namespace, so a restart neither loses
+//! them nor restarts their clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use asya_api::naming;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::queue::{QueueError, QueueOps};
+use crate::transports::Transports;
+
+/// The ConfigMap (in the provisioner's namespace) of end queues kept after their namespace.
+pub const RETAINED_CONFIGMAP: &str = "asya-end-queues";
+/// How often the sweep runs.
+pub const SWEEP: Duration = Duration::from_secs(15);
+const MANAGER: &str = "asya-queue-provisioner-end-queues";
+
+/// What to do with one end queue of a namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// The namespace exists (again): the queue is in use.
+    InUse,
+    /// The namespace is still being deleted: look again later.
+    Wait,
+    Delete {
+        reason: &'static str,
+    },
+    /// Keep it until `until` (messages in it).
+    Retain {
+        until: Timestamp,
+    },
+}
+
+/// The namespace as the API server tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamespaceState {
+    Active,
+    Terminating,
+    Gone,
+}
+
+/// Decides one end queue's fate: `messages` in it now, `since` when it was first found with
+/// messages after its namespace went (None: not before).
+pub fn decide(
+    ns: NamespaceState,
+    messages: i64,
+    since: Option<Timestamp>,
+    now: Timestamp,
+    retention: Duration,
+) -> Fate {
+    match ns {
+        NamespaceState::Active => return Fate::InUse,
+        NamespaceState::Terminating => return Fate::Wait,
+        NamespaceState::Gone => {}
+    }
+    if messages <= 0 {
+        return Fate::Delete { reason: "empty" };
+    }
+    let since = since.unwrap_or(now);
+    let until = since
+        .checked_add(SignedDuration::try_from(retention).unwrap_or(SignedDuration::MAX))
+        .unwrap_or(Timestamp::MAX);
+    if now >= until {
+        Fate::Delete {
+            reason: "retention",
+        }
+    } else {
+        Fate::Retain { until }
+    }
+}
+
+/// Key of a retained queue in the ConfigMap: `{transport}.{queue}` (both DNS-safe).
+pub fn retained_key(transport: &str, queue: &str) -> String {
+    format!("{transport}.{queue}")
+}
+
+/// The transport and queue of a ConfigMap key, with the namespace the queue belongs to.
+pub fn parse_retained_key(key: &str) -> Option<(String, String, String)> {
+    let (transport, queue) = key.split_once('.')?;
+    let rest = queue.strip_prefix("asya-")?;
+    let ns = [naming::SINK_ACTOR, naming::SUMP_ACTOR]
+        .iter()
+        .find_map(|end| rest.strip_suffix(&format!("-{end}")))?;
+    (!ns.is_empty()).then(|| (transport.to_string(), queue.to_string(), ns.to_string()))
+}
+
+/// Namespaces (transport, namespace) whose actors were cleaned up and whose end queues are
+/// to be looked after.
+#[derive(Default, Clone)]
+pub struct Candidates(Arc<Mutex<BTreeSet<(String, String)>>>);
+
+impl Candidates {
+    pub fn add(&self, transport: &str, ns: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((transport.into(), ns.into()));
+    }
+    fn take(&self) -> BTreeSet<(String, String)> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Runs the sweep every [`SWEEP`] until the process ends.
+pub async fn run(
+    client: kube::Client,
+    own_namespace: String,
+    transports: Arc<Transports>,
+    candidates: Candidates,
+    retention: Duration,
+    metrics: Metrics,
+) {
+    let sweeper = Sweeper {
+        namespaces: Api::all(client.clone()),
+        config_maps: Api::namespaced(client, &own_namespace),
+        transports,
+        retention,
+        metrics,
+    };
+    let mut tick = tokio::time::interval(SWEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mut pending = candidates.take();
+        if let Err(e) = sweeper.sweep(&mut pending).await {
+            warn!(error = %e, "end queue sweep failed; retrying");
+        }
+        // What could not be decided yet (namespace terminating, broker down) comes back.
+        for (t, ns) in pending {
+            candidates.add(&t, &ns);
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SweepError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("transport: {0}")]
+    Queue(#[from] QueueError),
+}
+
+struct Sweeper {
+    namespaces: Api<Namespace>,
+    config_maps: Api<ConfigMap>,
+    transports: Arc<Transports>,
+    retention: Duration,
+    metrics: Metrics,
+}
+
+impl Sweeper {
+    async fn namespace(&self, ns: &str) -> Result<NamespaceState, kube::Error> {
+        Ok(match self.namespaces.get_opt(ns).await? {
+            None => NamespaceState::Gone,
+            Some(n) if n.metadata.deletion_timestamp.is_some() => NamespaceState::Terminating,
+            Some(_) => NamespaceState::Active,
+        })
+    }
+
+    /// Looks after the end queues of `pending` namespaces and of the retained ones; leaves in
+    /// `pending` the namespaces to look at again.
+    async fn sweep(&self, pending: &mut BTreeSet<(String, String)>) -> Result<(), SweepError> {
+        let retained: BTreeMap<String, String> = self
+            .config_maps
+            .get_opt(RETAINED_CONFIGMAP)
+            .await?
+            .and_then(|c| c.data)
+            .unwrap_or_default();
+        let mut work: Vec<(String, String, String, Option<Timestamp>)> = Vec::new();
+        for (key, since) in &retained {
+            if let Some((t, q, ns)) = parse_retained_key(key) {
+                work.push((t, q, ns, since.parse().ok()));
+            }
+        }
+        for (t, ns) in pending.iter() {
+            for q in [naming::sink_queue(ns), naming::sump_queue(ns)] {
+                if !retained.contains_key(&retained_key(t, &q)) {
+                    work.push((t.clone(), q, ns.clone(), None));
+                }
+            }
+        }
+        let mut changes: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let mut still = BTreeSet::new();
+        let now = Timestamp::now();
+        for (t, q, ns, since) in work {
+            let state = self.namespace(&ns).await?;
+            let (backend, _) = self.transports.get(&t).await?;
+            let messages = if state == NamespaceState::Gone {
+                let d = backend.depth(&q).await;
+                self.metrics.queue_op(backend.kind(), "depth", d.is_ok());
+                let d = d?;
+                d.queued.unwrap_or(0) + d.processing.unwrap_or(0)
+            } else {
+                0
+            };
+            let key = retained_key(&t, &q);
+            match decide(state, messages, since, now, self.retention) {
+                Fate::InUse => {
+                    if since.is_some() {
+                        changes.insert(key, None);
+                    }
+                }
+                Fate::Wait => {
+                    still.insert((t, ns));
+                }
+                Fate::Retain { until } => {
+                    if since.is_none() {
+                        info!(queue = %q, namespace = %ns, transport = %t, messages, until = %until,
+                            "end queue of a deleted namespace holds messages: kept until the retention (endQueueRetention) ends, then deleted");
+                        changes.insert(key, Some(now.to_string()));
+                    }
+                }
+                Fate::Delete { reason } => {
+                    let res = backend.delete(&q).await;
+                    self.metrics.queue_op(backend.kind(), "delete", res.is_ok());
+                    res?;
+                    info!(queue = %q, namespace = %ns, transport = %t, reason, messages,
+                        "end queue of a deleted namespace deleted");
+                    self.metrics.end_queue_deleted(&t, reason);
+                    if since.is_some() {
+                        changes.insert(key, None);
+                    }
+                }
+            }
+        }
+        *pending = still;
+        let mut kept = retained.len() as i64;
+        for v in changes.values() {
+            kept += if v.is_some() { 1 } else { -1 };
+        }
+        if !changes.is_empty() {
+            // A merge patch: null removes a key.
+            let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": RETAINED_CONFIGMAP}, "data": changes});
+            self.config_maps
+                .patch(
+                    RETAINED_CONFIGMAP,
+                    &PatchParams::apply(MANAGER),
+                    &Patch::Apply(&body),
+                )
+                .await?;
+        }
+        self.metrics.end_queues_retained.set(kept.max(0));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_living_namespace_keeps_its_end_queues() {
+        let now = t("2026-01-01T00:00:00Z");
+        assert_eq!(
+            decide(NamespaceState::Active, 5, None, now, WEEK),
+            Fate::InUse
+        );
+        assert_eq!(
+            decide(NamespaceState::Terminating, 0, None, now, WEEK),
+            Fate::Wait
+        );
+    }
+
+    #[test]
+    fn after_the_namespace_empty_goes_now_and_messages_wait_for_the_retention() {
+        let now = t("2026-01-01T00:00:00Z");
+        assert_eq!(
+            decide(NamespaceState::Gone, 0, None, now, WEEK),
+            Fate::Delete { reason: "empty" }
+        );
+        assert_eq!(
+            decide(NamespaceState::Gone, 3, None, now, WEEK),
+            Fate::Retain {
+                until: t("2026-01-08T00:00:00Z")
+            }
+        );
+        let since = Some(t("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            decide(
+                NamespaceState::Gone,
+                3,
+                since,
+                t("2026-01-07T23:59:59Z"),
+                WEEK
+            ),
+            Fate::Retain {
+                until: t("2026-01-08T00:00:00Z")
+            }
+        );
+        assert_eq!(
+            decide(
+                NamespaceState::Gone,
+                3,
+                since,
+                t("2026-01-08T00:00:00Z"),
+                WEEK
+            ),
+            Fate::Delete {
+                reason: "retention"
+            }
+        );
+        // Read meanwhile: deleted at once.
+        assert_eq!(
+            decide(
+                NamespaceState::Gone,
+                0,
+                since,
+                t("2026-01-02T00:00:00Z"),
+                WEEK
+            ),
+            Fate::Delete { reason: "empty" }
+        );
+    }
+
+    #[test]
+    fn retained_keys_name_transport_queue_and_namespace() {
+        let k = retained_key("rabbitmq", "asya-team-a-x-sink");
+        assert_eq!(
+            parse_retained_key(&k),
+            Some((
+                "rabbitmq".into(),
+                "asya-team-a-x-sink".into(),
+                "team-a".into()
+            ))
+        );
+        assert_eq!(
+            parse_retained_key("sqs.asya-ns-x-sump").map(|p| p.2),
+            Some("ns".into())
+        );
+        assert_eq!(parse_retained_key("rabbitmq.asya-ns-actor"), None);
+        assert_eq!(parse_retained_key("rabbitmq.asya--x-sink"), None);
+        assert_eq!(parse_retained_key("nodot"), None);
+    }
+}

@@ -1,0 +1,283 @@
+//! What is worth a reconcile or an API call: pure decisions the controller asks before it
+//! does work. A watch event is worth a reconcile only when it changes something the
+//! reconcile reads (the fingerprints); an object is worth an apply only when what we would
+//! send differs from what we sent last and nobody changed it since ([`should_apply`]).
+
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use asya_api::AsyncActor;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::DynamicObject;
+use serde::Serialize;
+
+use crate::status::{classify_pod, needs_replacing};
+
+fn hash_of(v: &impl Hash) -> u64 {
+    let mut h = DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
+/// What of an actor the reconcile renders from: spec (generation), labels (propagated),
+/// annotations (a user's `kubectl annotate` asks for a fresh status), deletion. Not status
+/// and not finalizers: those are the controller's own writes.
+pub fn actor_fingerprint(a: &AsyncActor) -> Option<u64> {
+    let m = &a.metadata;
+    Some(hash_of(&(
+        m.generation,
+        &m.labels,
+        &m.annotations,
+        m.deletion_timestamp.is_some(),
+    )))
+}
+
+/// (spec.replicas, status.readyReplicas): what the status reads of a workload.
+pub fn deployment_counts(d: &Deployment) -> (Option<i32>, Option<i32>) {
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas);
+    (replicas, d.status.as_ref().and_then(|s| s.ready_replicas))
+}
+
+pub fn stateful_set_counts(s: &StatefulSet) -> (Option<i32>, Option<i32>) {
+    let replicas = s.spec.as_ref().and_then(|s| s.replicas);
+    (replicas, s.status.as_ref().and_then(|s| s.ready_replicas))
+}
+
+/// What of a workload matters: its spec (generation: also a foreign edit to undo), the
+/// counts the status reads, deletion. Not the controller manager's other status writes.
+pub fn workload_fingerprint(meta: &ObjectMeta, counts: (Option<i32>, Option<i32>)) -> Option<u64> {
+    Some(hash_of(&(
+        meta.generation,
+        counts,
+        meta.deletion_timestamp.is_some(),
+    )))
+}
+
+pub fn deployment_fingerprint(d: &Deployment) -> Option<u64> {
+    workload_fingerprint(&d.metadata, deployment_counts(d))
+}
+
+pub fn stateful_set_fingerprint(s: &StatefulSet) -> Option<u64> {
+    workload_fingerprint(&s.metadata, stateful_set_counts(s))
+}
+
+/// A ScaledObject matters when its spec changes (someone else's edit) or it goes.
+pub fn scaled_object_fingerprint(o: &DynamicObject) -> Option<u64> {
+    Some(hash_of(&(
+        o.metadata.generation,
+        o.metadata.deletion_timestamp.is_some(),
+    )))
+}
+
+/// A pod matters to its actor through what the status counts (ready, pending, failing and
+/// why, gone) and whether it lacks the sidecar.
+pub fn pod_fingerprint(p: &Pod) -> Option<u64> {
+    Some(hash_of(&(
+        format!("{:?}", classify_pod(p)),
+        needs_replacing(p),
+    )))
+}
+
+/// An HPA matters through the replica count it wants.
+pub fn hpa_fingerprint(h: &HorizontalPodAutoscaler) -> Option<u64> {
+    Some(hash_of(&h.status.as_ref().map(|s| s.desired_replicas)))
+}
+
+/// Hash of the object we would send: equal hashes, equal requests.
+pub fn desired_hash(obj: &impl Serialize) -> u64 {
+    hash_of(&serde_json::to_vec(obj).unwrap_or_default())
+}
+
+/// What the controller sent last for one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub hash: u64,
+    /// `metadata.generation` the apply answered with (objects the controller watches).
+    pub generation: Option<i64>,
+    pub at: Instant,
+}
+
+/// The annotation that carries [`desired_hash`] of what was applied, so a restarted
+/// controller knows which objects are already as it would render them.
+pub const APPLIED_HASH: &str = "asya.sh/applied-hash";
+
+/// The live object as the controller's cache sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Live {
+    /// A kind without a cache: only the record and its age decide.
+    NotCached,
+    Missing,
+    Present {
+        generation: Option<i64>,
+        /// Its [`APPLIED_HASH`] annotation.
+        applied: Option<u64>,
+    },
+}
+
+/// The hash an [`APPLIED_HASH`] annotation carries.
+pub fn applied_hash(annotations: &Option<BTreeMap<String, String>>) -> Option<u64> {
+    u64::from_str_radix(label(annotations, APPLIED_HASH)?, 16).ok()
+}
+
+/// How long an apply is trusted without a cache to check it against: after this the object
+/// is applied again (a no-op for the API server unless someone changed it).
+pub const REASSERT: Duration = Duration::from_secs(600);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyDecision {
+    Apply,
+    Skip,
+    /// No record (a restarted controller) but the live object carries this very hash: skip,
+    /// and remember it as applied with this generation.
+    Adopt {
+        generation: Option<i64>,
+    },
+}
+
+/// Whether to apply: never applied (and the live object does not carry the hash), something
+/// else to send, the record too old, or the live object gone or changed by someone else
+/// (another generation).
+pub fn decide_apply(last: Option<&Applied>, hash: u64, live: Live, now: Instant) -> ApplyDecision {
+    let Some(l) = last else {
+        return match live {
+            Live::Present {
+                generation,
+                applied: Some(h),
+            } if h == hash => ApplyDecision::Adopt { generation },
+            _ => ApplyDecision::Apply,
+        };
+    };
+    if l.hash != hash || now.saturating_duration_since(l.at) >= REASSERT {
+        return ApplyDecision::Apply;
+    }
+    let changed = match live {
+        Live::NotCached => false,
+        Live::Missing => true,
+        Live::Present { generation, .. } => generation != l.generation,
+    };
+    if changed {
+        ApplyDecision::Apply
+    } else {
+        ApplyDecision::Skip
+    }
+}
+
+/// Labels of a cached object, for lookups by actor.
+pub fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
+    labels.as_ref()?.get(key).map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn actor() -> AsyncActor {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+            "metadata": {"name": "a", "namespace": "n", "generation": 1, "labels": {"team": "x"}},
+            "spec": {"image": "i", "handler": "m.f"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn own_writes_to_an_actor_do_not_change_its_fingerprint() {
+        let a = actor();
+        let mut b = a.clone();
+        b.status = Some(asya_api::AsyncActorStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        });
+        b.metadata.finalizers = Some(vec!["asya.sh/queue-provisioner".into()]);
+        b.metadata.resource_version = Some("42".into());
+        assert_eq!(actor_fingerprint(&a), actor_fingerprint(&b));
+    }
+
+    #[test]
+    fn spec_labels_annotations_and_deletion_change_an_actors_fingerprint() {
+        let a = actor();
+        let mut spec = a.clone();
+        spec.metadata.generation = Some(2);
+        let mut labels = a.clone();
+        labels.metadata.labels = Some([("team".into(), "y".into())].into());
+        let mut ann = a.clone();
+        ann.metadata.annotations = Some([("poke".into(), "1".into())].into());
+        let mut del = a.clone();
+        del.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        for other in [spec, labels, ann, del] {
+            assert_ne!(actor_fingerprint(&a), actor_fingerprint(&other));
+        }
+    }
+
+    #[test]
+    fn a_workloads_fingerprint_follows_replicas_and_readiness_only() {
+        let meta = |generation| ObjectMeta {
+            generation: Some(generation),
+            resource_version: Some("1".into()),
+            ..Default::default()
+        };
+        let base = workload_fingerprint(&meta(1), (Some(1), None));
+        let mut other_rv = meta(1);
+        other_rv.resource_version = Some("2".into());
+        assert_eq!(base, workload_fingerprint(&other_rv, (Some(1), None)));
+        assert_ne!(base, workload_fingerprint(&meta(1), (Some(1), Some(1))));
+        assert_ne!(base, workload_fingerprint(&meta(1), (Some(3), None)));
+        assert_ne!(base, workload_fingerprint(&meta(2), (Some(1), None)));
+        let mut deleting = meta(1);
+        deleting.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        assert_ne!(base, workload_fingerprint(&deleting, (Some(1), None)));
+    }
+
+    #[test]
+    fn apply_only_what_changed_or_was_changed() {
+        use ApplyDecision::*;
+        let t0 = Instant::now();
+        let rec = Applied {
+            hash: 7,
+            generation: Some(3),
+            at: t0,
+        };
+        let live = |g| Live::Present {
+            generation: Some(g),
+            applied: Some(7),
+        };
+        // Nothing sent before, or something else to send.
+        assert_eq!(decide_apply(None, 7, Live::NotCached, t0), Apply);
+        assert_eq!(decide_apply(None, 7, Live::Missing, t0), Apply);
+        assert_eq!(decide_apply(Some(&rec), 8, live(3), t0), Apply);
+        // Same request, same live object: skip.
+        assert_eq!(decide_apply(Some(&rec), 7, live(3), t0), Skip);
+        assert_eq!(decide_apply(Some(&rec), 7, Live::NotCached, t0), Skip);
+        // Someone else changed it, or deleted it.
+        assert_eq!(decide_apply(Some(&rec), 7, live(4), t0), Apply);
+        assert_eq!(decide_apply(Some(&rec), 7, Live::Missing, t0), Apply);
+        // Re-asserted now and then even without a cache to check.
+        assert_eq!(
+            decide_apply(Some(&rec), 7, Live::NotCached, t0 + REASSERT),
+            Apply
+        );
+        // A restarted controller adopts what carries its hash, applies what does not.
+        assert_eq!(
+            decide_apply(None, 7, live(5), t0),
+            Adopt {
+                generation: Some(5)
+            }
+        );
+        assert_eq!(decide_apply(None, 8, live(5), t0), Apply);
+    }
+
+    #[test]
+    fn the_applied_hash_annotation_round_trips() {
+        let h = desired_hash(&serde_json::json!({"a": 1}));
+        let ann = Some([(APPLIED_HASH.to_string(), format!("{h:016x}"))].into());
+        assert_eq!(applied_hash(&ann), Some(h));
+        assert_eq!(applied_hash(&None), None);
+        let bad = Some([(APPLIED_HASH.to_string(), "zz".to_string())].into());
+        assert_eq!(applied_hash(&bad), None);
+    }
+}

@@ -1,0 +1,150 @@
+"""Provisioner benchmarks (docs/benchmarks.md): not part of the e2e suite (the file name does
+not match test_*.py); run explicitly, after `ASYA_E2E_RELEASE=1 tests/e2e/up`:
+
+    python3 -m pytest -q -s -p no:cacheprovider tests/e2e/bench_provisioner.py
+
+Each scenario prints one `PROVISIONER-BENCH` line: wall time, and the work behind it —
+reconciles, API requests (the provisioner's client's count; and every client's, from the API
+server's apiserver_request_total) and broker operations per actor, CPU seconds and peak RSS of the provisioner process.
+ASYA_BENCH_ACTORS (1000) and ASYA_BENCH_FLAVOR_ACTORS (500) set the sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+from conftest import STATE, kubectl, kubectl_json, process_stopped, wait_for
+from test_provisioner import FLAT, actor, all_converged, metric_total, work_counters
+
+N = int(os.environ.get("ASYA_BENCH_ACTORS", "1000"))
+N_FLAVOR = int(os.environ.get("ASYA_BENCH_FLAVOR_ACTORS", "500"))
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def provisioner_pid() -> int:
+    return int((STATE / "provisioner.pid").read_text().strip())
+
+
+def proc_usage(pid: int) -> dict:
+    """CPU seconds so far, RSS now and its peak (VmHWM), in MiB."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / TICKS
+    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+    kib = lambda k: int(status[k].split()[0]) / 1024  # noqa: E731
+    return {"cpu": cpu, "rss": kib("VmRSS"), "hwm": kib("VmHWM")}
+
+
+def counters() -> dict:
+    """The provisioner's counts and every client's requests to the API server, now. (Not
+    after waiting for quiet: with 1,000 actors their periodic checks, one per actor every
+    60-75 s, never leave the provisioner quiet for long; the figures then include the periodic
+    checks that fell into the window.)"""
+    c = work_counters()
+    c["all_api"] = metric_total(kubectl("get", "--raw", "/metrics").stdout, "apiserver_request_total")
+    return c
+
+
+def report(name: str, n: int, seconds: float, before: dict, after: dict, u0: dict, u1: dict) -> str:
+    line = (f"PROVISIONER-BENCH {name} actors={n} seconds={seconds:.1f} "
+            f"reconciles/actor={(after['reconciles'] - before['reconciles']) / n:.2f} "
+            f"api_requests/actor={(after['api'] - before['api']) / n:.2f} "
+            f"broker_ops/actor={(after['broker'] - before['broker']) / n:.2f} "
+            f"all_clients_api_requests/actor={(after['all_api'] - before['all_api']) / n:.2f} "
+            f"cpu_s={u1['cpu'] - u0['cpu']:.1f} rss_mib={u1['rss']:.0f} peak_rss_mib={u1['hwm']:.0f}")
+    print("\n" + line)
+    with open(STATE / "provisioner-bench.txt", "a") as f:
+        f.write(line + "\n")
+    return line
+
+
+def apply_actors(ns: str, prefix: str, n: int, spec: dict):
+    docs = [dict(actor(f"{prefix}{i:04d}", spec), metadata={"name": f"{prefix}{i:04d}", "namespace": ns})
+            for i in range(n)]
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}), timeout=600)
+
+
+def versions(ns: str) -> dict:
+    """resourceVersion of every object the provisioner writes in `ns`."""
+    out = {}
+    for kind in ("asyncactors", "deployments", "scaledobjects", "triggerauthentications", "serviceaccounts",
+                 "secrets"):
+        for o in kubectl_json("get", kind, "-n", ns)["items"]:
+            out[f"{kind}/{o['metadata']['name']}"] = o["metadata"]["resourceVersion"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench_ns():
+    ns = f"bench-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "namespace", ns)
+    wait_for(f"service account in {ns}", lambda: kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0)
+    yield ns
+    kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_fresh_apply_converges(bench_ns):
+    ns = bench_ns
+    before, u0 = counters(), proc_usage(provisioner_pid())
+    t0 = time.monotonic()
+    apply_actors(ns, "a", N, {**FLAT})
+    wait_for(f"{N} actors converge", lambda: all_converged(ns, N), timeout=900, interval=1.0)
+    seconds = time.monotonic() - t0
+    after = counters()
+    report("fresh-apply", N, seconds, before, after, u0, proc_usage(provisioner_pid()))
+
+
+def test_restart_settles_without_rewriting(bench_ns):
+    ns = bench_ns
+    rv0 = versions(ns)
+    with process_stopped("provisioner", signal.SIGTERM):
+        pass
+    pid = provisioner_pid()
+    u0 = proc_usage(pid)
+    all_api = metric_total(kubectl("get", "--raw", "/metrics").stdout, "apiserver_request_total")
+    before = {"reconciles": 0.0, "broker": 0.0, "api": 0.0, "all_api": all_api}
+    t0 = time.monotonic()
+    # Settled: every actor reconciled once by the new process, then quiet.
+    wait_for("every actor reconciled after the restart", lambda: work_counters()["reconciles"] >= N,
+             timeout=600, interval=0.5)
+    after = work_counters()
+    after["all_api"] = metric_total(kubectl("get", "--raw", "/metrics").stdout, "apiserver_request_total")
+    seconds = time.monotonic() - t0
+    report("restart", N, seconds, before, after, u0, proc_usage(pid))
+    rv1 = versions(ns)
+    changed = sorted(k for k in rv0 if rv1.get(k) != rv0[k])
+    print(f"objects rewritten by the restart: {len(changed)} of {len(rv0)} {changed[:5]}")
+    assert not changed
+
+
+def test_flavor_change_reaches_every_user():
+    ns = f"bench-fl-{uuid.uuid4().hex[:6]}"
+    flavor = f"bench-{ns[-6:]}"
+    kubectl("create", "namespace", ns)
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "asya.sh/v1alpha1", "kind": "Flavor",
+            "metadata": {"name": flavor}, "spec": {"scaling": {"maxReplicaCount": 3}}}))
+    try:
+        wait_for(f"service account in {ns}", lambda: kubectl("get", "sa", "default", "-n", ns,
+                                                             check=False).returncode == 0)
+        apply_actors(ns, "f", N_FLAVOR, {**FLAT, "flavors": [flavor]})
+        wait_for(f"{N_FLAVOR} actors converge", lambda: all_converged(ns, N_FLAVOR), timeout=900, interval=1.0)
+        before, u0 = counters(), proc_usage(provisioner_pid())
+        t0 = time.monotonic()
+        kubectl("patch", "flavor", flavor, "--type=merge", "-p", '{"spec":{"scaling":{"maxReplicaCount":6}}}')
+
+        def all_follow():
+            sos = kubectl_json("get", "scaledobjects", "-n", ns)["items"]
+            return len(sos) == N_FLAVOR and all(s["spec"]["maxReplicaCount"] == 6 for s in sos)
+
+        wait_for("every ScaledObject follows the flavor", all_follow, timeout=900, interval=1.0)
+        seconds = time.monotonic() - t0
+        after = counters()
+        report("flavor-change", N_FLAVOR, seconds, before, after, u0, proc_usage(provisioner_pid()))
+    finally:
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        kubectl("delete", "flavor", flavor, "--ignore-not-found", check=False)
