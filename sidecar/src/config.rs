@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::resiliency::{Plan, parse_duration};
 use crate::routing::HandlerMode;
+use asya_transport::resiliency::{Plan, parse_duration};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TransportConfig {

@@ -12,12 +12,12 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::config::Config;
-use crate::envelope::{self, Envelope};
 use crate::metrics::Metrics;
-use crate::resiliency::{self, Decision, Failure};
 use crate::routing::{self, Answer, Queues};
 use crate::runtime_client::RuntimeClient;
-use crate::transport::{Outgoing, Received, Transport, TransportError};
+use asya_transport::envelope::{self, Envelope};
+use asya_transport::resiliency::{self, Decision, Failure};
+use asya_transport::{Outgoing, Received, Transport, TransportError};
 
 /// What to do with one message once the handler (if any) has run.
 #[derive(Debug)]

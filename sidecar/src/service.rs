@@ -12,9 +12,9 @@ use crate::metrics::Metrics;
 use crate::processor::Processor;
 use crate::routing::Queues;
 use crate::runtime_client::RuntimeClient;
-use crate::transport::Transport;
-use crate::transport::rabbitmq::{RabbitSettings, RabbitTransport};
-use crate::transport::sqs::{SqsSettings, SqsTransport};
+use asya_transport::Transport;
+use asya_transport::rabbitmq::{RabbitSettings, RabbitTransport};
+use asya_transport::sqs::{SqsSettings, SqsTransport};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -25,7 +25,7 @@ pub enum ServiceError {
     #[error("sending to {queue} failed: {source}")]
     Send {
         queue: String,
-        source: crate::transport::TransportError,
+        source: asya_transport::TransportError,
     },
     #[error("reading stdin: {0}")]
     Stdin(#[from] std::io::Error),
@@ -226,7 +226,7 @@ pub async fn send_lines(queue: &str, input: impl std::io::BufRead) -> Result<usi
             line: i + 1,
             message: e.to_string(),
         })?;
-        bodies.push(crate::transport::Outgoing {
+        bodies.push(asya_transport::Outgoing {
             queue: queue.to_string(),
             body: line.into_bytes(),
             delay: None,

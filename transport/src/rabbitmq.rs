@@ -23,7 +23,7 @@ use lapin::{
 };
 use tokio::sync::Mutex;
 
-use super::{Outgoing, Received, Transport, TransportError};
+use crate::{Outgoing, Received, Transport, TransportError};
 
 /// AMQP header where the sidecar counts unfinished deliveries of a message (classic queues
 /// only say "redelivered", not how often).
