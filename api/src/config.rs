@@ -40,6 +40,27 @@ pub struct ClusterConfig {
     /// ServiceAccount settings for actors (IRSA role annotation).
     #[serde(default)]
     pub service_account: ServiceAccountConfig,
+    /// Where sidecars report progress and final statuses (the gateway); off when unset.
+    #[serde(default, skip_serializing_if = "GatewayConfig::is_off")]
+    pub gateway: GatewayConfig,
+}
+
+/// The gateway the sidecars report to (`ASYA_GATEWAY_URL`, `ASYA_GATEWAY_TOKEN`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Base URL, e.g. `http://asya-gateway.asya-system.svc:8080`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// A Secret in each actor namespace holding a bearer token the gateway accepts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<SecretKeySelector>,
+}
+
+impl GatewayConfig {
+    pub fn is_off(&self) -> bool {
+        self.url.is_none() && self.token_secret_ref.is_none()
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -277,6 +298,7 @@ impl Default for ClusterConfig {
             sidecar: SidecarConfig::default(),
             policy: Policy::default(),
             service_account: ServiceAccountConfig::default(),
+            gateway: GatewayConfig::default(),
         }
     }
 }

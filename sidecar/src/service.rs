@@ -29,6 +29,8 @@ pub enum ServiceError {
     },
     #[error("reading stdin: {0}")]
     Stdin(#[from] std::io::Error),
+    #[error("ASYA_GATEWAY_URL {url}: cannot set up the HTTP client: {source}")]
+    Gateway { url: String, source: std::io::Error },
     #[error("ASYA_METRICS_ADDR: cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -158,12 +160,23 @@ async fn run_with<T: Transport>(
     health.runtime_up.store(true, Ordering::SeqCst);
     metrics.set_runtime_up(true);
 
-    let processor = Arc::new(Processor::new(
-        cfg.clone(),
-        transport,
-        metrics,
-        max_in_flight,
-    ));
+    let reporter = match &cfg.gateway {
+        Some(g) => {
+            let r =
+                crate::gateway::Reporter::start(g.clone(), metrics.clone()).map_err(|source| {
+                    ServiceError::Gateway {
+                        url: g.url.clone(),
+                        source,
+                    }
+                })?;
+            tracing::info!(url = %g.url, "reporting progress to the gateway");
+            r
+        }
+        None => crate::gateway::Reporter::disabled(metrics.clone()),
+    };
+    let processor = Arc::new(
+        Processor::new(cfg.clone(), transport, metrics, max_in_flight).with_reporter(reporter),
+    );
     tracing::info!(queue = processor.own_queue(), "consuming");
     let mut loop_task = tokio::spawn(processor.run(stop.clone()));
     tokio::select! {
