@@ -145,14 +145,14 @@ pub fn call_error(e: &CallError) -> Response {
 }
 
 /// Parses a JSON body into `T`; a bad body is a 400 that names the field and the problem.
-fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Box<Response>> {
     serde_json::from_slice(body).map_err(|e| {
-        error(
+        Box::new(error(
             StatusCode::BAD_REQUEST,
             "invalid_body",
             format!("request body: {e}"),
             None,
-        )
+        ))
     })
 }
 
@@ -270,10 +270,10 @@ fn fingerprint(t: &str) -> String {
 }
 
 /// Reads the body, turning the size limit into a 413.
-async fn read_body(body: Body, max: usize) -> Result<Bytes, Response> {
+async fn read_body(body: Body, max: usize) -> Result<Bytes, Box<Response>> {
     axum::body::to_bytes(body, max)
         .await
-        .map_err(|_| too_large(max + 1, max))
+        .map_err(|_| Box::new(too_large(max + 1, max)))
 }
 
 async fn health(State(s): State<Arc<Server>>) -> Response {
@@ -326,11 +326,11 @@ struct CallBody {
 async fn tools_call(State(s): State<Arc<Server>>, body: Body) -> Response {
     let bytes = match read_body(body, s.guard.max_body_bytes).await {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let call: CallBody = match parse(&bytes) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match s.app.start_call(&call.name, call.arguments.as_ref()).await {
         Ok(started) => {
@@ -465,11 +465,11 @@ struct ChildBody {
 async fn report_child(State(s): State<Arc<Server>>, body: Body) -> Response {
     let bytes = match read_body(body, s.guard.max_body_bytes).await {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let c: ChildBody = match parse(&bytes) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if c.id.is_empty() || c.parent_id.is_empty() {
         return error(
@@ -483,7 +483,7 @@ async fn report_child(State(s): State<Arc<Server>>, body: Body) -> Response {
     let route = c.route.map(|r| r.actors).unwrap_or_default();
     match create_child(&s, &c.id, &c.parent_id, route).await {
         Ok(r) => (StatusCode::CREATED, Json(r)).into_response(),
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 
@@ -493,13 +493,13 @@ async fn create_child(
     id: &str,
     parent_id: &str,
     route: Vec<String>,
-) -> Result<Record, Response> {
+) -> Result<Record, Box<Response>> {
     let parent = s
         .app
         .store
         .get(parent_id)
         .await
-        .map_err(|e| store_error(&e))?;
+        .map_err(|e| Box::new(store_error(&e)))?;
     let now = now_ms();
     let rec = Record {
         id: id.to_string(),
@@ -514,7 +514,11 @@ async fn create_child(
         created_ms: now,
         updated_ms: now,
     };
-    s.app.store.create(&rec).await.map_err(|e| store_error(&e))
+    s.app
+        .store
+        .create(&rec)
+        .await
+        .map_err(|e| Box::new(store_error(&e)))
 }
 
 async fn report_progress(
@@ -524,11 +528,11 @@ async fn report_progress(
 ) -> Response {
     let bytes = match read_body(body, s.guard.max_body_bytes).await {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let p: Progress = match parse(&bytes) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if !matches!(p.phase.as_str(), "received" | "processing" | "completed") {
         return error(
@@ -553,7 +557,7 @@ async fn report_progress(
         return not_found(&id);
     };
     if let Err(r) = create_child(&s, &id, &parent_id, Vec::new()).await {
-        return r;
+        return *r;
     }
     match s.app.store.progress(&id, &p).await {
         Ok(Some(r)) => Json(r).into_response(),
@@ -580,11 +584,11 @@ async fn report_final(
 ) -> Response {
     let bytes = match read_body(body, s.guard.max_body_bytes).await {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let f: FinalBody = match parse(&bytes) {
         Ok(f) => f,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let status = match Status::parse(&f.status) {
         Some(st) if st.is_final() => st,

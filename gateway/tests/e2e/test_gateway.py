@@ -110,13 +110,13 @@ def test_mcp_lists_tools_and_runs_a_three_actor_pipeline(world, database, kind):
 
     by_name = {t.name: t for t in tools.tools}
     assert set(by_name) == {"triple-double", "breaks", "splits", "slow"}
-    schema = by_name["triple-double"].inputSchema
+    schema = by_name["triple-double"].input_schema
     assert schema["properties"]["value"]["type"] == "integer"
     assert schema["properties"]["do"]["default"] == "double"
     assert schema["required"] == ["value"]
 
-    assert not result.isError, result
-    out = result.structuredContent
+    assert not result.is_error, result
+    out = result.structured_content
     assert out["status"] == "succeeded"
     assert out["result"]["value"] == 24, out
 
@@ -141,7 +141,7 @@ def test_mcp_lists_tools_and_runs_a_three_actor_pipeline(world, database, kind):
 def test_failing_tool_ends_failed_with_the_error_under_the_errors_prefix(world, database, kind):
     ns, bucket, gw = pipeline(world, kind, database, actors=("a",))
     _, result, _ = asyncio.run(mcp_call(gw, "breaks", {"key": "k1"}))
-    assert result.isError
+    assert result.is_error
     text = json.loads(result.content[0].text)
     assert text["status"] == "failed"
     assert "handler failed on purpose: k1" in json.dumps(text["error"]), text
