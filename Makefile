@@ -41,6 +41,9 @@ services:
 unit:
 	source tests/cluster/env && cargo test --workspace --locked
 	python3 -m pytest -q sidecar/runtime/tests
+	# The gateway end to end (MCP client, sidecars, crew, PostgreSQL, S3): needs the binaries.
+	cargo build --workspace --locked --bins
+	source tests/cluster/env && python3 -m pytest -q -p no:cacheprovider gateway/tests/e2e
 
 e2e:
 	./tests/e2e/run

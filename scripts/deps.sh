@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] || need_apt+=(rabbitmq-server)
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 # The container runtime the image tests (and the test node) run images with, and the builder
@@ -26,13 +27,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # The package's postinst starts a broker we do not want; our scripts start their own.
   RUNLEVEL=1 apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
   service rabbitmq-server stop >/dev/null 2>&1 || true
+  # Same for PostgreSQL: tests/services/postgres runs its own cluster on its own port.
+  service postgresql stop >/dev/null 2>&1 || true
   # Likewise the package's containerd: tests/services/containerd runs one of our own.
   service containerd stop >/dev/null 2>&1 || true
 fi
 
 py_missing=$(python3 - <<'PY'
 import importlib.util
-wanted = {"pytest": "pytest", "moto": "moto[server]", "flask": "moto[server]", "yaml": "pyyaml"}
+wanted = {"pytest": "pytest", "moto": "moto[server]", "flask": "moto[server]", "yaml": "pyyaml", "boto3": "boto3", "mcp": "mcp"}
 print(" ".join(sorted({pkg for mod, pkg in wanted.items() if importlib.util.find_spec(mod) is None})))
 PY
 )

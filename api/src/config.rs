@@ -48,6 +48,9 @@ pub struct ClusterConfig {
     /// `x-sump`: unread results are data) after the namespace is gone; empty ones go at once.
     #[serde(default = "default_end_queue_retention")]
     pub end_queue_retention: crate::duration::DurationSpec,
+    /// Where sidecars report progress and final statuses (the gateway); off when unset.
+    #[serde(default, skip_serializing_if = "GatewayConfig::is_off")]
+    pub gateway: GatewayConfig,
 }
 
 /// The default of [`ClusterConfig::end_queue_retention`]: a week to fetch unread results.
@@ -55,6 +58,24 @@ pub const DEFAULT_END_QUEUE_RETENTION: &str = "168h";
 
 fn default_end_queue_retention() -> crate::duration::DurationSpec {
     crate::duration::DurationSpec::new(DEFAULT_END_QUEUE_RETENTION)
+}
+
+/// The gateway the sidecars report to (`ASYA_GATEWAY_URL`, `ASYA_GATEWAY_TOKEN`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Base URL, e.g. `http://asya-gateway.asya-system.svc:8080`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// A Secret in each actor namespace holding a bearer token the gateway accepts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<SecretKeySelector>,
+}
+
+impl GatewayConfig {
+    pub fn is_off(&self) -> bool {
+        self.url.is_none() && self.token_secret_ref.is_none()
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -293,6 +314,7 @@ impl Default for ClusterConfig {
             policy: Policy::default(),
             service_account: ServiceAccountConfig::default(),
             end_queue_retention: default_end_queue_retention(),
+            gateway: GatewayConfig::default(),
         }
     }
 }

@@ -186,8 +186,8 @@ async fn rabbitmq_concurrent_operations_on_one_connection_never_cross() {
 /// for a delayed retry; the provisioner's delete finds it from the retry policy.
 #[tokio::test]
 async fn rabbitmq_delete_takes_the_sidecars_delay_queues() {
-    use asya_sidecar::transport::Transport;
-    use asya_sidecar::transport::rabbitmq::{RabbitSettings, RabbitTransport};
+    use asya_transport::Transport;
+    use asya_transport::rabbitmq::{RabbitSettings, RabbitTransport};
 
     let url = env("ASYA_TEST_RABBITMQ_URL");
     let q = RabbitQueues::new(url.clone(), "asya");
@@ -215,7 +215,7 @@ async fn rabbitmq_delete_takes_the_sidecars_delay_queues() {
     sidecar.ensure_connected().await;
     // The first retry of the default policy waits 2 s.
     sidecar
-        .send(&[asya_sidecar::transport::Outgoing {
+        .send(&[asya_transport::Outgoing {
             queue: s.name.clone(),
             body: b"{}".to_vec(),
             delay: Some(Duration::from_secs(2)),

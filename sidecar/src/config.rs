@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::resiliency::{Plan, parse_duration};
+use crate::gateway::GatewayConfig;
 use crate::routing::HandlerMode;
+use asya_transport::resiliency::{Plan, parse_duration};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TransportConfig {
@@ -45,6 +46,8 @@ pub struct Config {
     pub max_redeliveries: u32,
     pub shutdown_timeout: Duration,
     pub log_json: bool,
+    /// Where to report progress and final statuses (`ASYA_GATEWAY_URL`); off when unset.
+    pub gateway: Option<GatewayConfig>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -228,7 +231,26 @@ impl Config {
                 ));
             }
         };
+        let gateway = match v.get("ASYA_GATEWAY_URL") {
+            None => None,
+            Some(url) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(err(
+                        "ASYA_GATEWAY_URL",
+                        format!("{url:?} is not an http:// or https:// URL"),
+                    ));
+                }
+                Some(GatewayConfig {
+                    url,
+                    token: v.get("ASYA_GATEWAY_TOKEN"),
+                    timeout: v.duration("ASYA_GATEWAY_TIMEOUT", Duration::from_secs(2))?,
+                    attempts: v.number("ASYA_GATEWAY_ATTEMPTS", 4u32, 1, 10)?,
+                    queue: v.number("ASYA_GATEWAY_QUEUE", 1024usize, 1, 1_000_000)?,
+                })
+            }
+        };
         Ok(Config {
+            gateway,
             is_end_actor: v.boolean("ASYA_IS_END_ACTOR", asya_api::naming::is_end_actor(&actor))?,
             actor,
             namespace,
@@ -287,6 +309,8 @@ mod tests {
             ("ASYA_NAMESPACE", "-x"),
             ("ASYA_RABBITMQ_PREFETCH", "0"),
             ("ASYA_HANDLER_MODE", "both"),
+            ("ASYA_GATEWAY_URL", "gateway:8080"),
+            ("ASYA_GATEWAY_ATTEMPTS", "0"),
         ];
         for (var, value) in cases {
             let mut m = base();

@@ -1,16 +1,15 @@
 //! asya-sidecar: pulls envelopes from an actor's queue, hands them to the Python runtime
-//! over a Unix socket, and routes the results (DESIGN.md §4).
+//! over a Unix socket, and routes the results (DESIGN.md §4). Envelopes, transports and
+//! retry rules are `asya_transport`'s, shared with the provisioner and the gateway.
 
 pub mod config;
-pub mod envelope;
+pub mod gateway;
 pub mod http;
 pub mod metrics;
 pub mod processor;
-pub mod resiliency;
 pub mod routing;
 pub mod runtime_client;
 pub mod service;
-pub mod transport;
 
 /// The runtime the injected init container copies next to the user's code.
 pub const RUNTIME_PY: &str = include_str!("../runtime/asya_runtime.py");

@@ -32,6 +32,13 @@ pub struct ErrorTypeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReportLabel {
+    pub queue: String,
+    pub kind: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DestinationLabel {
     pub queue: String,
     pub destination: String,
@@ -59,6 +66,7 @@ pub struct Metrics {
     reconnects: Family<QueueLabel, Counter>,
     queue_depth: Family<QueueLabel, Gauge>,
     in_flight: Family<QueueLabel, Gauge>,
+    gateway_reports: Family<ReportLabel, Counter>,
 }
 
 impl Metrics {
@@ -80,6 +88,7 @@ impl Metrics {
             reconnects: Family::default(),
             queue_depth: Family::default(),
             in_flight: Family::default(),
+            gateway_reports: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -141,6 +150,11 @@ impl Metrics {
             "messages_in_flight",
             "Messages taken but not yet acknowledged",
             m.in_flight.clone(),
+        );
+        registry.register(
+            "gateway_reports",
+            "Reports to the gateway by kind (progress, child, final) and outcome (sent, dropped_failed, dropped_queue_full)",
+            m.gateway_reports.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -221,6 +235,16 @@ impl Metrics {
         self.queue_depth
             .get_or_create(&self.queue)
             .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn gateway_report(&self, kind: &str, outcome: &str) {
+        self.gateway_reports
+            .get_or_create(&ReportLabel {
+                queue: self.q(),
+                kind: kind.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     pub fn encode(&self) -> String {

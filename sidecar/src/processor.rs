@@ -12,12 +12,13 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::config::Config;
-use crate::envelope::{self, Envelope};
+use crate::gateway::{Report, Reporter};
 use crate::metrics::Metrics;
-use crate::resiliency::{self, Decision, Failure};
 use crate::routing::{self, Answer, Queues};
 use crate::runtime_client::RuntimeClient;
-use crate::transport::{Outgoing, Received, Transport, TransportError};
+use asya_transport::envelope::{self, Envelope};
+use asya_transport::resiliency::{self, Decision, Failure};
+use asya_transport::{Outgoing, Received, Transport, TransportError};
 
 /// What to do with one message once the handler (if any) has run.
 #[derive(Debug)]
@@ -28,6 +29,8 @@ pub struct Disposition {
     /// For `asya_actor_messages_failed_total{reason}` when it went to x-sump.
     pub failure_reason: Option<String>,
     pub id: String,
+    /// Reports to the gateway once the sends are confirmed and the input acknowledged.
+    pub reports: Vec<Report>,
 }
 
 pub struct Processor<T: Transport> {
@@ -42,6 +45,7 @@ pub struct Processor<T: Transport> {
     /// Bounds runtime calls open at once (`ASYA_RUNTIME_PIPELINE`).
     calls: Arc<Semaphore>,
     seq: AtomicU64,
+    reporter: Reporter,
 }
 
 fn now_ms() -> u64 {
@@ -69,6 +73,7 @@ impl<T: Transport> Processor<T> {
         let own_queue = queues.actor(&cfg.actor);
         let calls = Arc::new(Semaphore::new(cfg.runtime_pipeline.max(1)));
         Processor {
+            reporter: Reporter::disabled(metrics.clone()),
             runtime: RuntimeClient::new(cfg.socket_path.clone()),
             cfg,
             transport,
@@ -79,6 +84,12 @@ impl<T: Transport> Processor<T> {
             calls,
             seq: AtomicU64::new(0),
         }
+    }
+
+    /// Reports progress and final statuses to the gateway through `reporter`.
+    pub fn with_reporter(mut self, reporter: Reporter) -> Self {
+        self.reporter = reporter;
+        self
     }
 
     pub fn own_queue(&self) -> &str {
@@ -174,6 +185,9 @@ impl<T: Transport> Processor<T> {
                         self.metrics
                             .finished(status, started.elapsed().as_secs_f64());
                         tracing::debug!(status, "done");
+                        for r in d.reports {
+                            self.reporter.send(r);
+                        }
                     }
                     Err(e) => {
                         // The broker will redeliver: a duplicate, never a loss.
@@ -262,6 +276,11 @@ impl<T: Transport> Processor<T> {
             tracing::warn!(%reason, "to x-sump");
             return self.to_sump(&env, &reason, None, "poison", "poison");
         }
+        if self.reporter.enabled() && !self.cfg.is_end_actor {
+            for phase in ["received", "processing"] {
+                self.reporter.send(self.progress(&env, phase));
+            }
+        }
         let started = Instant::now();
         let call = self
             .runtime
@@ -302,6 +321,7 @@ impl<T: Transport> Processor<T> {
             status,
             failure_reason,
             id,
+            reports: Vec::new(),
         }
     }
 
@@ -331,7 +351,11 @@ impl<T: Transport> Processor<T> {
 
     fn on_results(&self, env: Envelope, items: Vec<serde_json::Value>) -> Disposition {
         if self.cfg.is_end_actor {
-            return self.done(Vec::new(), "success", None, env.id);
+            let mut d = self.done(Vec::new(), "success", None, env.id.clone());
+            if self.reporter.enabled() {
+                d.reports.push(self.final_report(&env));
+            }
+            return d;
         }
         match routing::route_results(&env, items, self.cfg.handler_mode, &self.queues) {
             Ok(routed) => {
@@ -350,12 +374,60 @@ impl<T: Transport> Processor<T> {
                     return self.to_sump(&env, &reason, None, "failed", "too_large");
                 }
                 tracing::debug!(count = out.len(), "routed");
-                self.done(out, "success", None, env.id)
+                let mut d = self.done(out, "success", None, env.id.clone());
+                if self.reporter.enabled() {
+                    d.reports.push(self.progress(&env, "completed"));
+                    for (_, e) in &routed {
+                        if let Some(parent) = &e.parent_id
+                            && e.id != env.id
+                        {
+                            d.reports.push(Report::child(
+                                &e.id,
+                                parent,
+                                &e.route.actors,
+                                e.route.current,
+                            ));
+                        }
+                    }
+                }
+                d
             }
             Err(v) => {
                 tracing::warn!(violation = %v, "handler broke the routing rules");
                 self.to_sump(&env, &v.to_string(), None, "failed", "route_violation")
             }
+        }
+    }
+
+    fn progress(&self, env: &Envelope, phase: &str) -> Report {
+        Report::progress(
+            &env.id,
+            env.parent_id.as_deref(),
+            &self.cfg.actor,
+            phase,
+            env.route.current,
+            env.route.actors.len(),
+        )
+    }
+
+    /// The end actors' report: x-sink → succeeded with the payload, x-sump → failed with
+    /// the reason the envelope carries.
+    fn final_report(&self, env: &Envelope) -> Report {
+        if self.own_queue == self.queues.sump() {
+            let error = env
+                .headers
+                .get(routing::ERROR_HEADER)
+                .cloned()
+                .unwrap_or_else(|| serde_json::json!({"reason": "reached x-sump"}));
+            Report::final_status(&env.id, &self.cfg.actor, false, None, Some(error))
+        } else {
+            Report::final_status(
+                &env.id,
+                &self.cfg.actor,
+                true,
+                Some(env.payload.clone()),
+                None,
+            )
         }
     }
 

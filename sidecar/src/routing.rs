@@ -2,8 +2,8 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::envelope::{Envelope, Malformed, Route};
-use crate::resiliency::Failure;
+use asya_transport::envelope::{Envelope, Malformed, Route};
+use asya_transport::resiliency::Failure;
 
 /// Envelope header with the history of failed attempts (travels to x-sump).
 pub const ATTEMPTS_HEADER: &str = "x-asya-attempts";
@@ -259,7 +259,7 @@ pub fn malformed_to_sump(
     fallback_id: String,
     truncate_at: usize,
 ) -> Envelope {
-    let (id, mut original) = crate::envelope::salvage(body);
+    let (id, mut original) = asya_transport::envelope::salvage(body);
     if let Value::String(s) = &mut original
         && s.len() > truncate_at
     {

@@ -12,9 +12,9 @@ use crate::metrics::Metrics;
 use crate::processor::Processor;
 use crate::routing::Queues;
 use crate::runtime_client::RuntimeClient;
-use crate::transport::Transport;
-use crate::transport::rabbitmq::{RabbitSettings, RabbitTransport};
-use crate::transport::sqs::{SqsSettings, SqsTransport};
+use asya_transport::Transport;
+use asya_transport::rabbitmq::{RabbitSettings, RabbitTransport};
+use asya_transport::sqs::{SqsSettings, SqsTransport};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -25,10 +25,12 @@ pub enum ServiceError {
     #[error("sending to {queue} failed: {source}")]
     Send {
         queue: String,
-        source: crate::transport::TransportError,
+        source: asya_transport::TransportError,
     },
     #[error("reading stdin: {0}")]
     Stdin(#[from] std::io::Error),
+    #[error("ASYA_GATEWAY_URL {url}: cannot set up the HTTP client: {source}")]
+    Gateway { url: String, source: std::io::Error },
     #[error("ASYA_METRICS_ADDR: cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -158,12 +160,23 @@ async fn run_with<T: Transport>(
     health.runtime_up.store(true, Ordering::SeqCst);
     metrics.set_runtime_up(true);
 
-    let processor = Arc::new(Processor::new(
-        cfg.clone(),
-        transport,
-        metrics,
-        max_in_flight,
-    ));
+    let reporter = match &cfg.gateway {
+        Some(g) => {
+            let r =
+                crate::gateway::Reporter::start(g.clone(), metrics.clone()).map_err(|source| {
+                    ServiceError::Gateway {
+                        url: g.url.clone(),
+                        source,
+                    }
+                })?;
+            tracing::info!(url = %g.url, "reporting progress to the gateway");
+            r
+        }
+        None => crate::gateway::Reporter::disabled(metrics.clone()),
+    };
+    let processor = Arc::new(
+        Processor::new(cfg.clone(), transport, metrics, max_in_flight).with_reporter(reporter),
+    );
     tracing::info!(queue = processor.own_queue(), "consuming");
     let mut loop_task = tokio::spawn(processor.run(stop.clone()));
     tokio::select! {
@@ -226,7 +239,7 @@ pub async fn send_lines(queue: &str, input: impl std::io::BufRead) -> Result<usi
             line: i + 1,
             message: e.to_string(),
         })?;
-        bodies.push(crate::transport::Outgoing {
+        bodies.push(asya_transport::Outgoing {
             queue: queue.to_string(),
             body: line.into_bytes(),
             delay: None,

@@ -253,6 +253,12 @@ fn sidecar_container(a: &ActorSettings, cfg: &ClusterConfig) -> Result<Container
         env("ASYA_HANDLER_MODE", a.handler_mode.clone()),
         env("ASYA_METRICS_ADDR", format!("0.0.0.0:{port}")),
     ]);
+    if let Some(url) = &cfg.gateway.url {
+        env_list.push(env("ASYA_GATEWAY_URL", url.clone()));
+        if let Some(s) = &cfg.gateway.token_secret_ref {
+            env_list.push(env_secret("ASYA_GATEWAY_TOKEN", &s.name, &s.key));
+        }
+    }
     let mut env_opt = Some(env_list);
     // Per-actor overrides win over the injected defaults.
     for e in &a.sidecar_env {

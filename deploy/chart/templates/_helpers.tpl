@@ -4,6 +4,7 @@
 {{- end -}}
 {{- define "asya.webhook.name" -}}{{ include "asya.fullname" . }}-webhook{{- end -}}
 {{- define "asya.provisioner.name" -}}{{ include "asya.fullname" . }}-provisioner{{- end -}}
+{{- define "asya.gateway.name" -}}{{ include "asya.fullname" . }}-gateway{{- end -}}
 {{- define "asya.webhook.tlsSecret" -}}{{ include "asya.fullname" . }}-webhook-tls{{- end -}}
 {{- define "asya.webhook.mutating" -}}{{ include "asya.fullname" . }}-webhook{{- end -}}
 {{- define "asya.webhook.validating" -}}{{ include "asya.fullname" . }}-webhook{{- end -}}
@@ -94,6 +95,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $cfg "endQueueRetention" (.Values.endQueueRetention | default "168h") -}}
 {{- if .Values.actorServiceAccount.roleArn -}}
 {{- $_ := set $cfg "serviceAccount" (dict "actorRoleArn" .Values.actorServiceAccount.roleArn) -}}
+{{- end -}}
+{{- if .Values.gateway.enabled -}}
+{{- $gw := dict "url" (printf "http://%s.%s.svc:%v" (include "asya.gateway.name" .) .Release.Namespace .Values.gateway.port) -}}
+{{- with .Values.gateway.auth.sidecarTokenSecretRef -}}
+{{- if .name }}{{ $_ := set $gw "tokenSecretRef" (dict "name" .name "key" .key) }}{{ end -}}
+{{- end -}}
+{{- $_ := set $cfg "gateway" $gw -}}
 {{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}

@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use asya_api::types::Resiliency;
-use asya_sidecar::resiliency::{Plan, backoff_delay};
-use asya_sidecar::transport::rabbitmq::RabbitTransport;
+use asya_transport::rabbitmq::RabbitTransport;
+use asya_transport::resiliency::{Plan, backoff_delay};
 use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -417,7 +417,7 @@ impl QueueOps for RabbitQueues {
             let existed = Self::passive_on(&ch, &spec.name).await?.is_some();
             let ch = if existed { ch } else { self.channel().await? };
             let rejected = |e: lapin::Error| QueueError::Rejected(format!("{}: {e}", spec.name));
-            asya_sidecar::transport::rabbitmq::declare_bound_queue(&ch, &self.exchange, &spec.name)
+            asya_transport::rabbitmq::declare_bound_queue(&ch, &self.exchange, &spec.name)
                 .await
                 .map_err(rejected)?;
             let _ = ch.close(200, "done".into()).await;

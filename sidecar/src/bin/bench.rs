@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use asya_sidecar::runtime_client::RuntimeClient;
-use asya_sidecar::transport::rabbitmq::{RabbitSettings, RabbitTransport};
-use asya_sidecar::transport::sqs::{SqsSettings, SqsTransport};
-use asya_sidecar::transport::{Outgoing, Transport};
+use asya_transport::rabbitmq::{RabbitSettings, RabbitTransport};
+use asya_transport::sqs::{SqsSettings, SqsTransport};
+use asya_transport::{Outgoing, Transport};
 use clap::Parser;
 use serde_json::json;
 

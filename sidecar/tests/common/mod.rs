@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use asya_sidecar::transport::rabbitmq::{RabbitSettings, RabbitTransport};
-use asya_sidecar::transport::sqs::{SqsSettings, SqsTransport};
-use asya_sidecar::transport::{Outgoing, Transport};
+use asya_transport::rabbitmq::{RabbitSettings, RabbitTransport};
+use asya_transport::sqs::{SqsSettings, SqsTransport};
+use asya_transport::{Outgoing, Transport};
 use serde_json::{Value, json};
 
 pub fn root() -> PathBuf {

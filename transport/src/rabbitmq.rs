@@ -23,7 +23,7 @@ use lapin::{
 };
 use tokio::sync::Mutex;
 
-use super::{Outgoing, Received, Transport, TransportError};
+use crate::{Outgoing, Received, Transport, TransportError};
 
 /// AMQP header where the sidecar counts unfinished deliveries of a message (classic queues
 /// only say "redelivered", not how often).
@@ -553,9 +553,14 @@ impl Transport for RabbitTransport {
 }
 
 impl RabbitTransport {
-    /// Connects now (with retries) instead of on the first receive; for publish-only use.
+    /// Connects now (with retries) instead of on the first receive, and replaces a lost
+    /// connection; for publish-only use (a consumer reconnects in `receive`).
     pub async fn ensure_connected(&self) {
-        if self.link.lock().await.is_none() {
+        let alive = self.current_link().await.is_ok();
+        if !alive {
+            if self.link.lock().await.is_some() {
+                self.drop_link().await;
+            }
             self.reconnect().await;
         }
     }

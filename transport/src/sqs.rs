@@ -9,7 +9,7 @@ use std::time::Duration;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 
-use super::{Outgoing, Received, Transport, TransportError};
+use crate::{Outgoing, Received, Transport, TransportError};
 
 /// SQS refuses a larger DelaySeconds.
 const MAX_DELAY_SECS: u64 = 900;

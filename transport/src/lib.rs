@@ -1,9 +1,16 @@
-//! One interface over the brokers. Implementations: [`rabbitmq`] and [`sqs`].
+//! asya-transport: what the sidecar, the queue provisioner and the gateway share on the
+//! wire (DESIGN.md §4), so no part imports another part's crate: the envelope, the brokers
+//! behind one interface ([`Transport`]: [`rabbitmq`] with publisher confirms, [`sqs`]), the
+//! RabbitMQ topology rule ([`rabbitmq::declare_bound_queue`]), the delay-queue naming
+//! ([`rabbitmq::RabbitTransport::delay_queue`]) and the retry/backoff rules ([`resiliency`]).
+//! Queue names of actors and end queues are `asya_api::naming`'s.
 
 use std::future::Future;
 use std::time::Duration;
 
+pub mod envelope;
 pub mod rabbitmq;
+pub mod resiliency;
 pub mod sqs;
 
 /// A message taken from the actor's queue, not yet acknowledged.

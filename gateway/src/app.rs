@@ -1,0 +1,191 @@
+//! What REST and MCP share: the tools, the store, the senders, and starting a call.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use asya_transport::envelope::{Envelope, Route};
+use serde_json::{Map, Value, json};
+use tracing::Instrument;
+
+use crate::metrics::Metrics;
+use crate::send::{SendError, Senders};
+use crate::store::{Record, Status, Store, StoreError, now_ms};
+use crate::tools::{ArgError, Tool, Tools};
+
+/// Header with the name of the tool that created the envelope.
+pub const TOOL_HEADER: &str = "x-asya-tool";
+
+/// Seconds a call waits for the final status unless the tool says otherwise.
+pub const DEFAULT_TIMEOUT: u64 = 300;
+
+pub struct App {
+    tools: RwLock<Arc<Tools>>,
+    pub store: Store,
+    pub senders: Senders,
+    pub namespace: String,
+    pub metrics: Metrics,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("unknown tool {name:?} (tools: {known})")]
+    UnknownTool { name: String, known: String },
+    #[error("invalid arguments for tool {tool:?}: {}", .errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Arguments { tool: String, errors: Vec<ArgError> },
+    #[error(transparent)]
+    Storage(#[from] StoreError),
+    #[error("envelope {id} could not be sent: {source}")]
+    Send { id: String, source: SendError },
+}
+
+/// A started call: the tool and the stored envelope.
+pub struct Started {
+    pub tool: Tool,
+    pub record: Record,
+}
+
+impl App {
+    pub fn new(tools: Tools, store: Store, senders: Senders, namespace: String) -> App {
+        App {
+            tools: RwLock::new(Arc::new(tools)),
+            store,
+            senders,
+            namespace,
+            metrics: Metrics::new(),
+        }
+    }
+
+    pub fn tools(&self) -> Arc<Tools> {
+        self.tools
+            .read()
+            .map(|t| t.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    pub fn set_tools(&self, tools: Tools) {
+        match self.tools.write() {
+            Ok(mut t) => *t = Arc::new(tools),
+            Err(p) => *p.into_inner() = Arc::new(tools),
+        }
+    }
+
+    /// Validates, stores (pending), then sends to the first actor's queue. The envelope is
+    /// stored before it is sent, so no report can arrive for an unknown id; a send that fails
+    /// marks it failed and the caller gets the error (nothing accepted and lost).
+    pub async fn start_call(&self, name: &str, args: Option<&Value>) -> Result<Started, CallError> {
+        let tools = self.tools();
+        let Some(tool) = tools.get(name).cloned() else {
+            self.metrics.call(name, "unknown_tool");
+            return Err(CallError::UnknownTool {
+                name: name.to_string(),
+                known: tools.tools.keys().cloned().collect::<Vec<_>>().join(", "),
+            });
+        };
+        let payload = match tool.check_arguments(args) {
+            Ok(p) => p,
+            Err(errors) => {
+                self.metrics.call(name, "invalid_arguments");
+                return Err(CallError::Arguments {
+                    tool: name.to_string(),
+                    errors,
+                });
+            }
+        };
+        let id = uuid::Uuid::new_v4().to_string();
+        let span = tracing::info_span!("envelope", id = %id, tool = %name);
+        self.start(tool, id, payload).instrument(span).await
+    }
+
+    async fn start(
+        &self,
+        tool: Tool,
+        id: String,
+        payload: Map<String, Value>,
+    ) -> Result<Started, CallError> {
+        let now = now_ms();
+        let record = Record {
+            id: id.clone(),
+            parent_id: None,
+            tool: Some(tool.name.clone()),
+            status: Status::Pending,
+            progress: 0.0,
+            actor: tool.route.first().cloned(),
+            route: tool.route.clone(),
+            result: None,
+            error: None,
+            created_ms: now,
+            updated_ms: now,
+        };
+        if let Err(e) = self.store.create(&record).await {
+            self.metrics.call(&tool.name, "unavailable");
+            tracing::warn!(error = %e, "cannot store the envelope; refusing the call");
+            return Err(e.into());
+        }
+        let mut headers = Map::new();
+        headers.insert("trace_id".into(), json!(uuid::Uuid::new_v4().to_string()));
+        headers.insert(TOOL_HEADER.into(), json!(tool.name));
+        let env = Envelope {
+            id: id.clone(),
+            parent_id: None,
+            route: Route {
+                actors: tool.route.clone(),
+                current: 0,
+                extra: Map::new(),
+            },
+            headers,
+            payload: Value::Object(payload),
+            extra: Map::new(),
+        };
+        let ns = tool.namespace.as_deref().unwrap_or(&self.namespace);
+        let queue = asya_api::naming::actor_queue(ns, &tool.route[0]);
+        let body = serde_json::to_vec(&env).unwrap_or_default();
+        if let Err(source) = self
+            .senders
+            .send(tool.transport.as_deref(), &queue, body)
+            .await
+        {
+            self.metrics.call(&tool.name, "unavailable");
+            tracing::warn!(error = %source, %queue, "send failed; the envelope is marked failed");
+            let error =
+                json!({"reason": "send failed", "message": source.to_string(), "queue": queue});
+            if let Err(e) = self
+                .store
+                .finish(&id, Status::Failed, None, None, Some(error))
+                .await
+            {
+                tracing::warn!(error = %e, "could not record the failed send");
+            }
+            return Err(CallError::Send { id, source });
+        }
+        self.metrics.call(&tool.name, "accepted");
+        tracing::info!(%queue, "envelope sent");
+        Ok(Started { tool, record })
+    }
+
+    /// How long a call of `tool` waits for the final status.
+    pub fn wait_for(tool: &Tool) -> Duration {
+        Duration::from_secs(tool.timeout.unwrap_or(DEFAULT_TIMEOUT))
+    }
+
+    /// Records a final status reported for `id` and observes the time to it.
+    pub async fn finish(
+        &self,
+        id: &str,
+        status: Status,
+        actor: Option<&str>,
+        result: Option<Value>,
+        error: Option<Value>,
+    ) -> Result<Option<Record>, StoreError> {
+        let before = self.store.get(id).await?;
+        let r = self.store.finish(id, status, actor, result, error).await?;
+        if let (Some(b), Some(r)) = (&before, &r)
+            && !b.status.is_final()
+            && r.status.is_final()
+        {
+            let secs = (r.updated_ms - r.created_ms).max(0) as f64 / 1000.0;
+            self.metrics
+                .finished(r.tool.as_deref().unwrap_or(""), r.status.as_str(), secs);
+        }
+        Ok(r)
+    }
+}

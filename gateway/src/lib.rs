@@ -1,0 +1,12 @@
+//! asya-gateway: actor pipelines as MCP tools (Streamable HTTP at `/mcp`) and REST (the
+//! original gateway's paths), envelope status in PostgreSQL, fed by the sidecars' reports.
+
+pub mod app;
+pub mod http;
+pub mod mcp;
+pub mod metrics;
+pub mod pg;
+pub mod send;
+pub mod serve;
+pub mod store;
+pub mod tools;

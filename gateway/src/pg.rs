@@ -1,0 +1,305 @@
+//! PostgreSQL storage through tokio-postgres. Migrations are embedded and applied at start
+//! under an advisory lock (several gateway replicas may start at once). One connection,
+//! re-established on demand; every statement has a deadline, so a hung database answers 503
+//! instead of hanging the caller.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
+use tokio::time::timeout;
+use tokio_postgres::{Client, NoTls, Row};
+
+use crate::store::{Event, Progress, Record, Status, StoreError};
+
+/// (version, SQL), applied in order, each once.
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_envelopes.sql"))];
+
+const DEADLINE: Duration = Duration::from_secs(5);
+
+pub struct Postgres {
+    url: String,
+    client: Mutex<Option<Arc<Client>>>,
+}
+
+fn down(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+const COLUMNS: &str = "id, parent_id, tool, status, progress, actor, route, result, error, \
+     (extract(epoch from created_at) * 1000)::bigint, (extract(epoch from updated_at) * 1000)::bigint";
+
+fn record(row: &Row) -> Result<Record, StoreError> {
+    let status: String = row.try_get(3).map_err(down)?;
+    let route: Value = row.try_get(6).map_err(down)?;
+    Ok(Record {
+        id: row.try_get(0).map_err(down)?,
+        parent_id: row.try_get(1).map_err(down)?,
+        tool: row.try_get(2).map_err(down)?,
+        status: Status::parse(&status)
+            .ok_or_else(|| StoreError::Rejected(format!("unknown status {status:?} stored")))?,
+        progress: row.try_get(4).map_err(down)?,
+        actor: row.try_get(5).map_err(down)?,
+        route: serde_json::from_value(route).unwrap_or_default(),
+        result: row.try_get(7).map_err(down)?,
+        error: row.try_get(8).map_err(down)?,
+        created_ms: row.try_get(9).map_err(down)?,
+        updated_ms: row.try_get(10).map_err(down)?,
+    })
+}
+
+impl Postgres {
+    /// Connects and applies the migrations; fails when the database cannot be reached.
+    pub async fn connect(url: &str) -> Result<Postgres, StoreError> {
+        let pg = Postgres {
+            url: url.to_string(),
+            client: Mutex::new(None),
+        };
+        pg.migrate().await?;
+        Ok(pg)
+    }
+
+    async fn open(&self) -> Result<Client, StoreError> {
+        let (client, connection) =
+            tokio::time::timeout(DEADLINE, tokio_postgres::connect(&self.url, NoTls))
+                .await
+                .map_err(|_| down("connect timed out"))?
+                .map_err(down)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(error = %e, "PostgreSQL connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// A live connection (shared: tokio-postgres pipelines concurrent statements).
+    async fn client(&self) -> Result<Arc<Client>, StoreError> {
+        let mut guard = self.client.lock().await;
+        if let Some(c) = guard.as_ref()
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(self.open().await?);
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    /// The outcome of one statement run under the deadline; a connection that failed or
+    /// hung is dropped so the next statement reconnects.
+    async fn done<T>(
+        &self,
+        r: Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, StoreError> {
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if e.as_db_error().is_some() && !e.is_closed() => {
+                Err(StoreError::Rejected(e.to_string()))
+            }
+            Ok(Err(e)) => {
+                *self.client.lock().await = None;
+                Err(down(e))
+            }
+            Err(_) => {
+                *self.client.lock().await = None;
+                Err(down("statement timed out"))
+            }
+        }
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut client = self.open().await?;
+        let tx = client.transaction().await.map_err(down)?;
+        // Serialises concurrent starts; released at commit.
+        tx.execute("SELECT pg_advisory_xact_lock(8127364519)", &[])
+            .await
+            .map_err(down)?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS asya_gateway_migrations (
+                 version integer PRIMARY KEY,
+                 applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .map_err(down)?;
+        for (version, sql) in MIGRATIONS {
+            let done = tx
+                .query_opt(
+                    "SELECT 1 FROM asya_gateway_migrations WHERE version = $1",
+                    &[version],
+                )
+                .await
+                .map_err(down)?
+                .is_some();
+            if done {
+                continue;
+            }
+            tx.batch_execute(sql)
+                .await
+                .map_err(|e| StoreError::Rejected(format!("migration {version}: {e}")))?;
+            tx.execute(
+                "INSERT INTO asya_gateway_migrations (version) VALUES ($1)",
+                &[version],
+            )
+            .await
+            .map_err(down)?;
+            tracing::info!(version, "applied database migration");
+        }
+        tx.commit().await.map_err(down)?;
+        *self.client.lock().await = Some(Arc::new(client));
+        Ok(())
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        let r = timeout(DEADLINE, c.simple_query("SELECT 1")).await;
+        self.done(r).await.map(|_| ())
+    }
+
+    pub async fn create(&self, r: &Record) -> Result<Record, StoreError> {
+        let route = serde_json::to_value(&r.route).unwrap_or(Value::Null);
+        let sql = format!(
+            "INSERT INTO envelopes (id, parent_id, tool, status, progress, actor, route, result, error)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             ON CONFLICT (id) DO UPDATE SET id = EXCLUDED.id
+             RETURNING {COLUMNS}"
+        );
+        let status = r.status.as_str();
+        let c = self.client().await?;
+        let r = timeout(
+            DEADLINE,
+            c.query_one(
+                &sql,
+                &[
+                    &r.id,
+                    &r.parent_id,
+                    &r.tool,
+                    &status,
+                    &r.progress,
+                    &r.actor,
+                    &route,
+                    &r.result,
+                    &r.error,
+                ],
+            ),
+        )
+        .await;
+        let row = self.done(r).await?;
+        record(&row)
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM envelopes WHERE id = $1");
+        let c = self.client().await?;
+        let r = timeout(DEADLINE, c.query_opt(&sql, &[&id])).await;
+        let row = self.done(r).await?;
+        row.as_ref().map(record).transpose()
+    }
+
+    pub async fn children(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let c = self.client().await?;
+        let r = timeout(
+            DEADLINE,
+            c.query(
+                "SELECT id FROM envelopes WHERE parent_id = $1 ORDER BY id",
+                &[&id],
+            ),
+        )
+        .await;
+        let rows = self.done(r).await?;
+        rows.iter().map(|r| r.try_get(0).map_err(down)).collect()
+    }
+
+    pub async fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
+        let c = self.client().await?;
+        let r = timeout(
+            DEADLINE,
+            c.query(
+                "SELECT actor, phase, progress, message, (extract(epoch from at) * 1000)::bigint
+                 FROM envelope_events WHERE envelope_id = $1 ORDER BY seq",
+                &[&id],
+            ),
+        )
+        .await;
+        let rows = self.done(r).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Event {
+                    actor: r.try_get(0).map_err(down)?,
+                    phase: r.try_get(1).map_err(down)?,
+                    progress: r.try_get(2).map_err(down)?,
+                    message: r.try_get(3).map_err(down)?,
+                    at_ms: r.try_get(4).map_err(down)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Progress never goes back and never changes a final status.
+    pub async fn progress(
+        &self,
+        id: &str,
+        p: &Progress,
+        event: &Event,
+    ) -> Result<Option<Record>, StoreError> {
+        let sql = format!(
+            "WITH upd AS (
+               UPDATE envelopes SET
+                 status = CASE WHEN status IN ('succeeded', 'failed') THEN status ELSE 'running' END,
+                 actor = CASE WHEN status IN ('succeeded', 'failed') THEN actor ELSE $2 END,
+                 progress = CASE WHEN status IN ('succeeded', 'failed') THEN progress ELSE GREATEST(progress, $3) END,
+                 updated_at = now()
+               WHERE id = $1 RETURNING {COLUMNS}
+             ), ev AS (
+               INSERT INTO envelope_events (envelope_id, actor, phase, progress, message)
+               SELECT $1, $2, $4, $3, $5 FROM upd
+             )
+             SELECT * FROM upd"
+        );
+        let percent = event.progress;
+        let c = self.client().await?;
+        let r = timeout(
+            DEADLINE,
+            c.query_opt(&sql, &[&id, &p.actor, &percent, &p.phase, &p.message]),
+        )
+        .await;
+        let row = self.done(r).await?;
+        row.as_ref().map(record).transpose()
+    }
+
+    /// Returns the record and whether this call set the final status.
+    pub async fn finish(
+        &self,
+        id: &str,
+        status: Status,
+        actor: Option<&str>,
+        result: Option<&Value>,
+        error: Option<&Value>,
+    ) -> Result<Option<(Record, bool)>, StoreError> {
+        let sql = format!(
+            "WITH upd AS (
+               UPDATE envelopes SET status = $2, progress = 100, actor = COALESCE($3, actor),
+                 result = $4, error = $5, updated_at = now()
+               WHERE id = $1 AND status NOT IN ('succeeded', 'failed') RETURNING {COLUMNS}
+             ), ev AS (
+               INSERT INTO envelope_events (envelope_id, actor, phase, progress)
+               SELECT $1, $3, $2, 100 FROM upd
+             )
+             SELECT * FROM upd"
+        );
+        let st = status.as_str();
+        let c = self.client().await?;
+        let r = timeout(
+            DEADLINE,
+            c.query_opt(&sql, &[&id, &st, &actor, &result, &error]),
+        )
+        .await;
+        let row = self.done(r).await?;
+        match row {
+            Some(r) => Ok(Some((record(&r)?, true))),
+            None => Ok(self.get(id).await?.map(|r| (r, false))),
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Sends new envelopes to the first actor's queue through the shared transports (the same
+//! publisher confirms and queue naming as the sidecar). A send that is not confirmed within
+//! the deadline is an error the caller reports; nothing is accepted and then lost.
+
+use std::time::Duration;
+
+use asya_transport::rabbitmq::{RabbitSettings, RabbitTransport};
+use asya_transport::sqs::{SqsSettings, SqsTransport};
+use asya_transport::{Outgoing, Transport, TransportError};
+
+/// Transport settings the gateway was started with.
+#[derive(Debug, Clone, Default)]
+pub struct SendConfig {
+    pub default_transport: String,
+    pub rabbitmq_url: Option<String>,
+    pub exchange: String,
+    pub sqs_region: Option<String>,
+    pub sqs_endpoint: Option<String>,
+    pub deadline: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("transport {0:?} is not configured for this gateway")]
+    NotConfigured(String),
+    #[error("sending to {queue} was not confirmed within {deadline:?}")]
+    Timeout { queue: String, deadline: Duration },
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+impl SendError {
+    /// The destination itself is wrong (missing queue, too large): not worth retrying.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            SendError::NotConfigured(_) => true,
+            SendError::Timeout { .. } => false,
+            SendError::Transport(e) => e.is_permanent(),
+        }
+    }
+}
+
+pub struct Senders {
+    default: String,
+    rabbit: Option<RabbitTransport>,
+    sqs: Option<SqsTransport>,
+    deadline: Duration,
+}
+
+impl Senders {
+    pub async fn new(c: &SendConfig) -> Senders {
+        let rabbit = c.rabbitmq_url.as_ref().map(|url| {
+            RabbitTransport::new(
+                RabbitSettings {
+                    url: url.clone(),
+                    exchange: c.exchange.clone(),
+                    queue: "asya-gateway".into(),
+                    prefetch: 1,
+                    auto_create: false,
+                    max_redeliveries: 0,
+                    publish_only: true,
+                },
+                Box::new(|| {}),
+            )
+        });
+        let sqs = match &c.sqs_region {
+            Some(region) => Some(
+                SqsTransport::new(SqsSettings {
+                    region: region.clone(),
+                    endpoint: c.sqs_endpoint.clone(),
+                    queue: "asya-gateway".into(),
+                    wait_seconds: 0,
+                    visibility_timeout: Duration::from_secs(30),
+                    auto_create: false,
+                    max_message_bytes: 1_048_576,
+                })
+                .await,
+            ),
+            None => None,
+        };
+        Senders {
+            default: c.default_transport.clone(),
+            rabbit,
+            sqs,
+            deadline: c.deadline,
+        }
+    }
+
+    pub fn default_transport(&self) -> &str {
+        &self.default
+    }
+
+    /// Which transports are configured (for `/health`).
+    pub fn configured(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.rabbit.is_some() {
+            v.push("rabbitmq");
+        }
+        if self.sqs.is_some() {
+            v.push("sqs");
+        }
+        v
+    }
+
+    /// Sends one envelope body to `queue`, confirmed, within the deadline.
+    pub async fn send(
+        &self,
+        transport: Option<&str>,
+        queue: &str,
+        body: Vec<u8>,
+    ) -> Result<(), SendError> {
+        let name = transport.unwrap_or(&self.default);
+        let out = [Outgoing {
+            queue: queue.to_string(),
+            body,
+            delay: None,
+        }];
+        let work = async {
+            match name {
+                "rabbitmq" => {
+                    let t = self
+                        .rabbit
+                        .as_ref()
+                        .ok_or_else(|| SendError::NotConfigured(name.into()))?;
+                    t.ensure_connected().await;
+                    Ok(t.send(&out).await?)
+                }
+                "sqs" => {
+                    let t = self
+                        .sqs
+                        .as_ref()
+                        .ok_or_else(|| SendError::NotConfigured(name.into()))?;
+                    Ok(t.send(&out).await?)
+                }
+                other => Err(SendError::NotConfigured(other.into())),
+            }
+        };
+        tokio::time::timeout(self.deadline, work)
+            .await
+            .map_err(|_| SendError::Timeout {
+                queue: queue.to_string(),
+                deadline: self.deadline,
+            })?
+    }
+}
