@@ -464,7 +464,7 @@ def define_images(bin_dir: Path, cache: Path, only: set[str], keda_dir: Path | N
         app = Layer()
         app.file("opt/asya/asya_runtime.py", runtime_py, mode=0o755)
         for f in sorted((ROOT / "deploy/examples/handlers").glob("*.py")):
-            app.file(f"opt/asya/examples/{f.name}", f.read_bytes())
+            app.file(f"app/{f.name}", f.read_bytes())
         desc = "Asya example handlers on Python 3 (Debian), with the Asya runtime"
         labels = base_labels("asya-examples", desc, version, revision, created)
         labels["sh.asya.base.debian-suite"] = DEBIAN_SUITE
@@ -473,9 +473,11 @@ def define_images(bin_dir: Path, cache: Path, only: set[str], keda_dir: Path | N
             entrypoint=["python3", "/opt/asya/asya_runtime.py"],
             layers=[(base, f"base: Debian {DEBIAN_SUITE} with {', '.join(PYTHON_PACKAGES)}"),
                     (app.tar_bytes(epoch), "runtime and example handlers")],
-            env=["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONPATH=/opt/asya/examples",
+            # The handlers under /app, not /opt/asya: the injected pod mounts the runtime's
+            # emptyDir over /opt/asya, which would hide them.
+            env=["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONPATH=/app",
                  "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "HOME=/tmp"],
-            labels=labels,
+            labels=labels, workdir="/app",
         ))
     if "asya-pause" in only:
         images.append(pause_image(version, revision, created, epoch))
