@@ -96,6 +96,11 @@ def test_images_default_to_the_release_and_follow_the_registry_switch():
                     "--set", "sidecar.image=other.example.com/sidecar:9")
     assert own["asya-webhook"] == "mirror.example.com/asya/asya-webhook:1.2.3"
     assert own["sidecar"] == "other.example.com/sidecar:9"
+    # The gateway and the crew's end actors follow the switch too.
+    text = helm("template", "asya", CHART, "-n", "asya-system", "--set", "global.imageRegistry=mirror.example.com/asya",
+                "--set", "gateway.enabled=true", "--set", "crew.happy-end.enabled=true").stdout
+    assert f"image: mirror.example.com/asya/asya-gateway:{version}" in text
+    assert f"image: mirror.example.com/asya/asya-crew:{version}" in text
     # The chart's default agrees with the platform's built-in default (api DEFAULT_SIDECAR_IMAGE).
     cargo = (ROOT / "Cargo.toml").read_text()
     assert f'version = "{version}"' in cargo, "Chart appVersion and the workspace version differ"
