@@ -310,7 +310,6 @@ mod tests {
             ("ASYA_RABBITMQ_PREFETCH", "0"),
             ("ASYA_HANDLER_MODE", "both"),
             ("ASYA_GATEWAY_URL", "gateway:8080"),
-            ("ASYA_GATEWAY_ATTEMPTS", "0"),
         ];
         for (var, value) in cases {
             let mut m = base();
@@ -318,6 +317,14 @@ mod tests {
             let e = Config::from_map(&m).unwrap_err();
             assert_eq!(e.var, *var, "{e}");
         }
+        // The gateway's settings count only with its URL.
+        let mut m = base();
+        m.insert("ASYA_GATEWAY_URL", "http://gateway:8080");
+        m.insert("ASYA_GATEWAY_ATTEMPTS", "0");
+        assert_eq!(
+            Config::from_map(&m).unwrap_err().var,
+            "ASYA_GATEWAY_ATTEMPTS"
+        );
         let mut m = base();
         m.remove("ASYA_RABBITMQ_URL");
         assert_eq!(Config::from_map(&m).unwrap_err().var, "ASYA_RABBITMQ_URL");
