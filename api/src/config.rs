@@ -415,6 +415,14 @@ impl ClusterConfig {
     }
 }
 
+impl TransportSettings {
+    /// Whether AMQP uses TLS: the explicit `tls`, else on exactly for AMQPS's port 5671
+    /// (the one rule the webhook, the provisioner and the gateway share).
+    pub fn rabbitmq_tls(&self) -> bool {
+        self.tls.unwrap_or(self.port == Some(AMQPS_PORT))
+    }
+}
+
 impl Transport {
     pub fn is_sqs(&self) -> bool {
         self.kind == TRANSPORT_SQS

@@ -503,7 +503,7 @@ pub(crate) mod tests {
         );
         assert_eq!(
             env_of(sc, "ASYA_RABBITMQ_URL").unwrap().value.as_deref(),
-            Some("amqps://guest:$(ASYA_RABBITMQ_PASSWORD)@rabbitmq:5672/%2F")
+            Some("amqp://guest:$(ASYA_RABBITMQ_PASSWORD)@rabbitmq:5672/%2F")
         );
         // The password var must come before the URL that references it.
         let names: Vec<_> = sc

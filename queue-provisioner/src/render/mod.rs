@@ -59,9 +59,7 @@ pub(crate) fn encode(s: &str) -> String {
 /// The broker host and whether it is reached over TLS (on by default but for loopback).
 fn rabbit_host(c: &TransportSettings) -> (String, bool) {
     let host = c.host.clone().unwrap_or_else(|| "localhost".into());
-    let loopback = host == "localhost" || host.starts_with("127.") || host == "::1";
-    let tls = c.tls.unwrap_or(!loopback);
-    (host, tls)
+    (host, c.rabbitmq_tls())
 }
 
 /// The management API's base URL when `managementPort` is configured (HTTPS when AMQP uses TLS).
@@ -72,8 +70,8 @@ pub fn management_url(c: &TransportSettings) -> Option<String> {
     Some(format!("{scheme}://{host}:{port}"))
 }
 
-/// The AMQP URL of a RabbitMQ transport. TLS is on by default except on loopback, as the
-/// webhook renders it for the sidecar.
+/// The AMQP URL of a RabbitMQ transport, with TLS by `TransportSettings::rabbitmq_tls`, as
+/// the webhook renders it for the sidecar.
 pub fn amqp_url(c: &TransportSettings, password: Option<&str>) -> String {
     let (host, tls) = rabbit_host(c);
     let scheme = if tls { "amqps" } else { "amqp" };

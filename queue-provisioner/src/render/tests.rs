@@ -265,7 +265,7 @@ fn rabbitmq_secrets_and_url() {
     let t = &cfg.transports["rabbitmq"];
     assert_eq!(
         amqp_url(&t.config, Some("p@ss")),
-        "amqps://guest:p%40ss@rabbitmq:5672/%2F"
+        "amqp://guest:p%40ss@rabbitmq:5672/%2F"
     );
     let mut local = t.config.clone();
     local.host = Some("127.0.0.1".into());
