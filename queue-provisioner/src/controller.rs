@@ -219,9 +219,17 @@ where
         return Ok(());
     };
     let v = serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
-    let Some(replicas) = v.pointer("/spec/replicas").cloned() else {
+    let Some(replicas) = v.pointer("/spec/replicas").and_then(|r| r.as_i64()) else {
         return Ok(());
     };
+    claim_replicas::<K>(api, name, replicas as i32).await
+}
+
+/// The handoff manager takes `spec.replicas` at `replicas`.
+async fn claim_replicas<K>(api: &Api<K>, name: &str, replicas: i32) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
     let body = json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()),
                       "metadata": {"name": name}, "spec": {"replicas": replicas}});
     api.patch(
@@ -270,8 +278,25 @@ async fn apply_changed<K>(
     api: &Api<K>,
     kind: &str,
     ns: &str,
+    desired: K,
+    live: Live,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    apply_changed_with(ctx, api, kind, ns, desired, live, |_| ()).await
+}
+
+/// [`apply_changed`], with `finish` applied to what is sent after the hash is taken: a field
+/// set only when creating, which later applies then leave out without it counting as a change.
+async fn apply_changed_with<K>(
+    ctx: &Ctx,
+    api: &Api<K>,
+    kind: &str,
+    ns: &str,
     mut desired: K,
     live: Live,
+    finish: impl FnOnce(&mut K),
 ) -> Result<Option<K>, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
@@ -295,6 +320,7 @@ where
             return Ok(None);
         }
         ApplyDecision::Apply => {
+            finish(&mut desired);
             desired
                 .meta_mut()
                 .annotations
@@ -315,23 +341,58 @@ where
     Ok(Some(generation.1))
 }
 
+/// How the reconcile reads and writes one workload kind.
+struct WorkloadKind<K> {
+    kind: &'static str,
+    /// (spec.replicas, readyReplicas).
+    counts: fn(&K) -> (Option<i32>, Option<i32>),
+    set_replicas: fn(&mut K, i32),
+}
+
+const DEPLOYMENT: WorkloadKind<Deployment> = WorkloadKind {
+    kind: "Deployment",
+    counts: work::deployment_counts,
+    set_replicas: |d, n| d.spec.get_or_insert_default().replicas = Some(n),
+};
+
+const STATEFUL_SET: WorkloadKind<StatefulSet> = WorkloadKind {
+    kind: "StatefulSet",
+    counts: work::stateful_set_counts,
+    set_replicas: |s, n| s.spec.get_or_insert_default().replicas = Some(n),
+};
+
 /// Applies a workload (when it changed) and returns (spec.replicas, readyReplicas): from the
-/// apply's answer, or the cache when the apply was skipped.
+/// apply's answer, or the cache when the apply was skipped. A KEDA-scaled workload is created
+/// at its minimum ([`work::initial_replicas`]), and the count handed to the handoff manager at
+/// once, so our later applies (which leave replicas to the HPA) do not reset it.
 async fn apply_workload<K>(
     ctx: &Ctx,
     api: &Api<K>,
-    kind: &str,
+    wk: &WorkloadKind<K>,
     ns: &str,
     desired: K,
     store: &Store<K>,
-    counts: fn(&K) -> (Option<i32>, Option<i32>),
+    scaling: (bool, Option<i32>),
 ) -> Result<(Option<i32>, i32), kube::Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
     let name = desired.meta().name.clone().unwrap_or_default();
     let live = live_in(store, ns, &name);
-    let (replicas, ready) = match apply_changed(ctx, api, kind, ns, desired, live).await? {
+    let applied_before = lock(&ctx.applied).contains_key(&object_key(wk.kind, ns, &name));
+    let initial = work::initial_replicas(scaling.0, scaling.1, &live, applied_before);
+    let set = wk.set_replicas;
+    let finish = |k: &mut K| {
+        if let Some(n) = initial {
+            set(k, n)
+        }
+    };
+    let sent = apply_changed_with(ctx, api, wk.kind, ns, desired, live, finish).await?;
+    if let (Some(n), Some(_)) = (initial, &sent) {
+        claim_replicas::<K>(api, &name, n).await?;
+    }
+    let counts = wk.counts;
+    let (replicas, ready) = match sent {
         Some(sent) => counts(&sent),
         None => store
             .get(&ObjectRef::new(&name).within(ns))
@@ -879,21 +940,21 @@ async fn apply_objects(
             hand_replicas_over(&deps, &name).await?;
         }
     }
+    let scaling = (o.scaling_enabled, o.min_replicas);
     let res = if r.workload_kind() == "StatefulSet" {
         if before.as_deref() == Some("Deployment") {
             delete_ignore_missing(&deps, &name).await?;
             forget_applied(ctx, "Deployment", ns, &name);
         }
         let desired = workload::stateful_set(r, labels, owner, &ctx.config);
-        let counts = work::stateful_set_counts;
         apply_workload(
             ctx,
             &sts,
-            "StatefulSet",
+            &STATEFUL_SET,
             ns,
             desired,
             &ctx.stateful_sets,
-            counts,
+            scaling,
         )
         .await
     } else {
@@ -902,15 +963,14 @@ async fn apply_objects(
             forget_applied(ctx, "StatefulSet", ns, &name);
         }
         let desired = workload::deployment(r, labels, owner, &ctx.config);
-        let counts = work::deployment_counts;
         apply_workload(
             ctx,
             &deps,
-            "Deployment",
+            &DEPLOYMENT,
             ns,
             desired,
             &ctx.deployments,
-            counts,
+            scaling,
         )
         .await
     };

@@ -138,6 +138,21 @@ pub enum ApplyDecision {
     },
 }
 
+/// The replicas to create a KEDA-scaled workload with: its `minReplicaCount`, so an actor
+/// that scales from zero starts with no pod rather than the Deployment default of one that
+/// KEDA then takes away (with images to pull, and at a thousand actors a thousand pods).
+/// Only for a creation: the object is absent from the cache and never applied by this
+/// process (a stale cache after our own create must not reset what the HPA set since).
+pub fn initial_replicas(
+    scaling_enabled: bool,
+    min_replicas: Option<i32>,
+    live: &Live,
+    applied_before: bool,
+) -> Option<i32> {
+    (scaling_enabled && matches!(live, Live::Missing) && !applied_before)
+        .then(|| min_replicas.unwrap_or(0))
+}
+
 /// Whether to apply: never applied (and the live object does not carry the hash), something
 /// else to send, the record too old, or the live object gone or changed by someone else
 /// (another generation).
@@ -183,6 +198,27 @@ mod tests {
             "spec": {"image": "i", "handler": "m.f"}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_scaled_workload_is_created_at_its_minimum_and_only_created() {
+        let present = Live::Present {
+            generation: Some(1),
+            applied: None,
+        };
+        assert_eq!(initial_replicas(true, None, &Live::Missing, false), Some(0));
+        assert_eq!(
+            initial_replicas(true, Some(2), &Live::Missing, false),
+            Some(2)
+        );
+        // Fixed replicas are rendered anyway; an existing object keeps what the HPA set; a
+        // cache behind our own create is no creation.
+        assert_eq!(
+            initial_replicas(false, Some(2), &Live::Missing, false),
+            None
+        );
+        assert_eq!(initial_replicas(true, Some(0), &present, false), None);
+        assert_eq!(initial_replicas(true, Some(0), &Live::Missing, true), None);
     }
 
     #[test]
