@@ -53,6 +53,7 @@ impl Senders {
             RabbitTransport::new(
                 RabbitSettings {
                     url: url.clone(),
+                    url_source: "ASYA_RABBITMQ_URL",
                     exchange: c.exchange.clone(),
                     queue: "asya-gateway".into(),
                     prefetch: 1,

@@ -203,6 +203,7 @@ async fn rabbitmq_delete_takes_the_sidecars_delay_queues() {
     let sidecar = RabbitTransport::new(
         RabbitSettings {
             url,
+            url_source: "ASYA_TEST_RABBITMQ_URL",
             exchange: "asya".into(),
             queue: s.name.clone(),
             prefetch: 1,

@@ -58,6 +58,7 @@ pub async fn run(cfg: Config) -> Result<(), ServiceError> {
             let t = Arc::new(RabbitTransport::new(
                 RabbitSettings {
                     url: url.clone(),
+                    url_source: "ASYA_RABBITMQ_URL",
                     exchange: exchange.clone(),
                     queue: queue.clone(),
                     prefetch: *prefetch,
@@ -255,6 +256,7 @@ pub async fn send_lines(queue: &str, input: impl std::io::BufRead) -> Result<usi
             let t = RabbitTransport::new(
                 RabbitSettings {
                     url: url.clone(),
+                    url_source: "ASYA_RABBITMQ_URL",
                     exchange: exchange.clone(),
                     queue: queue.to_string(),
                     prefetch: 1,

@@ -648,3 +648,46 @@ async fn wait_for_file(path: &std::path::Path) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A URL whose vhost the broker lacks: said once, as a configuration error naming the variable
+/// and the vhost; the retries go on quietly (an admin may still create it) and the sidecar
+/// stays unready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_vhost_is_said_once_naming_the_variable() {
+    let url = std::env::var("ASYA_TEST_RABBITMQ_URL")
+        .expect("ASYA_TEST_RABBITMQ_URL (tests/services/env)");
+    let base = url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&url);
+    let bad = format!("{base}/asya-no-such-vhost");
+    let env = [
+        ("ASYA_RABBITMQ_URL", bad.as_str()),
+        ("ASYA_LOG_LEVEL", "info,asya_transport=debug"),
+    ];
+    let spec = ActorSpec {
+        env: &env,
+        ..ActorSpec::default()
+    };
+    let a = Actor::spawn(Kind::Rabbit, &unique_ns("vh"), "a", spec);
+    let deadline = std::time::Instant::now() + WAIT;
+    // Two quiet retries after the first refusal: the error is not repeated.
+    while a.logs().matches("still refuses the vhost").count() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no retries logged:\n{}",
+            a.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let logs = a.logs();
+    let said: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("RabbitMQ refuses the vhost"))
+        .collect();
+    assert_eq!(said.len(), 1, "{logs}");
+    assert!(
+        said[0].contains("ERROR") && said[0].contains("ASYA_RABBITMQ_URL"),
+        "{}",
+        said[0]
+    );
+    assert!(said[0].contains("asya-no-such-vhost"), "{}", said[0]);
+    assert_eq!(a.ready_status(), Some(503));
+}

@@ -37,6 +37,8 @@ pub const FRAME_MAX: u32 = 16 * 1024;
 #[derive(Debug, Clone)]
 pub struct RabbitSettings {
     pub url: String,
+    /// Where `url` came from (e.g. `ASYA_RABBITMQ_URL`), named when the broker refuses it.
+    pub url_source: &'static str,
     pub exchange: String,
     pub queue: String,
     pub prefetch: u16,
@@ -74,6 +76,22 @@ pub struct RabbitTransport {
 
 fn unavailable(e: impl std::fmt::Display) -> TransportError {
     TransportError::Unavailable(e.to_string())
+}
+
+/// The vhost an AMQP URL names (its path, percent-decoded; none or `/` is the default `/`).
+fn vhost_of(url: &str) -> String {
+    url.parse::<AMQPUri>()
+        .map(|u| u.vhost)
+        .unwrap_or_else(|_| "/".into())
+}
+
+/// Whether a failed connect is the broker refusing the vhost (it does not exist, or the user
+/// may not use it): RabbitMQ closes the connection with NOT_ALLOWED naming the vhost.
+fn refuses_vhost(e: &TransportError) -> bool {
+    match e {
+        TransportError::Unavailable(m) => m.contains("NOT_ALLOWED") && m.contains("vhost"),
+        _ => false,
+    }
 }
 
 fn int(v: i64) -> AMQPValue {
@@ -159,6 +177,9 @@ impl RabbitTransport {
     /// Keeps trying to connect with capped exponential backoff (a broker restart is normal).
     async fn reconnect(&self) {
         let mut pause = Duration::from_millis(200);
+        // A missing vhost is a configuration error, said once as such; the retries (an admin
+        // may still create it) then log quietly.
+        let mut vhost_said = false;
         loop {
             if self.stopping.load(Ordering::SeqCst) {
                 return;
@@ -174,6 +195,24 @@ impl RabbitTransport {
                     self.up.store(true, Ordering::SeqCst);
                     (self.on_connect)();
                     return;
+                }
+                Err(e) if refuses_vhost(&e) => {
+                    if !vhost_said {
+                        vhost_said = true;
+                        tracing::error!(
+                            queue = %self.s.queue,
+                            vhost = %vhost_of(&self.s.url),
+                            variable = self.s.url_source,
+                            error = %e,
+                            "RabbitMQ refuses the vhost of {}: it does not exist or this user may not use it. \
+                             The vhost is the URL's path: `/` or `%2f` (or none) is the default vhost `/`, \
+                             `/name` is `name`. Retrying every 5s",
+                            self.s.url_source
+                        );
+                    } else {
+                        tracing::debug!(queue = %self.s.queue, error = %e, "RabbitMQ still refuses the vhost");
+                    }
+                    tokio::time::sleep(Duration::from_secs(5)).await;
                 }
                 Err(e) => {
                     let hint = if matches!(e, TransportError::NoSuchQueue(_)) {

@@ -63,6 +63,7 @@ impl Client {
                             "ASYA_TEST_RABBITMQ_URL",
                             "amqp://guest:guest@127.0.0.1:5672/%2f",
                         ),
+                        url_source: "ASYA_TEST_RABBITMQ_URL",
                         exchange: "asya".into(),
                         queue: queue.into(),
                         prefetch: 500,

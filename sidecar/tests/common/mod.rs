@@ -68,6 +68,7 @@ impl Client {
             Kind::Rabbit => Client::Rabbit(Arc::new(RabbitTransport::new(
                 RabbitSettings {
                     url: need("ASYA_TEST_RABBITMQ_URL"),
+                    url_source: "ASYA_TEST_RABBITMQ_URL",
                     exchange: "asya".into(),
                     queue: queue.into(),
                     prefetch: 200,
@@ -275,6 +276,13 @@ impl Default for ActorSpec<'_> {
 
 impl Actor {
     pub fn start(kind: Kind, ns: &str, name: &str, spec: ActorSpec) -> Actor {
+        let a = Actor::spawn(kind, ns, name, spec);
+        a.wait_ready(Duration::from_secs(60));
+        a
+    }
+
+    /// The runtime and the sidecar started, not waited for.
+    pub fn spawn(kind: Kind, ns: &str, name: &str, spec: ActorSpec) -> Actor {
         let dir = tempfile::tempdir().unwrap();
         let runtime = Runtime::start(
             dir.path(),
@@ -319,8 +327,12 @@ impl Actor {
             runtime: Some(runtime),
         };
         a.spawn_sidecar();
-        a.wait_ready(Duration::from_secs(60));
         a
+    }
+
+    /// The sidecar's /readyz status, if it answers.
+    pub fn ready_status(&self) -> Option<u16> {
+        http_get(self.port, "/readyz").map(|(code, _)| code)
     }
 
     pub fn spawn_sidecar(&self) {
