@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from conftest import STATE, kubectl, kubectl_json, process_stopped, wait_for
+from conftest import STATE, component_pid, kubectl, kubectl_json, process_stopped, wait_for
 from test_provisioner import FLAT, actor, all_converged, metric_total, work_counters
 
 N = int(os.environ.get("ASYA_BENCH_ACTORS", "1000"))
@@ -28,7 +28,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def provisioner_pid() -> int:
-    return int((STATE / "provisioner.pid").read_text().strip())
+    return component_pid("provisioner")
 
 
 def proc_usage(pid: int) -> dict:

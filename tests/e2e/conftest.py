@@ -94,6 +94,21 @@ def webhook_enabled() -> bool:
     return f.exists() and f.read_text().strip() == "1"
 
 
+def keda_running() -> bool:
+    """KEDA's operator runs in the test cluster (tests/cluster/up with the node, unless
+    ASYA_TEST_KEDA=0): its HPAs really scale the workloads the provisioner renders."""
+    out = run([KUBECTL, "get", "apiservice", "v1beta1.external.metrics.k8s.io", "-o",
+               "jsonpath={.status.conditions[?(@.type=='Available')].status}"], check=False)
+    return out.returncode == 0 and out.stdout.strip() == "True"
+
+
+def cluster_config() -> dict:
+    """The cluster configuration the chart renders for the e2e values (tests/e2e/up)."""
+    import yaml
+
+    return yaml.safe_load((STATE / "config.yaml").read_text())
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "disruptive: stops a shared service and restores it; runs after every other test")
 
@@ -108,24 +123,82 @@ def e2e_up():
     run([ROOT / "tests" / "e2e" / "up"], timeout=600)
 
 
+RELEASE, RELEASE_NS = "asya", "asya-system"
+
+
+def components_in_pods() -> bool:
+    """The webhook and the provisioner run as the chart's pods (tests/e2e/up with the test
+    node), not as local processes."""
+    f = STATE / "mode"
+    return f.exists() and f.read_text().strip() == "pods"
+
+
+def provisioner_url() -> str:
+    """The provisioner's HTTP endpoint (readyz, metrics): its pod's address, or the local
+    process's port; tests/e2e/up writes it each time it (re)starts the provisioner."""
+    return (STATE / "provisioner-url").read_text().strip()
+
+
+def component_log(name: str) -> str:
+    """What the webhook or provisioner NAME has logged since it last started."""
+    if components_in_pods():
+        return kubectl("logs", "-n", RELEASE_NS, f"deployment/{RELEASE}-{name}", "--tail=-1").stdout
+    return (STATE / f"{name}.log").read_text()
+
+
 def pid_alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
 
-def stop_process(name: str, sig=signal.SIGTERM) -> int:
-    """Stops the local process NAME started by tests/e2e/up (webhook, provisioner); returns its pid."""
-    pid = int((STATE / f"{name}.pid").read_text().strip())
-    os.kill(pid, sig)
-    wait_for(f"the {name} to stop", lambda: not pid_alive(pid), timeout=20)
-    return pid
+BINARIES = {"webhook": "asya-webhook", "provisioner": "asya-queue-provisioner"}
+
+
+def component_pid(name: str) -> int:
+    """The host pid of the webhook or provisioner NAME (a pod's process is one of this
+    machine's too): for CPU and memory figures."""
+    if not components_in_pods():
+        return int((STATE / f"{name}.pid").read_text().strip())
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone, or not a process
+            continue
+        if argv and Path(argv[0].decode(errors="replace")).name == BINARIES[name] and \
+                b"--config=/etc/asya/config.yaml" in argv:
+            found.append(int(d.name))
+    assert len(found) == 1, f"expected one {name} pod process, found {found}"
+    return found[0]
+
+
+def _pods_of(name: str) -> list[dict]:
+    return kubectl_json("get", "pods", "-n", RELEASE_NS, "-l",
+                        f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={name}")["items"]
+
+
+def stop_component(name: str, sig=signal.SIGTERM) -> None:
+    """Stops the webhook or provisioner NAME: the local process by SIG, or the chart's pods by
+    scaling the Deployment to zero (SIGKILL: the pods are deleted without a grace period, so
+    nothing shuts down cleanly and a held lease stays held until it expires)."""
+    if not components_in_pods():
+        pid = int((STATE / f"{name}.pid").read_text().strip())
+        os.kill(pid, sig)
+        wait_for(f"the {name} to stop", lambda: not pid_alive(pid), timeout=20)
+        return
+    kubectl("scale", "deployment", f"{RELEASE}-{name}", "-n", RELEASE_NS, "--replicas=0")
+    if sig == signal.SIGKILL:
+        for p in _pods_of(name):
+            kubectl("delete", "pod", p["metadata"]["name"], "-n", RELEASE_NS, "--grace-period=0", "--force",
+                    "--wait=false", check=False)
+    wait_for(f"the {name}'s pods to stop", lambda: not _pods_of(name), timeout=60)
 
 
 @contextmanager
 def process_stopped(name: str, sig=signal.SIGTERM):
-    """The local process NAME is stopped inside the block and started again by tests/e2e/up
-    when the block ends, however it ends."""
+    """The webhook or provisioner NAME is stopped inside the block and started again by
+    tests/e2e/up when the block ends, however it ends."""
     try:
-        yield stop_process(name, sig)
+        yield stop_component(name, sig)
     finally:
         e2e_up()
 

@@ -267,8 +267,9 @@ def installed_release():
     """`helm install` of the chart into the cluster; uninstalled afterwards."""
     release = f"chart-{uuid.uuid4().hex[:6]}"
     ns = f"{release}-system"
-    # Webhook failure policy Ignore: there is no kubelet, so the webhook pods never run, and a
-    # Fail policy would refuse other tests' AsyncActors while this release is installed.
+    # A second release beside tests/e2e/up's: its pods do not tolerate the test node's taint,
+    # so they stay Pending (two provisioners would both reconcile every actor), and with
+    # failure policy Fail its webhook would refuse other tests' AsyncActors meanwhile.
     args = ["--set", "webhook.failurePolicy.asyncActors=Ignore", "--set", "webhook.failurePolicy.pods=Ignore"]
     if not crds_generated():
         args.append("--skip-crds")
@@ -299,7 +300,7 @@ def test_helm_install_every_object_accepted(installed_release):
     webhook = kubectl_json("get", "deployment", f"{release}-webhook", "-n", ns)
     assert webhook["spec"]["replicas"] == 2
     # The controller manager acts on the installed Deployments: ReplicaSets and Pods appear.
-    wait_for("the webhook's 2 pods (Pending: no kubelet)", lambda: len(
+    wait_for("the webhook's 2 pods (Pending: not on the tainted test node)", lambda: len(
         kubectl_json("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=webhook")["items"]) == 2)
     cfg = yaml.safe_load(kubectl_json("get", "configmap", "asya-config", "-n", ns)["data"]["config.yaml"])
     assert cfg["defaultTransport"] == "rabbitmq"
