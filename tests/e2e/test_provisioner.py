@@ -7,18 +7,21 @@ are inline. Every wait polls a condition with a deadline.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 
 import pytest
 
-from conftest import ROOT, STATE, kubectl, kubectl_json, process_stopped, wait_for, webhook_enabled
+from conftest import (ROOT, STATE, cluster_config, component_log, keda_running, kubectl, kubectl_json,
+                      process_stopped, provisioner_url, wait_for, webhook_enabled)
 
 RABBIT_CTL = os.environ.get("ASYA_TEST_RABBITMQ_CTL", str(ROOT / "tests" / "services" / "rabbitmq"))
 RABBIT_MANAGEMENT = os.environ.get("ASYA_TEST_RABBITMQ_MANAGEMENT_URL", "http://127.0.0.1:15672")
@@ -28,12 +31,8 @@ RABBIT_PORT = int(os.environ.get("ASYA_TEST_RABBITMQ_PORT", "5672"))
 
 @pytest.fixture(scope="module", autouse=True)
 def _provisioner_running():
-    pid = STATE / "provisioner.pid"
-    if not pid.exists():
+    if not (STATE / "provisioner-url").exists():
         pytest.fail("the provisioner is not running: tests/e2e/up starts it")
-
-
-PROVISIONER_HTTP = f"http://127.0.0.1:{os.environ.get('ASYA_E2E_PROVISIONER_METRICS_PORT', '9445')}"
 
 
 def http_get(url: str) -> tuple[int, str]:
@@ -47,8 +46,8 @@ def http_get(url: str) -> tuple[int, str]:
 def test_readyz_says_leader_with_synced_caches():
     # "ok" alone is the leader with every cache listed; a standby says so, a syncing leader is 503.
     wait_for("the provisioner to be ready as leader",
-             lambda: http_get(f"{PROVISIONER_HTTP}/readyz") == (200, "ok\n"), timeout=60)
-    code, metrics = http_get(f"{PROVISIONER_HTTP}/metrics")
+             lambda: http_get(f"{provisioner_url()}/readyz") == (200, "ok\n"), timeout=60)
+    code, metrics = http_get(f"{provisioner_url()}/metrics")
     assert code == 200
     assert "asya_provisioner_leader 1" in metrics.splitlines(), metrics
 
@@ -94,6 +93,14 @@ def actor(name: str, spec: dict, labels: dict | None = None) -> dict:
 def get(kind: str, ns: str, name: str):
     p = kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
     return json.loads(p.stdout) if p.returncode == 0 else None
+
+
+def replicas_owners(ns: str, kind: str, name: str) -> set[str]:
+    """The field managers that own spec.replicas of a workload (kubectl hides managedFields
+    unless asked)."""
+    d = kubectl_json("get", kind, name, "-n", ns, "--show-managed-fields")
+    return {m["manager"] for m in d["metadata"]["managedFields"]
+            if "f:replicas" in m.get("fieldsV1", {}).get("f:spec", {})}
 
 
 def status(ns: str, name: str) -> dict:
@@ -166,7 +173,8 @@ def test_pods_get_the_sidecar_injected(namespace):
     ns = namespace
     if not (STATE / "webhook-enabled").exists() or (STATE / "webhook-enabled").read_text().strip() != "1":
         pytest.skip("the webhook is not running in this environment")
-    apply(ns, actor("injected", {**FLAT}))
+    # Fixed replicas: with KEDA running, an idle actor at minReplicaCount 0 has no pod at all.
+    apply(ns, actor("injected", {**FLAT, "scaling": {"enabled": False}, "replicas": 1}))
 
     def injected_pod():
         pods = kubectl_json("get", "pods", "-n", ns, "-l", "asya.sh/actor=injected")["items"]
@@ -194,7 +202,11 @@ def test_sqs_actor_queue_attributes_and_trigger(namespace):
     assert tags == {"asya.sh/namespace": ns, "asya.sh/actor": "sqsactor"}
     so = wait_for("scaledobject", lambda: get("scaledobject", ns, "sqsactor"))
     t = so["spec"]["triggers"][0]
-    assert t["type"] == "aws-sqs-queue" and t["metadata"]["queueURL"] == url
+    # The trigger names the queue at the endpoint the cluster is configured with (KEDA's
+    # operator may reach the SQS server at another address than this test does).
+    endpoint = cluster_config()["transports"]["sqs"]["config"]["endpoint"].rstrip("/")
+    assert t["type"] == "aws-sqs-queue"
+    assert t["metadata"]["queueURL"] == endpoint + urllib.parse.urlsplit(url).path
     ta = get("triggerauthentication", ns, "sqsactor-trigger-auth")
     assert {r["parameter"] for r in ta["spec"]["secretTargetRef"]} == {"awsAccessKeyID", "awsSecretAccessKey"}
 
@@ -215,17 +227,52 @@ def test_scaling_change_then_off_then_delete(namespace):
     assert status(ns, "scaler")["minReplicas"] == 2
 
     # Back to KEDA: the ScaledObject returns and the running replicas are kept for the HPA to
-    # take over (not reset to the default 1).
+    # take over (not reset to the default 1): our own apply gives up spec.replicas, and the
+    # handoff manager holds the count until KEDA changes it.
     kubectl("patch", "asyncactor", "scaler", "-n", ns, "--type=merge", "-p", '{"spec":{"scaling":{"enabled":true}}}')
     wait_for("ScaledObject back", lambda: get("scaledobject", ns, "scaler") is not None)
     wait_for("status KEDA", lambda: status(ns, "scaler").get("scalingMode") == "KEDA")
-    assert get("deployment", ns, "scaler")["spec"]["replicas"] == 2
+    d = get("deployment", ns, "scaler")
+    owners = replicas_owners(ns, "deployment", "scaler")
+    assert "asya-queue-provisioner" not in owners, owners
+    if keda_running():
+        # Real KEDA: the idle actor (minReplicaCount 0, empty queue) goes to zero.
+        wait_for("KEDA scales the idle actor to zero",
+                 lambda: get("deployment", ns, "scaler")["spec"]["replicas"] == 0, timeout=120)
+    else:
+        assert d["spec"]["replicas"] == 2
+        assert owners == {"asya-queue-provisioner-handoff"}, owners
 
     q = f"asya-{ns}-scaler"
     assert q in rabbit_queues()
     kubectl("delete", "asyncactor", "scaler", "-n", ns, "--wait=true", timeout=90)
     wait_for("deployment gone", lambda: get("deployment", ns, "scaler") is None)
     wait_for("queue gone from the broker", lambda: q not in rabbit_queues())
+
+
+def test_scaled_actor_is_created_at_its_minimum_without_a_pod(namespace):
+    """An actor KEDA scales from zero gets a workload at minReplicaCount (0), not the
+    Deployment default of one pod that KEDA would take away again (with an image to pull, and
+    at a thousand actors a thousand pods). The count is handed to the handoff manager, so our
+    later applies, which leave replicas to the HPA, keep it."""
+    ns = namespace
+    apply(ns, actor("lazy", {**FLAT}))
+    d = wait_for("deployment", lambda: get("deployment", ns, "lazy"))
+    assert d["spec"]["replicas"] == 0
+    wait_for("converged", lambda: all_converged(ns, 1), timeout=60)
+    # A later apply (a label propagated to the workload) leaves the count alone.
+    kubectl("label", "asyncactor", "lazy", "-n", ns, "team=e2e")
+    d = wait_for("label propagated", lambda: (x := get("deployment", ns, "lazy"))
+                 and x["metadata"].get("labels", {}).get("team") == "e2e" and x)
+    assert d["spec"]["replicas"] == 0
+    owners = replicas_owners(ns, "deployment", "lazy")
+    assert "asya-queue-provisioner" not in owners and owners, owners
+    # The ReplicaSets (the label reached the pod template too: a second revision) are at 0
+    # and never created a pod.
+    rs = wait_for("replica set", lambda: kubectl_json("get", "replicasets", "-n", ns)["items"])
+    assert all(r["spec"]["replicas"] == 0 for r in rs), [(r["metadata"]["name"], r["spec"]["replicas"]) for r in rs]
+    assert not kubectl_json("get", "pods", "-n", ns)["items"]
+    assert not events_about(ns, "SuccessfulCreate", "Created pod")
 
 
 def test_flavor_change_and_missing_flavor(namespace):
@@ -559,7 +606,7 @@ def metric_total(text: str, name: str, **labels) -> float:
 
 
 def provisioner_metrics() -> str:
-    code, text = http_get(f"{PROVISIONER_HTTP}/metrics")
+    code, text = http_get(f"{provisioner_url()}/metrics")
     assert code == 200, text
     return text
 
@@ -601,21 +648,26 @@ def test_fresh_apply_costs_bounded_work_per_actor(namespace):
     ns = namespace
     n = int(os.environ.get("ASYA_E2E_WORK_ACTORS", "60"))
     before = wait_quiet()
+    t0 = time.monotonic()
     docs = [dict(actor(f"w{i:03d}", {**FLAT}), metadata={"name": f"w{i:03d}", "namespace": ns}) for i in range(n)]
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}), timeout=300)
     wait_for(f"{n} actors converge", lambda: all_converged(ns, n), timeout=300, interval=1.0)
     after = wait_quiet()
+    window = time.monotonic() - t0
     per = {k: (after[k] - before[k]) / n for k in before}
-    print(f"\nPROVISIONER-WORK actors={n} reconciles/actor={per['reconciles']:.2f} "
+    print(f"\nPROVISIONER-WORK actors={n} window_s={window:.0f} reconciles/actor={per['reconciles']:.2f} "
           f"api_requests/actor={per['api']:.2f} broker_ops/actor={per['broker']:.2f}")
     # Measured (docs/benchmarks.md): 2.0-2.5 reconciles, ~12 requests (4 of them Events),
-    # 3.3-4.5 broker operations per actor (declare, count, and the periodic check of each
-    # queue when the machine is slow enough for the window to pass 60 s); the bounds leave
-    # room for other actors' periodic checks. Before issue 16: ~6 reconciles at 200 actors,
-    # ~30 at 1,000, each with a pod list and every object applied again.
-    assert per["reconciles"] <= 4, per
+    # 3.3-4.5 broker operations per actor without KEDA; with KEDA's operator running, one
+    # reconcile more (its HPA reports a first desired count), ~4.2 reconciles and ~14 requests.
+    # Every actor is also checked again every 60-75 s (a reconcile, a queue declare and count):
+    # the checks that fall into the window count too. Before issue 16: ~6 reconciles at 200
+    # actors, ~30 at 1,000, each with a pod list and every object applied again.
+    periodic = math.ceil(window / 60)
+    keda = 1 if keda_running() else 0
+    assert per["reconciles"] <= 2 + keda + periodic, per
     assert per["api"] <= 16, per
-    assert per["broker"] <= 6, per
+    assert per["broker"] <= 3 + 2 * periodic, per
 
 
 def test_own_status_writes_do_not_trigger_reconciles(namespace):
@@ -675,7 +727,7 @@ def test_end_queues_go_with_their_namespace():
     assert metric_total(provisioner_metrics(), "asya_provisioner_end_queues_retained") >= 2
     import re
 
-    log = re.sub(r"\x1b\[[0-9;]*m", "", (STATE / "provisioner.log").read_text())  # colours off
+    log = re.sub(r"\x1b\[[0-9;]*m", "", component_log("provisioner"))  # colours off
     assert f"queue={sink}" in log and "kept until the retention" in log
     wait_for("x-sink deleted after the retention", lambda: sink not in rabbit_queues() and not sqs_queue_url(sink),
              timeout=90, interval=1.0)
