@@ -29,9 +29,10 @@ images:
 	cargo build --release --locked $(addprefix -p ,$(IMAGE_BINS)) $(addprefix --bin ,$(IMAGE_BINS))
 	python3 deploy/images/ocibuild.py --bin-dir $(CARGO_TARGET_DIR)/release
 
-# Each image is a valid OCI image and runs under containerd + runc (tests/images).
+# Each image is a valid OCI image and runs under containerd + runc (tests/images); the crew's
+# image stores envelopes in the S3 server of tests/services.
 image-tests:
-	python3 -m pytest -q -p no:cacheprovider tests/images
+	source tests/services/env && python3 -m pytest -q -p no:cacheprovider tests/images
 
 # Real servers the tests talk to: the test cluster (kube-apiserver and controller manager),
 # which starts RabbitMQ and the SQS server first (tests/services/up).

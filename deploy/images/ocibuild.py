@@ -2,9 +2,10 @@
 """Writes the project's container images as OCI image archives, with no registry and no
 container engine: the machines that build them here reach Debian's packages but no image
 registry, so the bases are made from this machine's Debian files (the Rust images) or by
-mmdebstrap (the Python image), and the layers are written by this script.
+mmdebstrap (the Python images: asya-examples, asya-crew), and the layers are written by this
+script.
 
-    ocibuild.py --out target/images --bin-dir DIR [--only NAME]... [--list]
+    ocibuild.py --out target/images --bin-dir DIR [--only NAME]... [--keda-dir DIR]
 
 The Dockerfiles beside this file build the same images with `docker build` where registries
 are reachable; tests/images checks that both say the same user, entry point and labels.
@@ -42,14 +43,17 @@ MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MT_CONFIG = "application/vnd.oci.image.config.v1+json"
 MT_INDEX = "application/vnd.oci.image.index.v1+json"
 MT_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
-# Debian releases the Python base is made from: the host's own (bookworm) with its updates.
+# Debian releases the Python bases are made from: the host's own (bookworm) with its updates.
 DEBIAN_SUITE = "bookworm"
 DEBIAN_SOURCES = [
     "deb http://deb.debian.org/debian bookworm main",
     "deb http://deb.debian.org/debian bookworm-updates main",
     "deb http://deb.debian.org/debian-security bookworm-security main",
 ]
+# The Debian packages of each Python image's base; each list is its own base, cached by it.
 PYTHON_PACKAGES = ["python3"]
+# The crew stores envelopes in S3 with boto3 over HTTPS (hence the CA certificates).
+CREW_PACKAGES = ["python3", "python3-boto3", "ca-certificates"]
 # Part of a layer's identity: the same files at another level are other bytes, another digest.
 GZIP_LEVEL = 6
 
@@ -369,10 +373,11 @@ def binary_layer(path_in_image: str, binary: Path, mtime: int, extra: dict[str, 
     return layer.tar_bytes(mtime)
 
 
-def python_base(cache: Path, mtime: int) -> bytes:
-    """A Debian root filesystem with Python 3 from Debian's packages (mmdebstrap), cached by
-    its recipe; ASYA_IMAGES_REFRESH_BASE=1 makes it anew (security updates)."""
-    recipe = json.dumps({"suite": DEBIAN_SUITE, "sources": DEBIAN_SOURCES, "packages": PYTHON_PACKAGES,
+def python_base(cache: Path, mtime: int, packages: list[str]) -> bytes:
+    """A Debian root filesystem with `packages` (python3 and what the image's handlers import)
+    from Debian's packages (mmdebstrap), cached by its recipe, so each package list is its own
+    base; ASYA_IMAGES_REFRESH_BASE=1 makes it anew (security updates)."""
+    recipe = json.dumps({"suite": DEBIAN_SUITE, "sources": DEBIAN_SOURCES, "packages": packages,
                          "arch": debian_arch(), "v": 2}, sort_keys=True)
     key = hashlib.sha256(recipe.encode()).hexdigest()[:16]
     out = cache / f"python-base-{key}.tar"
@@ -380,14 +385,14 @@ def python_base(cache: Path, mtime: int) -> bytes:
         return out.read_bytes()
     if not shutil.which("mmdebstrap"):
         raise BuildError("mmdebstrap is not installed (scripts/deps.sh installs it)")
-    log("making the Python base with mmdebstrap (Debian packages; about a minute, once)")
+    log(f"making the Python base ({', '.join(packages)}) with mmdebstrap (Debian packages; about a minute, once)")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "rootfs.tar"
         env = dict(os.environ, SOURCE_DATE_EPOCH=str(mtime))
         cmd = [
             "mmdebstrap", "--quiet", "--mode=root", "--variant=essential", "--format=tar",
-            f"--include={','.join(PYTHON_PACKAGES)}",
+            f"--include={','.join(packages)}",
             # No documentation, manuals or locales: nothing the interpreter reads.
             "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-include=/usr/share/doc/*/copyright",
             "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/locale/*",
@@ -428,27 +433,52 @@ def static_image(name: str, binary: Path, desc: str, version: str, revision: str
                  layers=[(layer.tar_bytes(epoch), name)], env=["PATH=/"], labels=labels, tags=("dev", version))
 
 
+# The Rust images: name (= the binary) -> (description, exposed ports).
+RUST_IMAGES = {
+    "asya-webhook": ("Asya admission webhook: validation, defaulting, policy and sidecar injection", ["8443", "9090"]),
+    "asya-queue-provisioner": ("Asya queue provisioner: queues, workloads and KEDA scaling for AsyncActors", ["8080"]),
+    "asya-sidecar": ("Asya actor sidecar: queue <-> runtime bridge with routing and resiliency", ["8080"]),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PythonImage:
+    description: str
+    packages: list[str]  # the Debian packages of its base
+    handlers: str  # the directory whose *.py files are the handlers
+    under: str  # where they go in the image (on PYTHONPATH=/app)
+
+
+# The Python images: the runtime plus handlers on a Debian base with Python 3.
+PYTHON_IMAGES = {
+    "asya-examples": PythonImage(
+        "Asya example handlers on Python 3 (Debian), with the Asya runtime",
+        PYTHON_PACKAGES, "deploy/examples/handlers", "app"),
+    # A package, `handlers`: the chart and seed 001 name handlers.end_handlers.happy_end_handler.
+    "asya-crew": PythonImage(
+        "Asya crew: the end actors that store finished and failed envelopes in S3 (boto3), with the Asya runtime",
+        CREW_PACKAGES, "deploy/crew/handlers", "app/handlers"),
+}
+# What --only accepts; asya-pause is built only when named.
+KNOWN_IMAGES = [*RUST_IMAGES, *PYTHON_IMAGES, "asya-pause"]
+
+
 def define_images(bin_dir: Path, cache: Path, only: set[str], keda_dir: Path | None = None) -> list[Image]:
     version, revision, epoch = source_facts()
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
     arch = debian_arch()
     runtime_py = (ROOT / "sidecar/runtime/asya_runtime.py").read_bytes()
-    rust = {
-        "asya-webhook": ("Asya admission webhook: validation, defaulting, policy and sidecar injection", ["8443", "9090"]),
-        "asya-queue-provisioner": ("Asya queue provisioner: queues, workloads and KEDA scaling for AsyncActors", ["8080"]),
-        "asya-sidecar": ("Asya actor sidecar: queue <-> runtime bridge with routing and resiliency", ["8080"]),
-    }
     images: list[Image] = []
-    wanted_rust = [n for n in rust if not only or n in only]
+    wanted_rust = [n for n in RUST_IMAGES if not only or n in only]
     if wanted_rust:
-        binaries = {n: bin_dir / n for n in rust}
+        binaries = {n: bin_dir / n for n in RUST_IMAGES}
         for n, b in binaries.items():
             if not b.is_file():
                 raise BuildError(f"{b} is missing: build it first (cargo build --release -p {n})")
         # One base for all three (built from all their libraries), so a node stores it once.
         base, packages = rust_base_layer(list(binaries.values()), epoch)
         for n in wanted_rust:
-            desc, ports = rust[n]
+            desc, ports = RUST_IMAGES[n]
             extra = {"usr/share/asya/asya_runtime.py": runtime_py} if n == "asya-sidecar" else None
             labels = base_labels(n, desc, version, revision, created)
             labels["sh.asya.base.debian-packages"] = ",".join(f"{p}={v}" for p, v in sorted(packages.items()))
@@ -459,20 +489,24 @@ def define_images(bin_dir: Path, cache: Path, only: set[str], keda_dir: Path | N
                 env=["PATH=/usr/local/bin:/usr/bin:/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"],
                 labels=labels, ports=ports,
             ))
-    if not only or "asya-examples" in only:
-        base = python_base(cache, epoch)
+    for name, py in PYTHON_IMAGES.items():
+        if only and name not in only:
+            continue
+        handlers = sorted((ROOT / py.handlers).glob("*.py"))
+        if not handlers:
+            raise BuildError(f"{py.handlers} has no handlers (*.py)")
+        base = python_base(cache, epoch, py.packages)
         app = Layer()
         app.file("opt/asya/asya_runtime.py", runtime_py, mode=0o755)
-        for f in sorted((ROOT / "deploy/examples/handlers").glob("*.py")):
-            app.file(f"app/{f.name}", f.read_bytes())
-        desc = "Asya example handlers on Python 3 (Debian), with the Asya runtime"
-        labels = base_labels("asya-examples", desc, version, revision, created)
+        for f in handlers:
+            app.file(f"{py.under}/{f.name}", f.read_bytes())
+        labels = base_labels(name, py.description, version, revision, created)
         labels["sh.asya.base.debian-suite"] = DEBIAN_SUITE
         images.append(Image(
-            name="asya-examples", description=desc,
+            name=name, description=py.description,
             entrypoint=["python3", "/opt/asya/asya_runtime.py"],
-            layers=[(base, f"base: Debian {DEBIAN_SUITE} with {', '.join(PYTHON_PACKAGES)}"),
-                    (app.tar_bytes(epoch), "runtime and example handlers")],
+            layers=[(base, f"base: Debian {DEBIAN_SUITE} with {', '.join(py.packages)}"),
+                    (app.tar_bytes(epoch), f"runtime and handlers ({py.handlers})")],
             # The handlers under /app, not /opt/asya: the injected pod mounts the runtime's
             # emptyDir over /opt/asya, which would hide them.
             env=["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONPATH=/app",
@@ -599,7 +633,8 @@ def main() -> int:
                     default=Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release")
     ap.add_argument("--cache", type=Path,
                     default=Path(os.environ.get("ASYA_IMAGES_CACHE", Path.home() / ".cache/asya-rs/images")))
-    ap.add_argument("--only", action="append", default=[], help="build only this image (repeatable)")
+    ap.add_argument("--only", action="append", default=[], choices=KNOWN_IMAGES, metavar="NAME",
+                    help=f"build only this image (repeatable): {', '.join(KNOWN_IMAGES)}")
     ap.add_argument("--keda-dir", type=Path, help="also the KEDA images, from DIR/keda, DIR/keda-adapter, DIR/VERSION")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

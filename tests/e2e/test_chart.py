@@ -437,3 +437,274 @@ def test_rendered_config_is_accepted_by_the_real_parser(values, tmp_path):
         actor.write_text(actor.read_text().replace(f"transport: {transport}", f"transport: {other}"))
         out = run([WEBHOOK_BIN, "validate", "--config", config, "-f", actor], check=False)
         assert out.returncode == 1 and "spec.transport" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+# --- the gateway and the crew (issue 15): rendered with `helm template`, nothing installed ------
+
+GATEWAY_BIN = WEBHOOK_BIN.parent / "asya-gateway"
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+TOOL = {"name": "shout", "description": "Shout a word", "route": ["shout", "count"], "timeout": 30,
+        "parameters": {"word": {"type": "string", "required": True, "description": "the word"}}}
+
+
+def values_file(tmp_path, values: dict) -> list:
+    """`-f FILE` with `values` (lists and nested maps, which --set spells badly)."""
+    path = tmp_path / f"values-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return ["-f", path]
+
+
+def component(docs, name: str) -> dict:
+    """The rendered objects of one component, by (kind, name)."""
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs
+            if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == name}
+
+
+def gateway_container(docs) -> dict:
+    deploy = component(docs, "gateway")[("Deployment", "asya-gateway")]
+    containers = deploy["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["gateway"]
+    return containers[0]
+
+
+def env_by_name(container) -> dict:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_gateway_and_crew_are_off_by_default():
+    docs = render()
+    assert component(docs, "gateway") == {}
+    assert component(docs, "crew") == {}
+    assert not [d for d in docs if d["kind"] in ("AsyncActor", "Ingress")]
+    # No gateway: the injected sidecars get no ASYA_GATEWAY_URL.
+    assert "gateway" not in cluster_config()
+
+
+def test_gateway_renders_deployment_service_and_tools_config_map(tmp_path):
+    docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, "routes": {"tools": [TOOL]}}}))
+    gw = component(docs, "gateway")
+    assert set(gw) == {("ConfigMap", "asya-gateway-tools"), ("Deployment", "asya-gateway"), ("Service", "asya-gateway")}
+    assert {d["metadata"]["namespace"] for d in gw.values()} == {"asya-system"}
+
+    # The tools, as the gateway reads them (routes.tools of the values, unchanged).
+    tools = yaml.safe_load(gw[("ConfigMap", "asya-gateway-tools")]["data"]["tools.yaml"])
+    assert tools == {"routes": {"tools": [TOOL]}}
+
+    deploy = gw[("Deployment", "asya-gateway")]
+    pod = deploy["spec"]["template"]["spec"]
+    c = gateway_container(docs)
+    assert c["image"] == f"ghcr.io/asya-rs/asya-gateway:{APP_VERSION}"
+    assert "--tools=/etc/asya/tools/tools.yaml" in c["args"] and "--config=/etc/asya/config.yaml" in c["args"]
+    assert "--auth-tokens=/etc/asya/auth/tokens" in c["args"] and "--no-auth" not in c["args"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tools"]["configMap"]["name"] == "asya-gateway-tools"
+    assert volumes["config"]["configMap"]["name"] == "asya-config"
+    assert volumes["auth"]["secret"]["secretName"] == "asya-gateway-tokens"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    # A directory, not a subPath: an edited ConfigMap reaches the file and the gateway reloads.
+    assert mounts["tools"]["mountPath"] == "/etc/asya/tools" and "subPath" not in mounts["tools"]
+    assert mounts["auth"]["mountPath"] == "/etc/asya/auth"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    # No database configured: no URL (the gateway keeps status in memory and says so).
+    assert "ASYA_DATABASE_URL" not in env_by_name(c)
+
+    svc = gw[("Service", "asya-gateway")]
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+
+    # The cluster configuration points the sidecars at the Service.
+    assert cluster_config("--set", "gateway.enabled=true")["gateway"] == {"url": "http://asya-gateway.asya-system.svc:8080"}
+    cfg = cluster_config("--set", "gateway.enabled=true", "--set", "gateway.port=9000",
+                         "--set", "gateway.auth.sidecarTokenSecretRef.name=gw-sidecar")
+    assert cfg["gateway"] == {"url": "http://asya-gateway.asya-system.svc:9000",
+                              "tokenSecretRef": {"name": "gw-sidecar", "key": "token"}}
+
+
+@pytest.mark.parametrize("config, expected_env", [
+    # The whole URL from a Secret: never a value in the manifest.
+    ({"databaseUrlSecretRef": {"name": "gw-db", "key": "url"}},
+     [{"name": "ASYA_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "gw-db", "key": "url"}}}]),
+    # Host and database from the values, the password from a Secret, declared before the URL
+    # that refers to it (Kubernetes expands $(VAR) only from earlier variables).
+    ({"postgresHost": "pg.db.svc", "postgresPasswordSecretRef": {"name": "pg", "key": "password"}},
+     [{"name": "ASYA_POSTGRES_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "pg", "key": "password"}}},
+      {"name": "ASYA_DATABASE_URL", "value": "postgres://asya:$(ASYA_POSTGRES_PASSWORD)@pg.db.svc:5432/asya_gateway"}]),
+    # Both: the Secret's URL wins.
+    ({"databaseUrlSecretRef": {"name": "gw-db", "key": "dsn"}, "postgresHost": "pg.db.svc"},
+     [{"name": "ASYA_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "gw-db", "key": "dsn"}}}]),
+], ids=["url-from-secret", "host-and-password-secret", "secret-url-wins"])
+def test_gateway_database_url_comes_from_a_secret(tmp_path, config, expected_env):
+    docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, "config": config}}))
+    env = [e for e in gateway_container(docs)["env"] if e["name"] in ("ASYA_DATABASE_URL", "ASYA_POSTGRES_PASSWORD")]
+    assert env == expected_env
+
+
+def test_gateway_ingress_is_optional(tmp_path):
+    assert not [d for d in render("--set", "gateway.enabled=true") if d["kind"] == "Ingress"]
+    docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, "ingress": {
+        "enabled": True, "className": "nginx", "host": "mcp.example.com",
+        "annotations": {"nginx.ingress.kubernetes.io/proxy-read-timeout": "3600"},
+        "tls": [{"hosts": ["mcp.example.com"], "secretName": "mcp-tls"}]}}}))
+    ingress = component(docs, "gateway")[("Ingress", "asya-gateway")]
+    assert ingress["metadata"]["annotations"] == {"nginx.ingress.kubernetes.io/proxy-read-timeout": "3600"}
+    spec = ingress["spec"]
+    assert spec["ingressClassName"] == "nginx"
+    assert spec["tls"] == [{"hosts": ["mcp.example.com"], "secretName": "mcp-tls"}]
+    backend = {"service": {"name": "asya-gateway", "port": {"name": "http"}}}
+    assert spec["rules"] == [{"host": "mcp.example.com",
+                              "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}}]
+    # No host: one rule for any host, still well-formed.
+    docs = render("--set", "gateway.enabled=true", "--set", "gateway.ingress.enabled=true")
+    spec = component(docs, "gateway")[("Ingress", "asya-gateway")]["spec"]
+    assert "ingressClassName" not in spec and "tls" not in spec
+    assert spec["rules"] == [{"http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}}]
+
+
+def test_gateway_auth_is_required_unless_disabled():
+    out = helm("template", "asya", CHART, "--set", "gateway.enabled=true",
+               "--set", "gateway.auth.tokensSecretRef.name=", check=False)
+    assert out.returncode != 0, out.stdout
+    assert "gateway.auth: set tokensSecretRef.name" in out.stderr, out.stderr
+    docs = render("--set", "gateway.enabled=true", "--set", "gateway.auth.disabled=true")
+    c = gateway_container(docs)
+    assert "--no-auth" in c["args"] and not [a for a in c["args"] if a.startswith("--auth-tokens")]
+    pod = component(docs, "gateway")[("Deployment", "asya-gateway")]["spec"]["template"]["spec"]
+    assert "auth" not in {v["name"] for v in pod["volumes"]}
+    assert "auth" not in {m["name"] for m in c["volumeMounts"]}
+
+
+@pytest.mark.skipif(not GATEWAY_BIN.exists(), reason="asya-gateway not built (cargo build -p asya-gateway)")
+def test_gateway_rendering_is_accepted_by_the_real_gateway(tmp_path):
+    """The tools ConfigMap parses with the gateway's own loader (`asya-gateway validate`), and
+    every flag and variable the Deployment passes is one `asya-gateway serve` takes."""
+    docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, "routes": {"tools": [TOOL]},
+                                                      "allowedHosts": ["mcp.example.com"],
+                                                      "config": {"sqsRegion": "eu-west-1",
+                                                                 "databaseUrlSecretRef": {"name": "db"}}}}))
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(component(docs, "gateway")[("ConfigMap", "asya-gateway-tools")]["data"]["tools.yaml"])
+    out = run([GATEWAY_BIN, "validate", "--tools", tools], check=False)
+    assert out.returncode == 0 and "1 tool(s) valid" in out.stdout, out.stdout + out.stderr
+
+    c = gateway_container(docs)
+    assert c["args"][0] == "serve"
+    help_text = run([GATEWAY_BIN, "serve", "--help"]).stdout
+    flags = [a.split("=", 1)[0] for a in c["args"][1:]]
+    assert "--allowed-hosts" in flags
+    unknown = [f for f in flags if f"{f} " not in help_text and f"{f}\n" not in help_text]
+    assert not unknown, f"flags asya-gateway serve does not take: {unknown}"
+    # Variables the binary reads itself (the log level is read by its logger, not clap).
+    read_by_clap = [n for n in env_by_name(c) if n.startswith("ASYA_") and n not in ("ASYA_LOG_LEVEL", "ASYA_RABBITMQ_PASSWORD")]
+    assert {"ASYA_DATABASE_URL", "ASYA_RABBITMQ_URL", "ASYA_SQS_REGION"} <= set(read_by_clap)
+    unread = [n for n in read_by_clap if f"[env: {n}" not in help_text]
+    assert not unread, f"variables asya-gateway serve does not read: {unread}"
+
+
+def crew_actors(docs) -> dict:
+    """The crew's AsyncActors by name; the crew renders nothing else."""
+    actors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "AsyncActor"}
+    assert set(component(docs, "crew")) == {("AsyncActor", n) for n in actors}
+    return actors
+
+
+CREW_VALUES = {
+    "global": {"imageRegistry": "mirror.example.com/asya"},
+    "crew": {"namespace": "team-a", "happy-end": {"enabled": True}, "error-end": {"enabled": True},
+             "s3": {"bucket": "team-a-results", "endpoint": "http://minio.minio.svc:9000", "region": "eu-west-1",
+                    "credentialsSecretRef": {"name": "minio-creds"}}},
+}
+
+
+def test_crew_renders_the_two_end_actors_each_serving_its_end_queue(tmp_path):
+    actors = crew_actors(render(*values_file(tmp_path, CREW_VALUES)))
+    assert set(actors) == {"happy-end", "error-end"}
+    # happy-end is the actor x-sink (finished envelopes), error-end is x-sump (failed ones): the
+    # queue of each is asya-{namespace}-{actor}.
+    for name, actor, handler in [("happy-end", "x-sink", "happy_end_handler"), ("error-end", "x-sump", "error_end_handler")]:
+        a = actors[name]
+        assert a["apiVersion"] == "asya.sh/v1alpha1"
+        assert a["metadata"]["namespace"] == "team-a"
+        assert a["metadata"]["annotations"]["asya.sh/serves"] == f"asya-team-a-{actor}"
+        spec = a["spec"]
+        assert spec["actor"] == actor
+        assert spec["handler"] == f"handlers.end_handlers.{handler}"
+        assert spec["handlerMode"] == "envelope"
+        assert spec["image"] == f"mirror.example.com/asya/asya-crew:{APP_VERSION}"
+        # A failed store is retried by policy, never dropped.
+        assert spec["resiliency"]["policies"]["default"]["maxAttempts"] == 5
+        env = {e["name"]: e for e in spec["env"]}
+        assert env["ASYA_S3_BUCKET"]["value"] == "team-a-results"
+        assert env["ASYA_S3_ENDPOINT"]["value"] == "http://minio.minio.svc:9000"
+        assert env["ASYA_S3_REGION"]["value"] == "eu-west-1"
+        assert env["ASYA_S3_RESULTS_PREFIX"]["value"] == "results/" and env["ASYA_S3_ERRORS_PREFIX"]["value"] == "errors/"
+        assert env["ASYA_S3_ACCESS_KEY"] == {"name": "ASYA_S3_ACCESS_KEY",
+                                             "valueFrom": {"secretKeyRef": {"name": "minio-creds", "key": "accessKey"}}}
+        assert env["ASYA_S3_SECRET_KEY"] == {"name": "ASYA_S3_SECRET_KEY",
+                                             "valueFrom": {"secretKeyRef": {"name": "minio-creds", "key": "secretKey"}}}
+    # Each end actor alone; without an endpoint or credentials (AWS, IRSA) no such variables.
+    only = crew_actors(render("--set", "crew.error-end.enabled=true"))
+    assert set(only) == {"error-end"}
+    assert only["error-end"]["metadata"]["namespace"] == "default"
+    assert only["error-end"]["spec"]["actor"] == "x-sump"
+    env = {e["name"] for e in only["error-end"]["spec"]["env"]}
+    assert not env & {"ASYA_S3_ENDPOINT", "ASYA_S3_REGION", "ASYA_S3_ACCESS_KEY", "ASYA_S3_SECRET_KEY"}, env
+    assert set(crew_actors(render("--set", "crew.happy-end.enabled=true"))) == {"happy-end"}
+
+
+def test_crew_handlers_named_by_the_chart_exist():
+    """The chart's handler paths resolve in deploy/crew (the image's /app) to callables."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(ROOT / "deploy" / "crew"))
+    try:
+        actors = crew_actors(render("--set", "crew.happy-end.enabled=true", "--set", "crew.error-end.enabled=true"))
+        for a in actors.values():
+            module, func = a["spec"]["handler"].rsplit(".", 1)
+            assert callable(getattr(importlib.import_module(module), func, None)), a["spec"]["handler"]
+    finally:
+        sys.path.remove(str(ROOT / "deploy" / "crew"))
+
+
+@pytest.mark.skipif(not WEBHOOK_BIN.exists(), reason="asya-webhook not built (tests/e2e/up builds it)")
+def test_crew_actors_are_accepted_by_the_webhook_with_the_rendered_config(tmp_path):
+    """happy-end and error-end (object names other than their actors x-sink and x-sump) pass the
+    webhook's own validation against the same release's cluster configuration."""
+    args = values_file(tmp_path, {**CREW_VALUES, "crew": {**CREW_VALUES["crew"], "transport": "rabbitmq"}})
+    config = tmp_path / "config.yaml"
+    config.write_text(render(*args, "--show-only", "templates/configmap.yaml")[0]["data"]["config.yaml"])
+    crew = tmp_path / "crew.yaml"
+    crew.write_text(yaml.safe_dump_all(list(crew_actors(render(*args)).values())))
+    out = run([WEBHOOK_BIN, "validate", "--config", config, "-f", crew], check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "AsyncActor team-a/happy-end" in out.stdout and "AsyncActor team-a/error-end" in out.stdout, out.stdout
+    assert "2 accepted, 0 rejected" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--set", "gateway.replicas=two"], "at '/gateway/replicas': got string, want integer"),
+        (["--set", "gateway.port=70000"], "at '/gateway/port': maximum: got 70,000, want 65,535"),
+        (["--set", "gateway.ingres.host=mcp.example.com"], "at '/gateway': additional properties 'ingres' not allowed"),
+        (["--set", "gateway.routes.tools[0].name=shout"], "at '/gateway/routes/tools/0': missing property 'route'"),
+        (["--set", "gateway.routes.tools[0].name=shout", "--set", "gateway.routes.tools[0].route[0]=Shout"],
+         "at '/gateway/routes/tools/0/route/0': 'Shout' does not match pattern"),
+        (["--set", "crew.happy-end.enabled=yes"], "at '/crew/happy-end/enabled': got string, want boolean"),
+        (["--set", "crew.error-end.replicas=2"], "at '/crew/error-end': additional properties 'replicas' not allowed"),
+        (["--set", "crew.namespace=Team_A"], "at '/crew/namespace': 'Team_A' does not match pattern"),
+        (["--set", "crew.s3.bucket=ab"], "at '/crew/s3/bucket': minLength: got 2, want 3"),
+    ],
+    ids=["gateway-replicas-not-a-number", "gateway-port-too-large", "gateway-typo-key", "gateway-tool-without-route",
+         "gateway-tool-bad-actor-name", "crew-enabled-not-a-boolean", "crew-unknown-key", "crew-bad-namespace",
+         "crew-bucket-too-short"],
+)
+def test_gateway_and_crew_bad_values_fail_on_schema(args, expected):
+    out = helm("template", "asya", CHART, *args, check=False)
+    assert out.returncode != 0, out.stdout
+    assert "values don't meet the specifications of the schema" in out.stderr, out.stderr
+    assert expected in out.stderr, out.stderr

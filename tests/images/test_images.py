@@ -31,7 +31,12 @@ IMAGES = ROOT / "target" / "images"
 CTL = os.environ.get("ASYA_TEST_CONTAINERD_CTL", str(ROOT / "tests/services/containerd"))
 NS = "asya-image-tests"
 RUST_IMAGES = ["asya-webhook", "asya-queue-provisioner", "asya-sidecar"]
-ALL_IMAGES = RUST_IMAGES + ["asya-examples"]
+# The Python images: the handlers of each (source directory -> directory in the image).
+PYTHON_IMAGES = {
+    "asya-examples": ("deploy/examples/handlers", "app"),
+    "asya-crew": ("deploy/crew/handlers", "app/handlers"),
+}
+ALL_IMAGES = RUST_IMAGES + list(PYTHON_IMAGES)
 NONROOT = 65532
 # The sidecar image is pulled on every node that runs an actor (issue budget: 20 MB).
 SIDECAR_BUDGET = 20 * 1000 * 1000
@@ -146,6 +151,12 @@ def test_user_is_not_root(archive: Archive):
     assert int(uid) == NONROOT
 
 
+def dockerfile_args(name: str) -> dict[str, str]:
+    """The ARG defaults of an image's Dockerfile."""
+    text = (ROOT / "deploy/images" / name / "Dockerfile").read_text()
+    return dict(re.findall(r"^ARG\s+([A-Z0-9_]+)=(\S+)\s*$", text, re.M))
+
+
 def dockerfile_final_stage(name: str) -> dict:
     """USER, ENTRYPOINT, EXPOSE and LABEL keys of the Dockerfile's last stage."""
     text = (ROOT / "deploy/images" / name / "Dockerfile").read_text()
@@ -195,6 +206,34 @@ def test_rust_images_hold_no_shell_and_no_package_manager(name: str):
         assert found_runtime == [runtime]
 
 
+def layer_files(archive: Archive) -> dict[str, bytes]:
+    """Every regular file of the image, as its layers leave it (a later layer wins)."""
+    out: dict[str, bytes] = {}
+    for raw in archive.layer_tars():
+        with tarfile.open(fileobj=io.BytesIO(raw)) as t:
+            for m in t.getmembers():
+                if m.isreg():
+                    out[m.name.lstrip("./")] = t.extractfile(m).read()
+    return out
+
+
+@pytest.mark.parametrize("name", list(PYTHON_IMAGES))
+def test_python_images_carry_the_runtime_and_their_handlers_under_app(name: str):
+    archive = Archive(name)
+    files = layer_files(archive)
+    assert files["opt/asya/asya_runtime.py"] == (ROOT / "sidecar/runtime/asya_runtime.py").read_bytes()
+    src, dst = PYTHON_IMAGES[name]
+    sources = sorted((ROOT / src).glob("*.py"))
+    assert sources, f"{src} has no handlers"
+    for f in sources:
+        assert files.get(f"{dst}/{f.name}") == f.read_bytes(), f"{name}: {dst}/{f.name} differs from {src}/{f.name}"
+    cfg = archive.config["config"]
+    # /app, not /opt/asya: injection mounts the runtime's emptyDir over /opt/asya.
+    assert "PYTHONPATH=/app" in cfg["Env"], cfg["Env"]
+    assert cfg["WorkingDir"] == "/app"
+    assert cfg["Entrypoint"] == ["python3", "/opt/asya/asya_runtime.py"]
+
+
 def test_sizes_and_the_sidecar_budget():
     sizes = {n: Archive(n).compressed_size() for n in ALL_IMAGES}
     for n, s in sizes.items():
@@ -215,21 +254,30 @@ def ctr(*args: str, check: bool = True, timeout: float = 120) -> subprocess.Comp
     return proc
 
 
+class Imported:
+    """The images imported into containerd, each on first use: `imported[name]` is its
+    reference (so a test of one image needs only that image's archive)."""
+
+    def __init__(self) -> None:
+        self.refs: dict[str, str] = {}
+
+    def __getitem__(self, name: str) -> str:
+        if name not in self.refs:
+            path = IMAGES / f"{name}.oci.tar"
+            assert path.is_file(), f"{path} is missing: run `make images`"
+            ctr("images", "import", str(path), timeout=300)
+            ref = f"localhost/asya-rs/{name}:dev"
+            listed = ctr("images", "ls", "-q").stdout.split()
+            assert ref in listed and f"localhost/asya-rs/{name}:{workspace_version()}" in listed, listed
+            self.refs[name] = ref
+        return self.refs[name]
+
+
 @pytest.fixture(scope="module")
-def imported() -> dict[str, str]:
-    """Imports every archive into containerd; the image reference of each."""
+def imported() -> Imported:
     st = subprocess.run([CTL, "status"], capture_output=True, text=True)
     assert st.returncode == 0, "containerd is not running: tests/services/up starts it"
-    refs = {}
-    for name in ALL_IMAGES:
-        path = IMAGES / f"{name}.oci.tar"
-        assert path.is_file(), f"{path} is missing: run `make images`"
-        ctr("images", "import", str(path), timeout=300)
-        ref = f"localhost/asya-rs/{name}:dev"
-        listed = ctr("images", "ls", "-q").stdout.split()
-        assert ref in listed and f"localhost/asya-rs/{name}:{workspace_version()}" in listed, listed
-        refs[name] = ref
-    return refs
+    return Imported()
 
 
 def run_once(ref: str, *args: str, mounts: tuple[str, ...] = (), env: tuple[str, ...] = (), read_only: bool = True):
@@ -409,3 +457,82 @@ def test_examples_image_serves_a_handler_over_the_socket(imported, shared_dir):
         assert answer["error"], answer
         assert answer["details"]["type"] == "KeyError"
         assert "shout" in answer["details"]["traceback"]
+
+
+# The S3 server of tests/services (moto; tests/services/env), for the crew's end actors.
+S3_ENDPOINT = os.environ.get("ASYA_TEST_S3_ENDPOINT", "http://127.0.0.1:4566")
+
+CREW_PROBE = """
+import json, os
+import boto3, botocore, botocore.httpsession
+import handlers.end_handlers as crew
+print(json.dumps({
+    "uid": os.getuid(),
+    "boto3": boto3.__version__,
+    "botocore": botocore.__version__,
+    "module": crew.__file__,
+    "handlers": [n for n in ("happy_end_handler", "error_end_handler") if callable(getattr(crew, n, None))],
+    "ca_bundle": os.path.isfile(botocore.httpsession.get_cert_path(True)),
+}))
+"""
+
+
+def test_crew_image_imports_boto3_and_the_end_handlers(imported):
+    # The image's own environment (PYTHONPATH=/app, no --env): as the chart's AsyncActors run it.
+    out = run_once(imported["asya-crew"], "python3", "-c", CREW_PROBE)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = json.loads(out.stdout)
+    assert got["uid"] == NONROOT
+    assert got["module"] == "/app/handlers/end_handlers.py"
+    assert got["handlers"] == ["happy_end_handler", "error_end_handler"]
+    # Stores go to S3 over HTTPS: botocore must find a CA bundle.
+    assert got["ca_bundle"], "botocore finds no CA bundle in the image"
+    # The Dockerfile pins the versions Debian's packages give `make images`: both builds agree.
+    args = dockerfile_args("asya-crew")
+    assert got["boto3"] == args["BOTO3_VERSION"], (got, args)
+    assert got["botocore"] == args["BOTOCORE_VERSION"], (got, args)
+
+
+# happy-end stores under the route's last actor, error-end under the actor that failed.
+@pytest.mark.parametrize("handler, prefix, actor", [
+    ("happy_end_handler", "results/", "count"),
+    ("error_end_handler", "errors/", "shout"),
+], ids=["happy-end", "error-end"])
+def test_crew_image_stores_the_envelope_in_s3(imported, shared_dir, handler, prefix, actor):
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client("s3", endpoint_url=S3_ENDPOINT, region_name="us-east-1",
+                      aws_access_key_id="test", aws_secret_access_key="test",
+                      config=Config(s3={"addressing_style": "path"}))
+    bucket = f"crew-image-{uuid.uuid4().hex[:12]}"
+    envelope = {"id": f"e-{uuid.uuid4().hex[:8]}", "route": {"actors": ["shout", "count"], "current": 2},
+                "headers": {}, "payload": {"word": "HELLO"}}
+    if handler == "error_end_handler":
+        envelope["route"]["current"] = 0
+        envelope["headers"]["x-asya-error"] = {"actor": actor, "error": "boom"}
+    env = (f"ASYA_HANDLER=handlers.end_handlers.{handler}", "ASYA_HANDLER_MODE=envelope",
+           "ASYA_SOCKET_DIR=/var/run/asya", f"ASYA_S3_BUCKET={bucket}", f"ASYA_S3_ENDPOINT={S3_ENDPOINT}",
+           "ASYA_S3_ACCESS_KEY=test", "ASYA_S3_SECRET_KEY=test")
+    try:
+        with running(imported["asya-crew"], env=env, net_host=True,
+                     mounts=(f"type=bind,src={shared_dir},dst=/var/run/asya,options=rbind:rw",)) as pid:
+            sock_path = os.path.join(shared_dir, "asya-runtime.sock")
+            wait_for("the runtime's socket", lambda: os.path.exists(sock_path))
+            assert all(u == NONROOT for u in uids_of(pid)), uids_of(pid)
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.settimeout(60)
+                conn.connect(sock_path)
+                conn.sendall(frame(envelope))
+                answer = read_frame(conn)
+        # An end actor answers nothing; a failed store would be an error object.
+        assert answer is None, answer
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+        assert len(keys) == 1, keys
+        assert keys[0].startswith(prefix) and keys[0].endswith(f"/{actor}/{envelope['id']}.json"), keys
+        assert json.loads(s3.get_object(Bucket=bucket, Key=keys[0])["Body"].read()) == envelope
+    finally:
+        with contextlib.suppress(Exception):
+            for o in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
+                s3.delete_object(Bucket=bucket, Key=o["Key"])
+            s3.delete_bucket(Bucket=bucket)

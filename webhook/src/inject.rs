@@ -622,6 +622,82 @@ pub(crate) mod tests {
         );
     }
 
+    /// The injected sidecar, a native one (init container) or a regular one.
+    fn sidecar_of(p: &Pod) -> &Container {
+        let s = p.spec.as_ref().unwrap();
+        s.init_containers
+            .iter()
+            .flatten()
+            .chain(&s.containers)
+            .find(|c| c.name == labels::SIDECAR_CONTAINER)
+            .expect("an injected sidecar")
+    }
+
+    #[test]
+    fn gateway_url_and_token_are_injected_only_when_the_configuration_names_a_gateway() {
+        let url = "http://asya-gateway.asya-system.svc:8080";
+        for native in [true, false] {
+            // No gateway in the configuration: the sidecar reports nowhere.
+            let cfg = ClusterConfig::default();
+            assert!(cfg.gateway.is_off());
+            let mut p = pod();
+            run(&mut p, &settings(), &cfg, native).unwrap();
+            let sc = sidecar_of(&p);
+            assert!(env_of(sc, "ASYA_GATEWAY_URL").is_none(), "native={native}");
+            assert!(
+                env_of(sc, "ASYA_GATEWAY_TOKEN").is_none(),
+                "native={native}"
+            );
+
+            // A URL alone (auth off on the gateway): the URL, no token.
+            let mut cfg = ClusterConfig::default();
+            cfg.gateway.url = Some(url.into());
+            let mut p = pod();
+            run(&mut p, &settings(), &cfg, native).unwrap();
+            let sc = sidecar_of(&p);
+            assert_eq!(
+                env_of(sc, "ASYA_GATEWAY_URL").unwrap(),
+                &env("ASYA_GATEWAY_URL", url),
+                "native={native}"
+            );
+            assert!(
+                env_of(sc, "ASYA_GATEWAY_TOKEN").is_none(),
+                "native={native}"
+            );
+            // Only the sidecar reports: the runtime container gets neither.
+            let rt = p
+                .spec
+                .as_ref()
+                .unwrap()
+                .containers
+                .iter()
+                .find(|c| c.name == "main")
+                .unwrap();
+            assert!(env_of(rt, "ASYA_GATEWAY_URL").is_none(), "native={native}");
+
+            // With the sidecars' token: from the Secret, never inline.
+            cfg.gateway.token_secret_ref = Some(asya_api::config::SecretKeySelector {
+                name: "gw-sidecar".into(),
+                key: "token".into(),
+            });
+            let mut p = pod();
+            run(&mut p, &settings(), &cfg, native).unwrap();
+            let sc = sidecar_of(&p);
+            assert_eq!(
+                env_of(sc, "ASYA_GATEWAY_URL").unwrap().value.as_deref(),
+                Some(url)
+            );
+            let token = env_of(sc, "ASYA_GATEWAY_TOKEN").unwrap();
+            assert_eq!(token.value, None, "credentials never inline");
+            let sk = token
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref())
+                .unwrap();
+            assert_eq!((sk.name.as_str(), sk.key.as_str()), ("gw-sidecar", "token"));
+        }
+    }
+
     #[test]
     fn container_choice_errors() {
         let cfg = ClusterConfig::default();

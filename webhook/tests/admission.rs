@@ -493,6 +493,78 @@ fn pod_with_handler_annotation_is_injected_with_escaped_paths() {
     assert!(upd.get("patch").is_none() && upd["allowed"] == true);
 }
 
+/// The injected sidecar's environment, by name.
+fn sidecar_env(pod: &Value) -> HashMap<String, Value> {
+    let sidecar = pod["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .chain(pod["spec"]["containers"].as_array())
+        .flatten()
+        .find(|c| c["name"] == "asya-sidecar")
+        .expect("an injected sidecar");
+    sidecar["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
+        .collect()
+}
+
+#[test]
+fn sidecar_gets_the_gateway_url_only_when_the_cluster_configuration_names_one() {
+    let p = pod(
+        json!({"asya.sh/inject": "true", "asya.sh/actor": "echo"}),
+        json!({"asya.sh/handler": "echo.handle"}),
+    );
+    let inject = |env: &Env| {
+        let r = env.run(
+            Endpoint::MutatePods,
+            &review(pod_kind(), "CREATE", Some(p.clone()), None),
+        );
+        assert_eq!(r["allowed"], true, "{r}");
+        sidecar_env(&apply(&p, &r))
+    };
+
+    // A configuration without `gateway` (the chart's with gateway.enabled=false).
+    let mut env = Env::new();
+    env.config = ClusterConfig::from_yaml("defaultTransport: rabbitmq\n").unwrap();
+    let without = inject(&env);
+    assert!(without.contains_key("ASYA_ACTOR_NAME"), "{without:?}");
+    assert!(!without.contains_key("ASYA_GATEWAY_URL"), "{without:?}");
+    assert!(!without.contains_key("ASYA_GATEWAY_TOKEN"), "{without:?}");
+
+    // The chart's with gateway.enabled=true: the sidecar reports to the gateway's Service.
+    env.config = ClusterConfig::from_yaml(
+        "defaultTransport: rabbitmq\n\
+         gateway:\n  url: http://asya-gateway.asya-system.svc:8080\n",
+    )
+    .unwrap();
+    let with = inject(&env);
+    assert_eq!(
+        with["ASYA_GATEWAY_URL"],
+        json!({"name": "ASYA_GATEWAY_URL", "value": "http://asya-gateway.asya-system.svc:8080"})
+    );
+    assert!(!with.contains_key("ASYA_GATEWAY_TOKEN"), "{with:?}");
+
+    // With the sidecars' token Secret: the token by reference.
+    env.config = ClusterConfig::from_yaml(
+        "defaultTransport: rabbitmq\n\
+         gateway:\n  url: http://asya-gateway.asya-system.svc:8080\n  \
+         tokenSecretRef: {name: gw-sidecar, key: token}\n",
+    )
+    .unwrap();
+    let with = inject(&env);
+    assert_eq!(
+        with["ASYA_GATEWAY_URL"]["value"],
+        "http://asya-gateway.asya-system.svc:8080"
+    );
+    assert_eq!(
+        with["ASYA_GATEWAY_TOKEN"],
+        json!({"name": "ASYA_GATEWAY_TOKEN",
+               "valueFrom": {"secretKeyRef": {"name": "gw-sidecar", "key": "token"}}})
+    );
+}
+
 #[test]
 fn invalid_annotations_are_rejected_by_the_same_rules() {
     let env = Env::new();
