@@ -76,13 +76,46 @@ pub fn amqp_url(c: &TransportSettings, password: Option<&str>) -> String {
     let (host, tls) = rabbit_host(c);
     let scheme = if tls { "amqps" } else { "amqp" };
     let port = c.port.unwrap_or(if tls { 5671 } else { 5672 });
-    let vhost = encode(c.vhost.as_deref().unwrap_or("/"));
+    format!(
+        "{scheme}://{}@{host}:{port}/{}",
+        userinfo(c, password),
+        vhost_path(c)
+    )
+}
+
+fn userinfo(c: &TransportSettings, password: Option<&str>) -> String {
     let user = c.username.clone().unwrap_or_else(|| "guest".into());
-    let userinfo = match password {
+    match password {
         Some(p) => format!("{}:{}", encode(&user), encode(p)),
         None => encode(&user),
-    };
-    format!("{scheme}://{userinfo}@{host}:{port}/{vhost}")
+    }
+}
+
+/// The vhost as a URL's last path segment (`/` is `%2F`), as AMQP URLs and KEDA read it.
+fn vhost_path(c: &TransportSettings) -> String {
+    encode(c.vhost.as_deref().unwrap_or("/"))
+}
+
+/// How KEDA reads a RabbitMQ queue's depth, and the `host` it reads it at. Over the management
+/// API when one is configured: its count includes unacknowledged messages, and a sidecar holds
+/// up to its prefetch unacknowledged, so counting only ready ones (all AMQP can) makes a busy
+/// actor look idle: never scaled out, and scaled in mid-work. Over AMQP otherwise.
+pub fn keda_rabbitmq_source(
+    c: &TransportSettings,
+    password: Option<&str>,
+) -> (&'static str, String) {
+    match (c.management_port, management_url(c)) {
+        (Some(_), Some(base)) => {
+            let (scheme, rest) = base.split_once("://").unwrap_or(("http", &base));
+            let url = format!(
+                "{scheme}://{}@{rest}/{}",
+                userinfo(c, password),
+                vhost_path(c)
+            );
+            ("http", url)
+        }
+        _ => ("amqp", amqp_url(c, password)),
+    }
 }
 
 fn secret(name: String, namespace: &str, data: BTreeMap<String, String>) -> Secret {
@@ -118,7 +151,7 @@ pub fn transport_secrets(
     let mut out = Vec::new();
     let keda_name = naming::transport_secret_name(transport_name);
     if transport.kind == TRANSPORT_RABBITMQ {
-        let url = amqp_url(c, creds.password.as_deref());
+        let (_, url) = keda_rabbitmq_source(c, creds.password.as_deref());
         let mut keda = BTreeMap::from([(keda::SECRET_KEY_HOST.to_string(), url)]);
         if let (Some(r), Some(p)) = (&c.password_secret_ref, &creds.password) {
             keda.insert("password".into(), p.clone());

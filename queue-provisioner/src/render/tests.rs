@@ -284,3 +284,43 @@ fn rabbitmq_secrets_and_url() {
     );
     assert!(String::from_utf8_lossy(&s[1].data.as_ref().unwrap()["host"].0).contains(":pw@"));
 }
+
+#[test]
+fn keda_reads_rabbitmq_over_the_management_api_when_configured() {
+    // With the management API, KEDA counts unacknowledged messages too (a sidecar holds up to
+    // its prefetch): the trigger's protocol and the secret's host agree.
+    let cfg = ClusterConfig::from_yaml(
+        "transports:\n  rabbitmq:\n    type: rabbitmq\n    config: {host: 10.0.0.5, port: 5672, tls: false, managementPort: 15672, vhost: team/a, passwordSecretRef: {name: rabbitmq-secret, key: password}}\n",
+    )
+    .unwrap();
+    let t = &cfg.transports["rabbitmq"];
+    assert_eq!(
+        keda_rabbitmq_source(&t.config, Some("p@ss")),
+        (
+            "http",
+            "http://guest:p%40ss@10.0.0.5:15672/team%2Fa".to_string()
+        )
+    );
+    let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &cfg);
+    let so = scaled_object(&a, &labels(), &owner(), t, None);
+    assert_eq!(so["spec"]["triggers"][0]["metadata"]["protocol"], "http");
+    let creds = TransportCredentials {
+        password: Some("pw".into()),
+        aws: None,
+    };
+    let s = transport_secrets("team", "rabbitmq", t, &creds);
+    assert_eq!(
+        s[1].data.as_ref().unwrap()["host"].0,
+        b"http://guest:pw@10.0.0.5:15672/team%2Fa"
+    );
+
+    // Without it: AMQP, ready messages only.
+    let mut amqp = t.clone();
+    amqp.config.management_port = None;
+    assert_eq!(
+        keda_rabbitmq_source(&amqp.config, None),
+        ("amqp", "amqp://guest@10.0.0.5:5672/team%2Fa".to_string())
+    );
+    let so = scaled_object(&a, &labels(), &owner(), &amqp, None);
+    assert_eq!(so["spec"]["triggers"][0]["metadata"]["protocol"], "amqp");
+}
