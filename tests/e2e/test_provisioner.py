@@ -658,16 +658,20 @@ def test_fresh_apply_costs_bounded_work_per_actor(namespace):
     print(f"\nPROVISIONER-WORK actors={n} window_s={window:.0f} reconciles/actor={per['reconciles']:.2f} "
           f"api_requests/actor={per['api']:.2f} broker_ops/actor={per['broker']:.2f}")
     # Measured (docs/benchmarks.md): 2.0-2.5 reconciles, ~12 requests (4 of them Events),
-    # 3.3-4.5 broker operations per actor without KEDA; with KEDA's operator running, one
-    # reconcile more (its HPA reports a first desired count), ~4.2 reconciles and ~14 requests.
+    # 3.3-4.5 broker operations per actor without KEDA. With KEDA's operator running, up to two
+    # reconciles more: the HPA it makes appears and reports a first desired count (the 500 ms
+    # debounce merges those with our own writes' echoes or not, by timing): 4.1-4.6 reconciles
+    # and ~14 requests measured.
     # Every actor is also checked again every 60-75 s (a reconcile, a queue declare and count):
     # the checks that fall into the window count too. Before issue 16: ~6 reconciles at 200
     # actors, ~30 at 1,000, each with a pod list and every object applied again.
     periodic = math.ceil(window / 60)
-    keda = 1 if keda_running() else 0
+    keda = 2 if keda_running() else 0
     assert per["reconciles"] <= 2 + keda + periodic, per
     assert per["api"] <= 16, per
-    assert per["broker"] <= 3 + 2 * periodic, per
+    # Broker work follows the reconciles: a declare and an existence check per actor, at most a
+    # count per reconcile (measured 1.4-2.1 above the reconciles per actor).
+    assert per["broker"] <= 3 + per["reconciles"], per
 
 
 def test_own_status_writes_do_not_trigger_reconciles(namespace):
