@@ -219,10 +219,14 @@ where
         return Ok(());
     };
     let v = serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
-    let Some(replicas) = v.pointer("/spec/replicas").and_then(|r| r.as_i64()) else {
+    let Some(replicas) = v
+        .pointer("/spec/replicas")
+        .and_then(|r| r.as_i64())
+        .and_then(|r| i32::try_from(r).ok())
+    else {
         return Ok(());
     };
-    claim_replicas::<K>(api, name, replicas as i32).await
+    claim_replicas::<K>(api, name, replicas).await
 }
 
 /// The handoff manager takes `spec.replicas` at `replicas`.

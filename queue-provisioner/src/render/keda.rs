@@ -42,8 +42,8 @@ fn trigger(actor: &ResolvedActor, transport: &Transport, queue_url: Option<&str>
     let queue_length = s.queue_length.unwrap_or(5).to_string();
     let auth = json!({"name": naming::trigger_authentication_name(&actor.name)});
     if transport.kind == TRANSPORT_RABBITMQ {
-        // The protocol matches the `host` the transport secret holds (super::keda_rabbitmq_source).
-        let (protocol, _) = super::keda_rabbitmq_source(&transport.config, None);
+        // The protocol of the `host` the transport secret holds (super::keda_rabbitmq_host).
+        let protocol = super::keda_rabbitmq_protocol(&transport.config);
         json!({
             "type": "rabbitmq",
             "metadata": {"protocol": protocol, "queueName": actor.queue, "mode": "QueueLength", "value": queue_length},

@@ -62,12 +62,16 @@ fn rabbit_host(c: &TransportSettings) -> (String, bool) {
     (host, c.rabbitmq_tls())
 }
 
+/// The management API's scheme: HTTPS when AMQP uses TLS.
+fn management_scheme(tls: bool) -> &'static str {
+    if tls { "https" } else { "http" }
+}
+
 /// The management API's base URL when `managementPort` is configured (HTTPS when AMQP uses TLS).
 pub fn management_url(c: &TransportSettings) -> Option<String> {
     let port = c.management_port?;
     let (host, tls) = rabbit_host(c);
-    let scheme = if tls { "https" } else { "http" };
-    Some(format!("{scheme}://{host}:{port}"))
+    Some(format!("{}://{host}:{port}", management_scheme(tls)))
 }
 
 /// The AMQP URL of a RabbitMQ transport, with TLS by `TransportSettings::rabbitmq_tls`, as
@@ -76,45 +80,47 @@ pub fn amqp_url(c: &TransportSettings, password: Option<&str>) -> String {
     let (host, tls) = rabbit_host(c);
     let scheme = if tls { "amqps" } else { "amqp" };
     let port = c.port.unwrap_or(if tls { 5671 } else { 5672 });
-    format!(
-        "{scheme}://{}@{host}:{port}/{}",
-        userinfo(c, password),
-        vhost_path(c)
-    )
+    url_with_credentials(scheme, &host, port, c, password)
 }
 
-fn userinfo(c: &TransportSettings, password: Option<&str>) -> String {
+/// `scheme://user[:password]@host:port/vhost`, user, password and vhost percent-encoded (the
+/// vhost as the last path segment, `/` as `%2F`, as AMQP URLs and KEDA read it).
+fn url_with_credentials(
+    scheme: &str,
+    host: &str,
+    port: u16,
+    c: &TransportSettings,
+    password: Option<&str>,
+) -> String {
     let user = c.username.clone().unwrap_or_else(|| "guest".into());
-    match password {
+    let userinfo = match password {
         Some(p) => format!("{}:{}", encode(&user), encode(p)),
         None => encode(&user),
+    };
+    let vhost = encode(c.vhost.as_deref().unwrap_or("/"));
+    format!("{scheme}://{userinfo}@{host}:{port}/{vhost}")
+}
+
+/// How KEDA reads a RabbitMQ queue's depth. Over the management API when one is configured:
+/// its count includes unacknowledged messages, and a sidecar holds up to its prefetch
+/// unacknowledged, so counting only ready ones (all AMQP can) makes a busy actor look idle:
+/// never scaled out, and scaled in mid-work. Over AMQP otherwise.
+pub fn keda_rabbitmq_protocol(c: &TransportSettings) -> &'static str {
+    if c.management_port.is_some() {
+        "http"
+    } else {
+        "amqp"
     }
 }
 
-/// The vhost as a URL's last path segment (`/` is `%2F`), as AMQP URLs and KEDA read it.
-fn vhost_path(c: &TransportSettings) -> String {
-    encode(c.vhost.as_deref().unwrap_or("/"))
-}
-
-/// How KEDA reads a RabbitMQ queue's depth, and the `host` it reads it at. Over the management
-/// API when one is configured: its count includes unacknowledged messages, and a sidecar holds
-/// up to its prefetch unacknowledged, so counting only ready ones (all AMQP can) makes a busy
-/// actor look idle: never scaled out, and scaled in mid-work. Over AMQP otherwise.
-pub fn keda_rabbitmq_source(
-    c: &TransportSettings,
-    password: Option<&str>,
-) -> (&'static str, String) {
-    match (c.management_port, management_url(c)) {
-        (Some(_), Some(base)) => {
-            let (scheme, rest) = base.split_once("://").unwrap_or(("http", &base));
-            let url = format!(
-                "{scheme}://{}@{rest}/{}",
-                userinfo(c, password),
-                vhost_path(c)
-            );
-            ("http", url)
+/// The `host` KEDA's rabbitmq trigger reads the queue at, for [`keda_rabbitmq_protocol`].
+pub fn keda_rabbitmq_host(c: &TransportSettings, password: Option<&str>) -> String {
+    match c.management_port {
+        Some(port) => {
+            let (host, tls) = rabbit_host(c);
+            url_with_credentials(management_scheme(tls), &host, port, c, password)
         }
-        _ => ("amqp", amqp_url(c, password)),
+        None => amqp_url(c, password),
     }
 }
 
@@ -151,7 +157,7 @@ pub fn transport_secrets(
     let mut out = Vec::new();
     let keda_name = naming::transport_secret_name(transport_name);
     if transport.kind == TRANSPORT_RABBITMQ {
-        let (_, url) = keda_rabbitmq_source(c, creds.password.as_deref());
+        let url = keda_rabbitmq_host(c, creds.password.as_deref());
         let mut keda = BTreeMap::from([(keda::SECRET_KEY_HOST.to_string(), url)]);
         if let (Some(r), Some(p)) = (&c.password_secret_ref, &creds.password) {
             keda.insert("password".into(), p.clone());

@@ -294,12 +294,10 @@ fn keda_reads_rabbitmq_over_the_management_api_when_configured() {
     )
     .unwrap();
     let t = &cfg.transports["rabbitmq"];
+    assert_eq!(keda_rabbitmq_protocol(&t.config), "http");
     assert_eq!(
-        keda_rabbitmq_source(&t.config, Some("p@ss")),
-        (
-            "http",
-            "http://guest:p%40ss@10.0.0.5:15672/team%2Fa".to_string()
-        )
+        keda_rabbitmq_host(&t.config, Some("p@ss")),
+        "http://guest:p%40ss@10.0.0.5:15672/team%2Fa"
     );
     let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &cfg);
     let so = scaled_object(&a, &labels(), &owner(), t, None);
@@ -317,9 +315,10 @@ fn keda_reads_rabbitmq_over_the_management_api_when_configured() {
     // Without it: AMQP, ready messages only.
     let mut amqp = t.clone();
     amqp.config.management_port = None;
+    assert_eq!(keda_rabbitmq_protocol(&amqp.config), "amqp");
     assert_eq!(
-        keda_rabbitmq_source(&amqp.config, None),
-        ("amqp", "amqp://guest@10.0.0.5:5672/team%2Fa".to_string())
+        keda_rabbitmq_host(&amqp.config, None),
+        "amqp://guest@10.0.0.5:5672/team%2Fa"
     );
     let so = scaled_object(&a, &labels(), &owner(), &amqp, None);
     assert_eq!(so["spec"]["triggers"][0]["metadata"]["protocol"], "amqp");
