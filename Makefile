@@ -6,6 +6,17 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/asya-rs/target
 # cache (24 GB after a day of runs here) without making a clean build faster.
 export CARGO_INCREMENTAL ?= 0
 export CARGO_TERM_COLOR ?= never
+# The cargo profile of the tests and of the binaries they run: dev for quick iteration. `make
+# test` builds everything once in `ci` (Cargo.toml: optimised, no LTO), images included;
+# `make images` alone builds release images.
+PROFILE ?= dev
+IMAGE_PROFILE ?= release
+test: PROFILE = ci
+test: IMAGE_PROFILE = ci
+# Where a profile's binaries are (dev's directory is called debug); the tests read it.
+bin_dir = $(CARGO_TARGET_DIR)/$(if $(filter dev,$(1)),debug,$(1))
+export ASYA_CARGO_PROFILE = $(PROFILE)
+export ASYA_BIN_DIR = $(call bin_dir,$(PROFILE))
 
 .PHONY: demo test deps lint images image-tests unit services e2e validate-examples crds
 
@@ -23,11 +34,12 @@ lint:
 	$(HOME)/.cache/asya-rs/bin/actionlint .github/workflows/*.yml
 
 # The container images, as OCI archives under target/images/ (NAME.oci.tar), built from the
-# release binaries and Debian's packages: no registry is needed (deploy/images/ocibuild.py).
-IMAGE_BINS := asya-webhook asya-queue-provisioner asya-sidecar
+# binaries of IMAGE_PROFILE and Debian's packages: no registry is needed (deploy/images/ocibuild.py).
+# All the workspace's binaries in one build, as `make unit` builds them: the same features, so
+# under `make test` the second build is a no-op.
 images:
-	cargo build --release --locked $(addprefix -p ,$(IMAGE_BINS)) $(addprefix --bin ,$(IMAGE_BINS))
-	python3 deploy/images/ocibuild.py --bin-dir $(CARGO_TARGET_DIR)/release
+	cargo build --profile $(IMAGE_PROFILE) --locked --workspace --bins
+	python3 deploy/images/ocibuild.py --bin-dir $(call bin_dir,$(IMAGE_PROFILE))
 
 # Each image is a valid OCI image and runs under containerd + runc (tests/images); the crew's
 # image stores envelopes in the S3 server of tests/services.
@@ -40,10 +52,10 @@ services:
 	./tests/cluster/up
 
 unit:
-	source tests/cluster/env && cargo test --workspace --locked
+	source tests/cluster/env && cargo test --profile $(PROFILE) --workspace --locked
 	python3 -m pytest -q sidecar/runtime/tests
 	# The gateway end to end (MCP client, sidecars, crew, PostgreSQL, S3): needs the binaries.
-	cargo build --workspace --locked --bins
+	cargo build --profile $(PROFILE) --workspace --locked --bins
 	source tests/cluster/env && python3 -m pytest -q -p no:cacheprovider gateway/tests/e2e
 
 e2e:

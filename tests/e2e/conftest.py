@@ -32,6 +32,12 @@ CRDS = ROOT / "deploy" / "crds"
 STATE = CLUSTER / "e2e"
 
 
+def bin_dir() -> str:
+    """The binaries of the profile `make` built (ASYA_BIN_DIR: ci under `make test`), else dev's."""
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/asya-rs/target"))
+    return os.environ.get("ASYA_BIN_DIR") or os.path.join(target, "debug")
+
+
 class CommandError(AssertionError):
     pass
 

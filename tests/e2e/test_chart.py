@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import CHART, CRDS, ROOT, crds_generated, helm, kubectl, kubectl_json, run, wait_for
+from conftest import CHART, CRDS, ROOT, bin_dir, crds_generated, helm, kubectl, kubectl_json, run, wait_for
 
 E2E_VALUES = ROOT / "tests" / "e2e" / "values.yaml"
 needs_crds = pytest.mark.skipif(not crds_generated(), reason="deploy/crds not generated yet (make crds; API crate)")
@@ -406,7 +406,7 @@ def test_kubectl_get_asyas_shows_printer_columns(namespace):
     assert header == default_cols, header
 
 
-WEBHOOK_BIN = Path(os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache/asya-rs/target")) / "debug" / "asya-webhook"
+WEBHOOK_BIN = Path(bin_dir()) / "asya-webhook"
 
 
 @pytest.mark.skipif(not WEBHOOK_BIN.exists(), reason="asya-webhook not built (tests/e2e/up builds it)")

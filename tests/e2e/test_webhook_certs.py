@@ -14,9 +14,9 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import KUBECONFIG, ROOT, kubectl, kubectl_json, wait_for
+from conftest import KUBECONFIG, ROOT, bin_dir, kubectl, kubectl_json, wait_for
 
-BIN = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/asya-rs/target")), "debug", "asya-webhook")
+BIN = os.path.join(bin_dir(), "asya-webhook")
 
 pytestmark = pytest.mark.skipif(not os.path.exists(BIN), reason="asya-webhook is not built")
 

@@ -23,7 +23,8 @@ import uuid
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-TARGET = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "debug"
+# The binaries of the profile `make` built (ASYA_BIN_DIR), else the dev build.
+TARGET = pathlib.Path(os.environ.get("ASYA_BIN_DIR") or pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "debug")
 GATEWAY = TARGET / "asya-gateway"
 SIDECAR = TARGET / "asya-sidecar"
 RUNTIME = ROOT / "sidecar" / "runtime" / "asya_runtime.py"
