@@ -438,6 +438,7 @@ RUST_IMAGES = {
     "asya-webhook": ("Asya admission webhook: validation, defaulting, policy and sidecar injection", ["8443", "9090"]),
     "asya-queue-provisioner": ("Asya queue provisioner: queues, workloads and KEDA scaling for AsyncActors", ["8080"]),
     "asya-sidecar": ("Asya actor sidecar: queue <-> runtime bridge with routing and resiliency", ["8080"]),
+    "asya-gateway": ("Asya gateway: actor pipelines as MCP tools and REST, envelope status in PostgreSQL", ["8080"]),
 }
 
 
@@ -474,8 +475,8 @@ def define_images(bin_dir: Path, cache: Path, only: set[str], keda_dir: Path | N
         binaries = {n: bin_dir / n for n in RUST_IMAGES}
         for n, b in binaries.items():
             if not b.is_file():
-                raise BuildError(f"{b} is missing: build it first (cargo build --release -p {n})")
-        # One base for all three (built from all their libraries), so a node stores it once.
+                raise BuildError(f"{b} is missing: build it first (make images, or cargo build --release -p {n})")
+        # One base for all of them (built from all their libraries), so a node stores it once.
         base, packages = rust_base_layer(list(binaries.values()), epoch)
         for n in wanted_rust:
             desc, ports = RUST_IMAGES[n]

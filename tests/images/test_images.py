@@ -20,6 +20,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "target" / "images"
 CTL = os.environ.get("ASYA_TEST_CONTAINERD_CTL", str(ROOT / "tests/services/containerd"))
 NS = "asya-image-tests"
-RUST_IMAGES = ["asya-webhook", "asya-queue-provisioner", "asya-sidecar"]
+RUST_IMAGES = ["asya-webhook", "asya-queue-provisioner", "asya-sidecar", "asya-gateway"]
 # The Python images: the handlers of each (source directory -> directory in the image).
 PYTHON_IMAGES = {
     "asya-examples": ("deploy/examples/handlers", "app"),
@@ -45,6 +46,7 @@ ENTRYPOINT_ANSWERS = {
     "asya-webhook": "Usage: asya-webhook",
     "asya-sidecar": "ASYA_ACTOR_NAME: is required",
     "asya-queue-provisioner": "/home/nonroot/.kube/config",
+    "asya-gateway": "Usage: asya-gateway",
 }
 SHELLS = ("bin/sh", "bin/bash", "bin/dash", "bin/busybox", "usr/bin/sh", "usr/bin/bash", "usr/bin/dash")
 
@@ -239,7 +241,7 @@ def test_sizes_and_the_sidecar_budget():
     for n, s in sizes.items():
         print(f"IMAGE-SIZE {n} compressed={s / 1e6:.1f}MB")
     assert sizes["asya-sidecar"] < SIDECAR_BUDGET, f"asya-sidecar is {sizes['asya-sidecar']} bytes compressed"
-    # The three Rust images share their base layer, so a node stores it once.
+    # The Rust images share their base layer, so a node stores it once.
     bases = {Archive(n).manifest["layers"][0]["digest"] for n in RUST_IMAGES}
     assert len(bases) == 1, bases
 
@@ -414,6 +416,76 @@ def test_provisioner_serves_health_as_nonroot_on_a_read_only_root(imported, shar
             return False
         wait_for("the provisioner's /healthz", healthy)
         assert all(u == NONROOT for u in uids_of(pid)), uids_of(pid)
+
+
+SQS_ENDPOINT = os.environ.get("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566")
+GATEWAY_TOOLS = """
+routes:
+  tools:
+  - name: echo
+    description: Says it back
+    parameters:
+      text: {type: string, required: true}
+    route: [first, second]
+"""
+
+
+def http_json(method: str, url: str, body: dict | None = None, token: str | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def test_gateway_serves_tools_and_sends_envelopes_as_nonroot(imported, shared_dir):
+    """The gateway image as the chart runs it (tools file and token Secret mounted read-only,
+    no database): /health answers, a call without the token is refused, a call with it puts
+    the envelope on the first actor's queue of the SQS server."""
+    import boto3
+
+    ns = f"img{uuid.uuid4().hex[:8]}"
+    sqs = boto3.client("sqs", endpoint_url=SQS_ENDPOINT, region_name="us-east-1",
+                       aws_access_key_id="test", aws_secret_access_key="test")
+    queue = sqs.create_queue(QueueName=f"asya-{ns}-first")["QueueUrl"]
+    token = "image-test-token-" + uuid.uuid4().hex
+    Path(shared_dir, "tools.yaml").write_text(GATEWAY_TOOLS)
+    Path(shared_dir, "tokens").write_text(token + "\n")
+    for f in ("tools.yaml", "tokens"):
+        Path(shared_dir, f).chmod(0o644)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with running(imported["asya-gateway"], "/usr/local/bin/asya-gateway", "serve",
+                     "--addr", f"127.0.0.1:{port}", "--tools", "/etc/asya/tools.yaml",
+                     "--auth-tokens", "/etc/asya/tokens", "--namespace", ns,
+                     "--sqs-region", "us-east-1", "--sqs-endpoint", SQS_ENDPOINT,
+                     env=("AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test"),
+                     mounts=(f"type=bind,src={shared_dir},dst=/etc/asya,options=rbind:ro",), net_host=True) as pid:
+            def healthy():
+                with contextlib.suppress(OSError):
+                    with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                        return r.status == 200
+                return False
+            wait_for("the gateway's /health", healthy)
+            assert all(u == NONROOT for u in uids_of(pid)), uids_of(pid)
+
+            status, body = http_json("POST", f"{base}/tools/call", {"name": "echo", "arguments": {"text": "hi"}})
+            assert status == 401, body
+            status, body = http_json("POST", f"{base}/tools/call", {"name": "echo", "arguments": {"text": "hi"}},
+                                     token=token)
+            assert status == 202, body
+            got = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=1, WaitTimeSeconds=10).get("Messages", [])
+            assert len(got) == 1, got
+            envelope = json.loads(got[0]["Body"])
+            assert envelope["id"] == body["envelope_id"]
+            assert envelope["route"] == {"actors": ["first", "second"], "current": 0}
+            assert envelope["payload"] == {"text": "hi"}
+    finally:
+        sqs.delete_queue(QueueUrl=queue)
 
 
 def frame(obj) -> bytes:
