@@ -1,6 +1,11 @@
 //! PostgreSQL storage through tokio-postgres. Migrations are embedded and applied at start
-//! under an advisory lock (several gateway replicas may start at once). One connection,
-//! re-established on demand; every statement has a deadline, so a hung database answers 503
+//! under an advisory lock (several gateway replicas may start at once). Two connections, each
+//! re-established on demand: calls and final statuses on one whose commits wait for the disk;
+//! progress and reads on one whose commits do not (`synchronous_commit = off`: a crash of the
+//! database may lose its last fraction of a second of progress, never a call or a final
+//! status; the data stays consistent). With one connection for all, every progress report
+//! waited for its own WAL flush behind the others, and that bounded a whole gateway to a few
+//! hundred calls per second. Every statement has a deadline, so a hung database answers 503
 //! instead of hanging the caller.
 
 use std::time::Duration;
@@ -19,9 +24,28 @@ const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_envelo
 
 const DEADLINE: Duration = Duration::from_secs(5);
 
+/// One connection, opened on first use and again after it failed.
+struct Conn {
+    client: Mutex<Option<Arc<Client>>>,
+    /// Run once on every new connection: its commit mode.
+    setup: &'static str,
+}
+
+impl Conn {
+    fn new(setup: &'static str) -> Conn {
+        Conn {
+            client: Mutex::new(None),
+            setup,
+        }
+    }
+}
+
 pub struct Postgres {
     url: String,
-    client: Mutex<Option<Arc<Client>>>,
+    /// Calls (envelopes created) and final statuses.
+    durable: Conn,
+    /// Progress events and reads.
+    advisory: Conn,
 }
 
 fn down(e: impl std::fmt::Display) -> StoreError {
@@ -55,13 +79,14 @@ impl Postgres {
     pub async fn connect(url: &str) -> Result<Postgres, StoreError> {
         let pg = Postgres {
             url: url.to_string(),
-            client: Mutex::new(None),
+            durable: Conn::new("SET synchronous_commit TO on"),
+            advisory: Conn::new("SET synchronous_commit TO off"),
         };
         pg.migrate().await?;
         Ok(pg)
     }
 
-    async fn open(&self) -> Result<Client, StoreError> {
+    async fn open(&self, setup: &str) -> Result<Client, StoreError> {
         let (client, connection) =
             tokio::time::timeout(DEADLINE, tokio_postgres::connect(&self.url, NoTls))
                 .await
@@ -72,18 +97,22 @@ impl Postgres {
                 tracing::warn!(error = %e, "PostgreSQL connection ended");
             }
         });
+        tokio::time::timeout(DEADLINE, client.batch_execute(setup))
+            .await
+            .map_err(|_| down("connection setup timed out"))?
+            .map_err(down)?;
         Ok(client)
     }
 
     /// A live connection (shared: tokio-postgres pipelines concurrent statements).
-    async fn client(&self) -> Result<Arc<Client>, StoreError> {
-        let mut guard = self.client.lock().await;
+    async fn client(&self, conn: &Conn) -> Result<Arc<Client>, StoreError> {
+        let mut guard = conn.client.lock().await;
         if let Some(c) = guard.as_ref()
             && !c.is_closed()
         {
             return Ok(c.clone());
         }
-        let c = Arc::new(self.open().await?);
+        let c = Arc::new(self.open(conn.setup).await?);
         *guard = Some(c.clone());
         Ok(c)
     }
@@ -91,7 +120,7 @@ impl Postgres {
     /// The outcome of one statement run under the deadline; a connection that failed or
     /// hung is dropped so the next statement reconnects.
     async fn done<T>(
-        &self,
+        conn: &Conn,
         r: Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed>,
     ) -> Result<T, StoreError> {
         match r {
@@ -100,18 +129,18 @@ impl Postgres {
                 Err(StoreError::Rejected(e.to_string()))
             }
             Ok(Err(e)) => {
-                *self.client.lock().await = None;
+                *conn.client.lock().await = None;
                 Err(down(e))
             }
             Err(_) => {
-                *self.client.lock().await = None;
+                *conn.client.lock().await = None;
                 Err(down("statement timed out"))
             }
         }
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        let mut client = self.open().await?;
+        let mut client = self.open(self.durable.setup).await?;
         let tx = client.transaction().await.map_err(down)?;
         // Serialises concurrent starts; released at commit.
         tx.execute("SELECT pg_advisory_xact_lock(8127364519)", &[])
@@ -148,14 +177,14 @@ impl Postgres {
             tracing::info!(version, "applied database migration");
         }
         tx.commit().await.map_err(down)?;
-        *self.client.lock().await = Some(Arc::new(client));
+        *self.durable.client.lock().await = Some(Arc::new(client));
         Ok(())
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let c = self.client().await?;
+        let c = self.client(&self.durable).await?;
         let r = timeout(DEADLINE, c.simple_query("SELECT 1")).await;
-        self.done(r).await.map(|_| ())
+        Self::done(&self.durable, r).await.map(|_| ())
     }
 
     pub async fn create(&self, r: &Record) -> Result<Record, StoreError> {
@@ -167,7 +196,7 @@ impl Postgres {
              RETURNING {COLUMNS}"
         );
         let status = r.status.as_str();
-        let c = self.client().await?;
+        let c = self.client(&self.durable).await?;
         let r = timeout(
             DEADLINE,
             c.query_one(
@@ -186,20 +215,20 @@ impl Postgres {
             ),
         )
         .await;
-        let row = self.done(r).await?;
+        let row = Self::done(&self.durable, r).await?;
         record(&row)
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM envelopes WHERE id = $1");
-        let c = self.client().await?;
+        let c = self.client(&self.advisory).await?;
         let r = timeout(DEADLINE, c.query_opt(&sql, &[&id])).await;
-        let row = self.done(r).await?;
+        let row = Self::done(&self.advisory, r).await?;
         row.as_ref().map(record).transpose()
     }
 
     pub async fn children(&self, id: &str) -> Result<Vec<String>, StoreError> {
-        let c = self.client().await?;
+        let c = self.client(&self.advisory).await?;
         let r = timeout(
             DEADLINE,
             c.query(
@@ -208,12 +237,12 @@ impl Postgres {
             ),
         )
         .await;
-        let rows = self.done(r).await?;
+        let rows = Self::done(&self.advisory, r).await?;
         rows.iter().map(|r| r.try_get(0).map_err(down)).collect()
     }
 
     pub async fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
-        let c = self.client().await?;
+        let c = self.client(&self.advisory).await?;
         let r = timeout(
             DEADLINE,
             c.query(
@@ -223,7 +252,7 @@ impl Postgres {
             ),
         )
         .await;
-        let rows = self.done(r).await?;
+        let rows = Self::done(&self.advisory, r).await?;
         rows.iter()
             .map(|r| {
                 Ok(Event {
@@ -259,13 +288,13 @@ impl Postgres {
              SELECT * FROM upd"
         );
         let percent = event.progress;
-        let c = self.client().await?;
+        let c = self.client(&self.advisory).await?;
         let r = timeout(
             DEADLINE,
             c.query_opt(&sql, &[&id, &p.actor, &percent, &p.phase, &p.message]),
         )
         .await;
-        let row = self.done(r).await?;
+        let row = Self::done(&self.advisory, r).await?;
         row.as_ref().map(record).transpose()
     }
 
@@ -290,13 +319,13 @@ impl Postgres {
              SELECT * FROM upd"
         );
         let st = status.as_str();
-        let c = self.client().await?;
+        let c = self.client(&self.durable).await?;
         let r = timeout(
             DEADLINE,
             c.query_opt(&sql, &[&id, &st, &actor, &result, &error]),
         )
         .await;
-        let row = self.done(r).await?;
+        let row = Self::done(&self.durable, r).await?;
         match row {
             Some(r) => Ok(Some((record(&r)?, true))),
             None => Ok(self.get(id).await?.map(|r| (r, false))),
