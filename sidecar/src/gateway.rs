@@ -1,8 +1,10 @@
 //! Reports to the gateway (`ASYA_GATEWAY_URL`): progress (received, processing, completed),
 //! fan-out children and, on the end actors, the final status. Never in the envelope's way:
-//! reports go through a bounded queue to one background task that tries each a bounded
-//! number of times with a deadline; a report that cannot be delivered (queue full, gateway
-//! slow or down) is dropped with a metric and a log line, and the envelope goes on.
+//! reports go through bounded queues to background tasks that try each a bounded number of
+//! times with a deadline; a report that cannot be delivered (queue full, gateway slow or
+//! down) is dropped with a metric and a log line, and the envelope goes on. The reports of
+//! one envelope share a lane, so they arrive in order; several lanes keep a busy actor's
+//! reports (three per envelope) from queueing behind one round trip at a time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +36,8 @@ pub struct Report {
     pub kind: &'static str,
     pub path: String,
     pub body: Value,
+    /// The envelope it is about: picks the lane.
+    pub envelope: String,
 }
 
 impl Report {
@@ -53,6 +57,7 @@ impl Report {
             kind: "progress",
             path: format!("/envelopes/{}/progress", encode(id)),
             body,
+            envelope: id.into(),
         }
     }
 
@@ -61,6 +66,7 @@ impl Report {
             kind: "child",
             path: "/envelopes".into(),
             body: json!({"id": id, "parent_id": parent_id, "route": {"actors": actors, "current": current}}),
+            envelope: id.into(),
         }
     }
 
@@ -85,6 +91,7 @@ impl Report {
             kind: "final",
             path: format!("/envelopes/{}/final", encode(id)),
             body,
+            envelope: id.into(),
         }
     }
 }
@@ -107,11 +114,23 @@ type Client = hyper_util::client::legacy::Client<
     Full<Bytes>,
 >;
 
+/// Lanes: reports delivered at once, at most.
+const LANES: usize = 4;
+
 /// The sending side; cheap to clone. A disabled reporter (no URL) does nothing.
 #[derive(Clone)]
 pub struct Reporter {
-    tx: Option<mpsc::Sender<Report>>,
+    /// One queue per lane.
+    tx: Option<Arc<[mpsc::Sender<Report>]>>,
     metrics: Arc<Metrics>,
+}
+
+/// The lane of an envelope's reports: the same for all of them.
+fn lane(envelope: &str, lanes: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    envelope.hash(&mut h);
+    (h.finish() % lanes.max(1) as u64) as usize
 }
 
 impl Reporter {
@@ -130,10 +149,17 @@ impl Reporter {
         let client: Client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build(https);
-        let (tx, rx) = mpsc::channel(cfg.queue.max(1));
-        tokio::spawn(deliver(cfg, client, rx, metrics.clone()));
+        // The queue bound is the whole reporter's, shared out among the lanes.
+        let per_lane = cfg.queue.div_ceil(LANES).max(1);
+        let tx: Vec<_> = (0..LANES)
+            .map(|_| {
+                let (tx, rx) = mpsc::channel(per_lane);
+                tokio::spawn(deliver(cfg.clone(), client.clone(), rx, metrics.clone()));
+                tx
+            })
+            .collect();
         Ok(Reporter {
-            tx: Some(tx),
+            tx: Some(tx.into()),
             metrics,
         })
     }
@@ -144,7 +170,8 @@ impl Reporter {
 
     /// Queues a report without waiting; drops it (metric, log) when the queue is full.
     pub fn send(&self, r: Report) {
-        let Some(tx) = &self.tx else { return };
+        let Some(lanes) = &self.tx else { return };
+        let tx = &lanes[lane(&r.envelope, lanes.len())];
         if let Err(e) = tx.try_send(r) {
             let r = match e {
                 mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
@@ -226,6 +253,16 @@ mod tests {
         let f = Report::final_status("e", "x-sump", false, None, Some(json!({"reason": "boom"})));
         assert_eq!(f.body["status"], "failed");
         assert_eq!(f.body["error"]["reason"], "boom");
+    }
+
+    #[test]
+    fn an_envelopes_reports_share_a_lane_and_envelopes_spread_over_all() {
+        let p = Report::progress("env-7", None, "a", "received", 0, 2);
+        let f = Report::final_status("env-7", "x-sink", true, None, None);
+        assert_eq!(lane(&p.envelope, LANES), lane(&f.envelope, LANES));
+        let used: std::collections::HashSet<usize> =
+            (0..200).map(|i| lane(&format!("e{i}"), LANES)).collect();
+        assert_eq!(used.len(), LANES, "{used:?}");
     }
 
     #[tokio::test]
