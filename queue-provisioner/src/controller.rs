@@ -1308,7 +1308,7 @@ pub async fn run(
         watcher::Config::default().labels(&managed).any_semantic(),
     )
     .default_backoff()
-    .modify(|d| d.managed_fields_mut().clear())
+    .modify(work::slim_deployment)
     .reflect(deployments_w)
     .applied_objects()
     .predicate_filter(work::deployment_fingerprint, pred());
@@ -1318,7 +1318,7 @@ pub async fn run(
         watcher::Config::default().labels(&managed).any_semantic(),
     )
     .default_backoff()
-    .modify(|s| s.managed_fields_mut().clear())
+    .modify(work::slim_stateful_set)
     .reflect(stateful_sets_w)
     .applied_objects()
     .predicate_filter(work::stateful_set_fingerprint, pred());
@@ -1359,7 +1359,7 @@ pub async fn run(
             .any_semantic(),
     )
     .default_backoff()
-    .modify(|h| h.managed_fields_mut().clear())
+    .modify(work::slim_hpa)
     .reflect(hpas_w)
     .applied_objects()
     .predicate_filter(work::hpa_fingerprint, pred());
@@ -1400,7 +1400,7 @@ pub async fn run(
             watcher::Config::default().labels(&managed).any_semantic(),
         )
         .default_backoff()
-        .modify(|o| o.managed_fields_mut().clear())
+        .modify(work::slim_scaled_object)
         .reflect(w)
         .applied_objects()
         .predicate_filter(work::scaled_object_fingerprint, pred());
