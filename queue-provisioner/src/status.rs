@@ -75,11 +75,33 @@ pub enum PodState {
 
 fn failing_in(statuses: Option<&Vec<ContainerStatus>>) -> Option<(String, String)> {
     statuses?.iter().find_map(|s| {
-        let reason = s.state.as_ref()?.waiting.as_ref()?.reason.clone()?;
-        FAILING_REASONS
-            .contains(&reason.as_str())
-            .then(|| (s.name.clone(), reason))
+        let state = s.state.as_ref()?;
+        if let Some(reason) = state.waiting.as_ref().and_then(|w| w.reason.clone()) {
+            return FAILING_REASONS
+                .contains(&reason.as_str())
+                .then(|| (s.name.clone(), reason));
+        }
+        crashed_and_not_ready(s).map(|reason| (s.name.clone(), reason))
     })
+}
+
+/// A container running again after it failed, and not ready yet: one more try of a crash loop
+/// (a sidecar that never reaches its broker runs a while before each exit), so the actor stays
+/// failing between the back-offs instead of flapping to `Creating` on every try.
+fn crashed_and_not_ready(s: &ContainerStatus) -> Option<String> {
+    s.state.as_ref()?.running.as_ref()?;
+    if s.ready || s.restart_count == 0 {
+        return None;
+    }
+    let last = s.last_state.as_ref()?.terminated.as_ref()?;
+    if last.exit_code == 0 {
+        return None;
+    }
+    let why = last.reason.as_deref().unwrap_or("Error");
+    Some(format!(
+        "restarted after {why} (exit code {})",
+        last.exit_code
+    ))
 }
 
 pub fn classify_pod(pod: &Pod) -> PodState {
