@@ -85,11 +85,17 @@ fn failing_in(statuses: Option<&Vec<ContainerStatus>>) -> Option<(String, String
     })
 }
 
-/// A container running again after it failed, and not ready yet: one more try of a crash loop
-/// (a sidecar that never reaches its broker runs a while before each exit), so the actor stays
-/// failing between the back-offs instead of flapping to `Creating` on every try.
+/// A crash loop between its back-offs: a container that just exited with an error (not yet
+/// waiting in `CrashLoopBackOff`), or one running again after such an exit and not ready yet
+/// (a sidecar that never reaches its broker runs a while before each exit). The actor stays
+/// failing through the loop instead of flapping to `Creating` on every try.
 fn crashed_and_not_ready(s: &ContainerStatus) -> Option<String> {
-    s.state.as_ref()?.running.as_ref()?;
+    let state = s.state.as_ref()?;
+    if let Some(t) = &state.terminated {
+        let why = t.reason.as_deref().unwrap_or("Error");
+        return (t.exit_code != 0).then(|| format!("{why} (exit code {})", t.exit_code));
+    }
+    state.running.as_ref()?;
     if s.ready || s.restart_count == 0 {
         return None;
     }

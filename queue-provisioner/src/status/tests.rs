@@ -143,6 +143,25 @@ fn a_crash_loop_between_its_back_offs_is_still_failing() {
     let mut o = base();
     o.pods = vec![classify_pod(&restarted("asya-sidecar", false, 1))];
     assert_eq!(phase(&o), PHASE_SIDECAR_ERROR);
+
+    // Just exited with an error, before the kubelet says CrashLoopBackOff.
+    let exited = |code: i32| {
+        pod(
+            json!({"metadata": {"name": "p"}, "status": {"phase": "Running",
+            "containerStatuses": [{"name": "asya-runtime", "ready": false, "restartCount": 2, "image": "i",
+                "imageID": "", "state": {"terminated": {"exitCode": code, "reason": "Error"}}}]}}),
+        )
+    };
+    assert_eq!(
+        classify_pod(&exited(1)),
+        PodState::Failing {
+            kind: FailKind::Runtime,
+            container: "asya-runtime".into(),
+            reason: "Error (exit code 1)".into(),
+        }
+    );
+    // The installer's clean exit is its job done.
+    assert_eq!(classify_pod(&exited(0)), PodState::Pending);
 }
 
 #[test]
