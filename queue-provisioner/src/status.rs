@@ -75,11 +75,39 @@ pub enum PodState {
 
 fn failing_in(statuses: Option<&Vec<ContainerStatus>>) -> Option<(String, String)> {
     statuses?.iter().find_map(|s| {
-        let reason = s.state.as_ref()?.waiting.as_ref()?.reason.clone()?;
-        FAILING_REASONS
-            .contains(&reason.as_str())
-            .then(|| (s.name.clone(), reason))
+        let state = s.state.as_ref()?;
+        if let Some(reason) = state.waiting.as_ref().and_then(|w| w.reason.clone()) {
+            return FAILING_REASONS
+                .contains(&reason.as_str())
+                .then(|| (s.name.clone(), reason));
+        }
+        crashed_and_not_ready(s).map(|reason| (s.name.clone(), reason))
     })
+}
+
+/// A crash loop between its back-offs: a container that just exited with an error (not yet
+/// waiting in `CrashLoopBackOff`), or one running again after such an exit and not ready yet
+/// (a sidecar that never reaches its broker runs a while before each exit). The actor stays
+/// failing through the loop instead of flapping to `Creating` on every try.
+fn crashed_and_not_ready(s: &ContainerStatus) -> Option<String> {
+    let state = s.state.as_ref()?;
+    if let Some(t) = &state.terminated {
+        let why = t.reason.as_deref().unwrap_or("Error");
+        return (t.exit_code != 0).then(|| format!("{why} (exit code {})", t.exit_code));
+    }
+    state.running.as_ref()?;
+    if s.ready || s.restart_count == 0 {
+        return None;
+    }
+    let last = s.last_state.as_ref()?.terminated.as_ref()?;
+    if last.exit_code == 0 {
+        return None;
+    }
+    let why = last.reason.as_deref().unwrap_or("Error");
+    Some(format!(
+        "restarted after {why} (exit code {})",
+        last.exit_code
+    ))
 }
 
 pub fn classify_pod(pod: &Pod) -> PodState {

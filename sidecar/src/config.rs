@@ -45,6 +45,11 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     pub max_redeliveries: u32,
     pub shutdown_timeout: Duration,
+    /// How long the sidecar may go without ever reaching its broker, counted from when the
+    /// runtime first answers, before it exits so that the kubelet restarts it and the actor's
+    /// status says `SidecarError` (a wrong host, port or endpoint never heals by waiting).
+    /// `None` (`0`): wait forever. A broker lost after the first connection is always waited for.
+    pub transport_startup_timeout: Option<Duration>,
     pub log_json: bool,
     /// Where to report progress and final statuses (`ASYA_GATEWAY_URL`); off when unset.
     pub gateway: Option<GatewayConfig>,
@@ -265,6 +270,10 @@ impl Config {
             metrics_addr,
             max_redeliveries: v.number("ASYA_MAX_REDELIVERIES", 5u32, 0, 1_000)?,
             shutdown_timeout: v.duration("ASYA_SHUTDOWN_TIMEOUT", Duration::from_secs(25))?,
+            transport_startup_timeout: Some(
+                v.duration("ASYA_TRANSPORT_STARTUP_TIMEOUT", Duration::from_secs(60))?,
+            )
+            .filter(|d| !d.is_zero()),
             log_json,
         })
     }
@@ -294,6 +303,22 @@ mod tests {
         assert!(!c.queue_auto_create && !c.is_end_actor);
         assert_eq!(c.metrics_addr.port(), 8080);
         assert_eq!(c.handler_mode, HandlerMode::Payload);
+        assert_eq!(c.transport_startup_timeout, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn transport_startup_timeout_zero_waits_forever() {
+        let mut m = base();
+        m.insert("ASYA_TRANSPORT_STARTUP_TIMEOUT", "0");
+        assert_eq!(
+            Config::from_map(&m).unwrap().transport_startup_timeout,
+            None
+        );
+        m.insert("ASYA_TRANSPORT_STARTUP_TIMEOUT", "3s");
+        assert_eq!(
+            Config::from_map(&m).unwrap().transport_startup_timeout,
+            Some(Duration::from_secs(3))
+        );
     }
 
     #[test]

@@ -31,6 +31,11 @@ pub enum ServiceError {
     Stdin(#[from] std::io::Error),
     #[error("ASYA_GATEWAY_URL {url}: cannot set up the HTTP client: {source}")]
     Gateway { url: String, source: std::io::Error },
+    #[error(
+        "cannot reach the broker: not connected within {waited:?} of the runtime answering \
+         (ASYA_TRANSPORT_STARTUP_TIMEOUT); check the transport's host, port or endpoint"
+    )]
+    TransportUnreachable { waited: Duration },
     #[error("ASYA_METRICS_ADDR: cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -175,6 +180,10 @@ async fn run_with<T: Transport>(
         }
         None => crate::gateway::Reporter::disabled(metrics.clone()),
     };
+    let connected = {
+        let t = transport.clone();
+        move || t.healthy()
+    };
     let processor = Arc::new(
         Processor::new(cfg.clone(), transport, metrics, max_in_flight).with_reporter(reporter),
     );
@@ -183,6 +192,12 @@ async fn run_with<T: Transport>(
     tokio::select! {
         _ = &mut loop_task => return Ok(()),
         _ = stop.wait_for(|s| *s) => {}
+        Err(waited) = first_connection(connected, cfg.transport_startup_timeout) => {
+            // Nothing was received without a connection: there is nothing to drain.
+            loop_task.abort();
+            tracing::error!(?waited, "never reached the broker; exiting so that the kubelet restarts the sidecar");
+            return Err(ServiceError::TransportUnreachable { waited });
+        }
     }
     health.stopping.store(true, Ordering::SeqCst);
     match tokio::time::timeout(cfg.shutdown_timeout, &mut loop_task).await {
@@ -194,6 +209,27 @@ async fn run_with<T: Transport>(
         }
     }
     Ok(())
+}
+
+/// Waits until `connected()` holds for the first time: `Err(within)` when it did not within
+/// `within` (`None`: no limit, wait forever). Once connected it never fails, so a broker lost
+/// later is waited for by the transport's own reconnects.
+async fn first_connection(
+    connected: impl Fn() -> bool,
+    within: Option<Duration>,
+) -> Result<(), Duration> {
+    let start = tokio::time::Instant::now();
+    loop {
+        if connected() {
+            return Ok(());
+        }
+        if let Some(limit) = within
+            && start.elapsed() >= limit
+        {
+            return Err(limit);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Background probes: runtime reachability and queue depth, for readiness and metrics.
@@ -291,4 +327,37 @@ pub async fn send_lines(queue: &str, input: impl std::io::BufRead) -> Result<usi
         }
     }
     Ok(sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    #[tokio::test]
+    async fn first_connection_gives_up_only_when_never_connected() {
+        let never = first_connection(|| false, Some(Duration::from_millis(250))).await;
+        assert_eq!(never, Err(Duration::from_millis(250)));
+
+        let up = Arc::new(AtomicBool::new(false));
+        let flag = up.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            flag.store(true, Ordering::SeqCst);
+        });
+        let u = up.clone();
+        let late = first_connection(
+            move || u.load(Ordering::SeqCst),
+            Some(Duration::from_secs(5)),
+        );
+        assert_eq!(late.await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn first_connection_without_a_limit_keeps_waiting() {
+        let waited =
+            tokio::time::timeout(Duration::from_millis(300), first_connection(|| false, None))
+                .await;
+        assert!(waited.is_err(), "no limit: it must still be waiting");
+    }
 }

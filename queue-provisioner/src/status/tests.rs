@@ -105,6 +105,65 @@ fn classifies_failing_pods_by_container_and_reason() {
     ));
 }
 
+fn restarted(container: &str, ready: bool, exit_code: i32) -> Pod {
+    pod(
+        json!({"metadata": {"name": "p"}, "status": {"phase": "Running",
+        "initContainerStatuses": [{"name": container, "ready": ready, "restartCount": 2, "image": "i",
+            "imageID": "", "state": {"running": {"startedAt": "2026-11-25T20:00:00Z"}},
+            "lastState": {"terminated": {"exitCode": exit_code, "reason": "Error"}}}]}}),
+    )
+}
+
+#[test]
+fn a_crash_loop_between_its_back_offs_is_still_failing() {
+    // Running again after exit 1 and not ready: the next try of the loop, not a pod starting.
+    match classify_pod(&restarted("asya-sidecar", false, 1)) {
+        PodState::Failing {
+            kind,
+            container,
+            reason,
+        } => {
+            assert_eq!(
+                (kind, container.as_str()),
+                (FailKind::Sidecar, "asya-sidecar")
+            );
+            assert_eq!(reason, "restarted after Error (exit code 1)");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Ready again: recovered. A clean exit (0) before: not a crash.
+    assert_eq!(
+        classify_pod(&restarted("asya-sidecar", true, 1)),
+        PodState::Pending
+    );
+    assert_eq!(
+        classify_pod(&restarted("asya-sidecar", false, 0)),
+        PodState::Pending
+    );
+    let mut o = base();
+    o.pods = vec![classify_pod(&restarted("asya-sidecar", false, 1))];
+    assert_eq!(phase(&o), PHASE_SIDECAR_ERROR);
+
+    // Just exited with an error, before the kubelet says CrashLoopBackOff.
+    let exited = |code: i32| {
+        pod(
+            json!({"metadata": {"name": "p"}, "status": {"phase": "Running",
+            "containerStatuses": [{"name": "asya-runtime", "ready": false, "restartCount": 2, "image": "i",
+                "imageID": "", "state": {"terminated": {"exitCode": code, "reason": "Error"}}}]}}),
+        )
+    };
+    assert_eq!(
+        classify_pod(&exited(1)),
+        PodState::Failing {
+            kind: FailKind::Runtime,
+            container: "asya-runtime".into(),
+            reason: "Error (exit code 1)".into(),
+        }
+    );
+    // The installer's clean exit is its job done.
+    assert_eq!(classify_pod(&exited(0)), PodState::Pending);
+}
+
 #[test]
 fn phases() {
     let mut o = base();
