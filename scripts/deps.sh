@@ -35,7 +35,7 @@ fi
 
 py_missing=$(python3 - <<'PY'
 import importlib.util
-wanted = {"pytest": "pytest", "moto": "moto[server]", "flask": "moto[server]", "yaml": "pyyaml", "boto3": "boto3", "mcp": "mcp"}
+wanted = {"pytest": "pytest", "moto": "moto[server]", "flask": "moto[server]", "yaml": "pyyaml", "boto3": "boto3", "mcp": "mcp", "pika": "pika"}
 print(" ".join(sorted({pkg for mod, pkg in wanted.items() if importlib.util.find_spec(mod) is None})))
 PY
 )
