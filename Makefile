@@ -1,4 +1,5 @@
-# Two entry points (see README): `make demo` and `make test`. Everything else is a step of those.
+# Two entry points (see README): `make demo` and `make test`. Everything else is a step of those
+# (and `make demo-local`, the demo's pipeline as local processes without a cluster).
 SHELL := /bin/bash
 # Build cache under the machine's home, never in the repo: a fresh clone builds warm.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/asya-rs/target
@@ -18,9 +19,15 @@ bin_dir = $(CARGO_TARGET_DIR)/$(if $(filter dev,$(1)),debug,$(1))
 export ASYA_CARGO_PROFILE = $(PROFILE)
 export ASYA_BIN_DIR = $(call bin_dir,$(PROFILE))
 
-.PHONY: demo test deps lint images image-tests unit services e2e validate-examples crds
+.PHONY: demo demo-local test deps lint images image-tests unit services e2e validate-examples crds
 
-demo: deps
+# The story on the test cluster (scripts/demo-cluster.sh): deps, `make images` (ci profile),
+# `make services` and the chart as tests/e2e/up installs it, then actors, envelopes, KEDA.
+demo:
+	./scripts/demo-cluster.sh
+
+# The same pipeline as local processes on RabbitMQ, no cluster (scripts/demo.sh): a minute.
+demo-local: deps
 	./scripts/demo.sh
 
 test: deps lint images services unit image-tests e2e

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# `make demo-local` (`make demo` is the story on the test cluster: scripts/demo-cluster.sh).
 # The Asya demo: a three-actor pipeline (validate -> split -> shout) on a real RabbitMQ, each
 # actor a sidecar + runtime pair running as local processes, plus the x-sink and x-sump end
 # actors. Sends a handful of envelopes (one fans out, one fails once and is retried, two fail
