@@ -41,6 +41,19 @@ pub struct FieldError {
 }
 
 impl FieldError {
+    /// The reason without its leading field path: a `StatusCause` message, which the API
+    /// server's clients print after the cause's own `field` (`* spec.x: Invalid value: …`).
+    pub fn detail(&self) -> String {
+        let s = self.to_string();
+        match s
+            .strip_prefix(self.path.as_str())
+            .and_then(|r| r.strip_prefix(": "))
+        {
+            Some(rest) => rest.to_string(),
+            None => s,
+        }
+    }
+
     pub fn invalid(
         path: impl Into<String>,
         value: impl Into<Value>,
@@ -203,6 +216,25 @@ impl std::error::Error for FieldErrors {}
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn detail_is_the_message_without_its_path() {
+        let e = FieldError::invalid("spec.handler", json!("m:f"), "must be module.function");
+        assert_eq!(
+            e.detail(),
+            "Invalid value: \"m:f\": must be module.function"
+        );
+        assert_eq!(e.to_string(), format!("spec.handler: {}", e.detail()));
+        let c = FieldError::new(
+            "spec.flavors",
+            ErrorKind::FlavorConflict {
+                first: "a".into(),
+                second: "b".into(),
+                key: "scaling.minReplicaCount".into(),
+            },
+        );
+        assert_eq!(c.detail(), c.to_string());
+    }
 
     #[test]
     fn reads_like_the_api_server() {

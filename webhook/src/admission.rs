@@ -371,7 +371,7 @@ fn deny_fields(resp: AdmissionResponse, what: &str, errors: &FieldErrors) -> Adm
         .iter()
         .map(|e| StatusCause {
             reason: "FieldValueInvalid".into(),
-            message: e.to_string(),
+            message: e.detail(),
             field: e.path.clone(),
         })
         .collect();

@@ -180,6 +180,13 @@ fn invalid_actor_lists_every_reason() {
     }
     let causes = r["status"]["details"]["causes"].as_array().unwrap();
     assert!(causes.len() >= 5, "{causes:?}");
+    // kubectl prints `* FIELD: MESSAGE`: the message must not name the field again.
+    let handler = causes
+        .iter()
+        .find(|c| c["field"] == "spec.handler")
+        .unwrap_or_else(|| panic!("no spec.handler cause: {causes:?}"));
+    let m = handler["message"].as_str().unwrap();
+    assert!(m.starts_with("Invalid value: \"not a handler\": "), "{m}");
 }
 
 #[test]
