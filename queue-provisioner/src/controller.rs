@@ -1198,6 +1198,12 @@ async fn cleanup(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Error>
     ] {
         forget_applied(&ctx, kind, &ns, &n);
     }
+    // The namespace's transport Secrets are not watched: an actor deleted with its namespace
+    // must not leave them counted as applied, or a namespace recreated under the same name
+    // within the reassert interval gets actors without credentials. One extra apply for the
+    // namespace's other actors, if any.
+    let prefix = object_key("Secret", &ns, "");
+    lock(&ctx.applied).retain(|k, _| !k.starts_with(&prefix));
     ctx.event(
         &actor,
         false,

@@ -737,3 +737,32 @@ def test_end_queues_go_with_their_namespace():
              timeout=90, interval=1.0)
     deleted = metric_total(provisioner_metrics(), "asya_provisioner_end_queues_deleted_total", reason="retention")
     assert deleted - deleted_before >= 2
+
+
+def test_namespace_recreated_under_the_same_name_gets_its_transport_secret_again():
+    """The transport Secret is not watched; the provisioner must not count it as applied after
+    its namespace went, or a namespace recreated under the same name gets actors whose
+    sidecars cannot read their credentials (found by `make demo`)."""
+    import uuid
+
+    ns = f"e2e-again-{uuid.uuid4().hex[:6]}"
+
+    def secrets() -> set[str]:
+        return {s["metadata"]["name"] for s in kubectl_json("get", "secrets", "-n", ns)["items"]
+                if s["metadata"].get("labels", {}).get("app.kubernetes.io/managed-by") == "asya-queue-provisioner"}
+
+    kubectl("create", "namespace", ns)
+    apply(ns, actor("a", {**FLAT}))
+    wait_for("a provisioned", lambda: status(ns, "a").get("transportStatus") == "Ready", timeout=60)
+    first = wait_for("the transport Secret", secrets, timeout=30)
+    kubectl("delete", "namespace", ns)
+    wait_for("the namespace gone", lambda: kubectl("get", "namespace", ns, check=False).returncode != 0,
+             timeout=180, interval=1.0)
+    kubectl("create", "namespace", ns)
+    try:
+        apply(ns, actor("a", {**FLAT}))
+        wait_for("a provisioned again", lambda: status(ns, "a").get("transportStatus") == "Ready", timeout=60)
+        again = wait_for("the transport Secret again", lambda: (s := secrets()) == first and s, timeout=30)
+        assert again == first
+    finally:
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)
