@@ -199,6 +199,11 @@ def test_nothing_lost_when_keda_scales_in_with_work_in_flight(actors):
     KEDA's HPA scales the Deployment in and one of the busy pods is terminated: its envelope
     still finishes and every id ends in x-sink once."""
     (ns, name), tag = actors["keda"], "keda"
+    # KEDA owns the scale (its HPA exists) before anything is sent.
+    wait_for("the ScaledObject ready", lambda: any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in (get("scaledobject", ns, name) or {}).get("status", {}).get("conditions", [])),
+        timeout=POD_TIMEOUT, interval=1.0)
     busy = [p["metadata"]["name"] for p in wait_running(ns, name, count=2)][:2]
     ids = [f"{tag}-{i}" for i in range(4)]
     send_all(ns, "rabbitmq", name, [sleeper(i, 4, tag) for i in range(4)])
@@ -207,9 +212,13 @@ def test_nothing_lost_when_keda_scales_in_with_work_in_flight(actors):
     spec = keda_actor()
     spec["scaling"] = dict(spec["scaling"], minReplicaCount=1, maxReplicaCount=1)
     apply(ns, name, spec)
-    wait_for("KEDA to scale in to one replica",
-             lambda: (get("deployment", ns, name) or {}).get("spec", {}).get("replicas") == 1,
-             timeout=60, interval=0.5)
+    try:
+        wait_for("KEDA to scale in to one replica",
+                 lambda: (get("deployment", ns, name) or {}).get("spec", {}).get("replicas") == 1,
+                 timeout=120, interval=0.5)
+    except AssertionError as e:
+        hpa = kubectl("get", "scaledobject,hpa", "-n", ns, "-o", "wide", check=False).stdout
+        raise AssertionError(f"{e}\n{hpa}\n{pod_story(ns)}") from None
     sink, sump = ends(ns, "rabbitmq", ids, timeout=120)
     got = sorted(e["id"] for e in sink + sump)
     assert got == sorted(ids), got
