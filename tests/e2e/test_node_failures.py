@@ -30,7 +30,8 @@ BOTH = ["rabbitmq", "sqs"]
 # broker is touched.
 DEAD_BROKER = {"rabbitmq": {"name": "ASYA_RABBITMQ_URL", "value": "amqp://guest:guest@127.0.0.1:1/%2F"},
                "sqs": {"name": "ASYA_SQS_ENDPOINT", "value": "http://127.0.0.1:1"}}
-# Off the pods' way: lets a test run against a sidecar build loaded under another tag.
+# Unset in CI. Set, these actors run that sidecar image (a build under test, loaded into the
+# node under its own tag) and the node's shared :dev stays as it is.
 SIDECAR_IMAGE = os.environ.get("ASYA_TEST_SIDECAR_IMAGE")
 
 
