@@ -216,12 +216,67 @@ impl ResolvedActor {
     pub fn resiliency_json(&self) -> String {
         serde_json::to_string(&self.spec.resiliency).unwrap_or_else(|_| "{}".into())
     }
+
+    /// A short, stable digest of what the webhook injects into each pod from this actor and
+    /// not from the pod template: the handler and its mode, the Python, the timeout and
+    /// resiliency, the transport, the sidecar overrides. Put on the pod template, a change to
+    /// any of them rolls the pods, which otherwise keep what they were injected with (a
+    /// handler fixed in the AsyncActor would never reach a crash-looping pod).
+    pub fn injection_digest(&self) -> String {
+        let injected = serde_json::json!({
+            "actor": self.actor,
+            "transport": self.transport,
+            "handler": self.handler,
+            "handlerMode": self.handler_mode(),
+            "pythonExecutable": self.python_executable(),
+            "actorTimeoutSeconds": self.actor_timeout.as_secs(),
+            "resiliency": self.resiliency_json(),
+            "sidecar": self.spec.sidecar,
+        });
+        // FNV-1a: the same bytes give the same digest in every build and process.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in injected.to_string().bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_injection_digest_follows_what_the_webhook_injects_only() {
+        let cfg = ClusterConfig::default();
+        let build = |v: serde_json::Value| {
+            let mut s: AsyncActorSpec = serde_json::from_value(v).unwrap();
+            apply_defaults(&mut s);
+            ResolvedActor::build("a", "ns", s, &cfg, vec![], vec![]).unwrap()
+        };
+        let base = json!({"image": "i", "handler": "m.f", "scaling": {"maxReplicaCount": 3}});
+        let d = build(base.clone()).injection_digest();
+        assert_eq!(d.len(), 16);
+        assert_eq!(d, build(base.clone()).injection_digest(), "stable");
+        // Scaling and the image (already in the template) do not roll the pods through it.
+        let mut same = base.clone();
+        same["scaling"]["maxReplicaCount"] = json!(5);
+        same["image"] = json!("j");
+        assert_eq!(build(same).injection_digest(), d);
+        for (k, v) in [
+            ("handler", json!("m.g")),
+            ("handlerMode", json!("envelope")),
+            ("pythonExecutable", json!("python3.12")),
+            ("resiliency", json!({"actorTimeout": "3s"})),
+            ("sidecar", json!({"env": [{"name": "X", "value": "1"}]})),
+        ] {
+            let mut changed = base.clone();
+            changed[k] = v;
+            assert_ne!(build(changed).injection_digest(), d, "{k}");
+        }
+    }
 
     #[test]
     fn defaults_match_design() {

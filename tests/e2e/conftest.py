@@ -117,6 +117,7 @@ def cluster_config() -> dict:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "disruptive: stops a shared service and restores it; runs after every other test")
+    config.addinivalue_line("markers", "uses_actors(*keys): the actors a test of test_node_failures.py uses")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -210,6 +210,9 @@ impl Transport for SqsTransport {
             }
             let attempt = async {
                 let url = self.own_url().await?;
+                // The endpoint answered for our queue: connected, while the long poll waits
+                // (up to ASYA_SQS_WAIT_SECONDS on an empty queue) for the first answer.
+                self.up.store(true, Ordering::SeqCst);
                 self.client
                     .receive_message()
                     .queue_url(url)

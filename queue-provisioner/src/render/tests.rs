@@ -107,6 +107,35 @@ fn sidecar_image_change_changes_the_pod_template() {
 }
 
 #[test]
+fn a_change_the_webhook_injects_rolls_the_pods() {
+    // The handler reaches the pod through injection, not the template: fixing a handler that
+    // crashes on import must still replace the crash-looping pod.
+    let cfg = ClusterConfig::default();
+    let template = |spec: Value| {
+        deployment(&resolve(flat(spec), &cfg), &labels(), &owner(), &cfg)
+            .spec
+            .unwrap()
+            .template
+    };
+    let broken = template(json!({"image": "i", "handler": "no_such_module.f"}));
+    let fixed = template(json!({"image": "i", "handler": "m.f"}));
+    assert_ne!(broken, fixed, "a new handler must roll the pods");
+    let digest = |t: &k8s_openapi::api::core::v1::PodTemplateSpec| {
+        t.metadata.as_ref().unwrap().annotations.as_ref().unwrap()["asya.sh/injection-digest"]
+            .clone()
+    };
+    assert_ne!(digest(&broken), digest(&fixed));
+    let env = template(json!({"image": "i", "handler": "m.f",
+                              "sidecar": {"env": [{"name": "ASYA_RABBITMQ_URL", "value": "amqp://x"}]}}));
+    assert_ne!(env, fixed, "a new sidecar setting must roll the pods");
+    assert_eq!(
+        template(json!({"image": "i", "handler": "m.f"})),
+        fixed,
+        "nothing changed, nothing rolls"
+    );
+}
+
+#[test]
 fn fixed_replicas_when_scaling_is_off() {
     let cfg = ClusterConfig::default();
     let a = resolve(

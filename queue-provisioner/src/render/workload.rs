@@ -18,6 +18,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 /// Pod template annotation carrying the sidecar image: a new image changes the template, so
 /// the workload rolls and the webhook injects the new sidecar.
 pub const SIDECAR_IMAGE_ANNOTATION: &str = "asya.sh/sidecar-image";
+/// Pod template annotation carrying [`ResolvedActor::injection_digest`]: what the webhook
+/// injects from the AsyncActor (handler, timeout, resiliency, sidecar overrides, …) changes
+/// the template, so the workload rolls and the new pods are injected with the new settings.
+pub const INJECTION_DIGEST_ANNOTATION: &str = "asya.sh/injection-digest";
 /// Extra time over `actorTimeout` a pod gets on termination: the sidecar's own shutdown.
 pub const GRACE_MARGIN_SECONDS: i64 = 30;
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "asya-queue-provisioner");
@@ -113,10 +117,12 @@ pub fn pod_template(
     }
     l.insert(labels::INJECT.into(), "true".into());
     l.insert(labels::ACTOR.into(), actor.name.clone());
-    meta.annotations.get_or_insert_with(BTreeMap::new).insert(
+    let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.insert(
         SIDECAR_IMAGE_ANNOTATION.into(),
         sidecar_image(actor, config),
     );
+    annotations.insert(INJECTION_DIGEST_ANNOTATION.into(), actor.injection_digest());
     let spec = t.spec.get_or_insert_with(PodSpec::default);
     let grace = grace_period(actor);
     if spec
