@@ -3,7 +3,7 @@
 
 use asya_api::AsyncActorStatus;
 use asya_api::labels;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::queue::{QueueDepth, QueueInfo};
@@ -92,22 +92,22 @@ fn failing_in(statuses: Option<&Vec<ContainerStatus>>) -> Option<(String, String
 fn crashed_and_not_ready(s: &ContainerStatus) -> Option<String> {
     let state = s.state.as_ref()?;
     if let Some(t) = &state.terminated {
-        let why = t.reason.as_deref().unwrap_or("Error");
-        return (t.exit_code != 0).then(|| format!("{why} (exit code {})", t.exit_code));
+        return failed_exit(t);
     }
     state.running.as_ref()?;
     if s.ready || s.restart_count == 0 {
         return None;
     }
-    let last = s.last_state.as_ref()?.terminated.as_ref()?;
-    if last.exit_code == 0 {
-        return None;
-    }
-    let why = last.reason.as_deref().unwrap_or("Error");
-    Some(format!(
-        "restarted after {why} (exit code {})",
-        last.exit_code
-    ))
+    failed_exit(s.last_state.as_ref()?.terminated.as_ref()?)
+        .map(|why| format!("restarted after {why}"))
+}
+
+/// `Error (exit code 1)` for an exit with an error; nothing for a clean one.
+fn failed_exit(t: &ContainerStateTerminated) -> Option<String> {
+    (t.exit_code != 0).then(|| {
+        let why = t.reason.as_deref().unwrap_or("Error");
+        format!("{why} (exit code {})", t.exit_code)
+    })
 }
 
 pub fn classify_pod(pod: &Pod) -> PodState {
