@@ -209,6 +209,16 @@ def test_labelled_deployment_creates_injected_pods(namespace):
     assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == "sqs-credentials"
     rt = pod["spec"]["containers"][0]
     assert rt["command"] == ["python3", "/opt/asya/asya_runtime.py"]
+    # The API server's ServiceAccount plugin gave the runtime the pod's token; the containers
+    # injected after it carry an empty mount at that path instead (they never call the API).
+    token_path = "/var/run/secrets/kubernetes.io/serviceaccount"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mount = {c["name"]: next((m for m in c.get("volumeMounts", []) if m["mountPath"] == token_path), None)
+             for c in pod["spec"]["initContainers"] + pod["spec"]["containers"]}
+    assert "projected" in volumes[mount["asya-runtime"]["name"]], mount
+    for c in ("asya-sidecar", "asya-install-runtime"):
+        assert mount[c] and mount[c]["readOnly"], (c, mount[c])
+        assert volumes[mount[c]["name"]].get("emptyDir") == {}, volumes[mount[c]["name"]]
     assert {"name": "ASYA_HANDLER", "value": "echo.handle"} in rt["env"]
     assert "asya.sh/injected" in pod["metadata"]["annotations"]
 

@@ -21,6 +21,10 @@ pub const SOCKET_DIR: &str = "/var/run/asya";
 pub const SOCKET_VOLUME: &str = "asya-socket";
 pub const RUNTIME_VOLUME: &str = "asya-runtime-file";
 pub const INSTALL_CONTAINER: &str = "asya-install-runtime";
+/// Where the ServiceAccount admission plugin mounts the API token into every container.
+pub const API_TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// An empty volume mounted over [`API_TOKEN_PATH`] in the containers we add.
+pub const NO_API_TOKEN_VOLUME: &str = "asya-no-api-token";
 /// Records the sidecar image injected; its presence makes injection a no-op.
 pub const INJECTED: &str = labels::INJECTED;
 
@@ -297,6 +301,15 @@ fn sidecar_container(a: &ActorSettings, cfg: &ClusterConfig) -> Result<Container
     Ok(c)
 }
 
+/// The containers we add never call the Kubernetes API, so they do not get the pod's token:
+/// a mount at the token's path makes the ServiceAccount admission plugin leave them alone.
+/// That is least privilege, and it keeps the plugin from changing the pod after our patch,
+/// which would make the API server call this webhook a second time (`reinvocationPolicy:
+/// IfNeeded`) for nothing.
+fn without_api_token(c: &mut Container) {
+    ensure_mount(c, NO_API_TOKEN_VOLUME, API_TOKEN_PATH, true);
+}
+
 /// Inject into a pod's metadata and spec. A pod already carrying [`INJECTED`] is left as is.
 /// `native` chooses a native sidecar (init container, `restartPolicy: Always`, Kubernetes
 /// 1.29+) over a regular container.
@@ -331,6 +344,8 @@ pub fn inject_pod(
 
     ensure_empty_dir(spec, SOCKET_VOLUME);
     ensure_empty_dir(spec, RUNTIME_VOLUME);
+    ensure_empty_dir(spec, NO_API_TOKEN_VOLUME);
+    without_api_token(&mut sidecar);
 
     // The runtime file ships inside the sidecar image; copy it into a shared emptyDir so the
     // user's image needs nothing but Python.
@@ -343,6 +358,7 @@ pub fn inject_pod(
         ..Default::default()
     };
     ensure_mount(&mut install, RUNTIME_VOLUME, RUNTIME_DIR, false);
+    without_api_token(&mut install);
     let inits = spec.init_containers.get_or_insert_with(Vec::new);
     inits.retain(|c| c.name != INSTALL_CONTAINER && c.name != labels::SIDECAR_CONTAINER);
     inits.insert(0, install);
@@ -575,7 +591,25 @@ pub(crate) mod tests {
             .iter()
             .map(|v| v.name.as_str())
             .collect();
-        assert_eq!(vols, ["asya-socket", "asya-runtime-file"]);
+        assert_eq!(
+            vols,
+            ["asya-socket", "asya-runtime-file", "asya-no-api-token"]
+        );
+        // Our containers carry no API token; the user's keep theirs.
+        for c in &s.init_containers.as_ref().unwrap()[..2] {
+            let m = c
+                .volume_mounts
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|m| m.mount_path == API_TOKEN_PATH)
+                .unwrap_or_else(|| panic!("{} has no mount over the token path", c.name));
+            assert_eq!(
+                (m.name.as_str(), m.read_only),
+                (NO_API_TOKEN_VOLUME, Some(true))
+            );
+        }
+        assert!(!mounts.contains(&API_TOKEN_PATH));
         assert!(is_injected(&p.metadata));
 
         let once = p.clone();
