@@ -33,6 +33,12 @@ pub struct Disposition {
     pub reports: Vec<Report>,
 }
 
+/// Room for one message: held while it is in flight, the call part until the runtime answers.
+struct Permits {
+    in_flight: Option<tokio::sync::OwnedSemaphorePermit>,
+    call: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
 pub struct Processor<T: Transport> {
     cfg: Arc<Config>,
     transport: Arc<T>,
@@ -96,7 +102,10 @@ impl<T: Transport> Processor<T> {
         &self.own_queue
     }
 
-    /// Consumes until `shutdown` turns true, then waits for pending acknowledgements.
+    /// Consumes until `shutdown` turns true, then waits for pending acknowledgements. A
+    /// message received but not started when it turns true (waiting for a free runtime call)
+    /// goes back to the queue at once, not when the in-flight ones are done: another pod can
+    /// take it while this one drains.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let mut tasks = JoinSet::new();
         'outer: loop {
@@ -115,39 +124,64 @@ impl<T: Transport> Processor<T> {
             };
             let mut batch = batch.into_iter();
             while let Some(msg) = batch.next() {
-                if *shutdown.borrow() {
+                let taken = Instant::now();
+                let admitted = tokio::select! {
+                    biased;
+                    _ = shutdown.wait_for(|s| *s) => None,
+                    p = self.admit() => Some(p),
+                };
+                let Some(permits) = admitted else {
                     // Not started: give it and the rest of the batch back right away.
                     for m in std::iter::once(msg).chain(batch.by_ref()) {
-                        let _ = self.transport.release(&m.handle).await;
+                        self.give_back(&m).await;
                     }
                     break 'outer;
-                }
-                self.clone().handle(msg, &mut tasks).await;
+                };
+                self.clone().start(msg, permits, taken, &mut tasks);
             }
         }
+        // Deliveries the broker already pushed to us and that were never started go back too.
         self.transport.stop_consuming().await;
         while tasks.join_next().await.is_some() {}
     }
 
-    /// Starts one message: up to `runtime_pipeline` runtime calls are open at once (queued
-    /// on the runtime in arrival order), the rest of the message's life runs in the task.
-    async fn handle(self: Arc<Self>, msg: Received<T::Handle>, tasks: &mut JoinSet<()>) {
-        let started = Instant::now();
+    async fn give_back(&self, m: &Received<T::Handle>) {
+        if let Err(e) = self.transport.release(&m.handle).await {
+            // It returns anyway, when the connection closes or its visibility timeout ends.
+            tracing::debug!(error = %e, "could not give a message back at once");
+        }
+    }
+
+    /// Waits for room: a slot for one more message in flight and one more runtime call.
+    async fn admit(&self) -> Permits {
+        // Closed only if the semaphores were dropped, which the processor never does.
+        let in_flight = self.in_flight.clone().acquire_owned().await.ok();
+        let call = self.calls.clone().acquire_owned().await.ok();
+        Permits { in_flight, call }
+    }
+
+    /// Starts one admitted message: up to `runtime_pipeline` runtime calls are open at once
+    /// (queued on the runtime in arrival order), the rest of the message's life runs in the
+    /// task. `taken` is when it was taken from the batch: its duration includes the wait.
+    fn start(
+        self: Arc<Self>,
+        msg: Received<T::Handle>,
+        permits: Permits,
+        taken: Instant,
+        tasks: &mut JoinSet<()>,
+    ) {
         self.metrics.received();
-        let permit = self.in_flight.clone().acquire_owned().await;
-        let call = self.calls.clone().acquire_owned().await;
-        let this = self.clone();
+        let this = self;
         tasks.spawn(async move {
-            let _permit = permit;
+            let Permits { in_flight, call } = permits;
+            let _in_flight = in_flight;
             this.transport.hold(&msg.handle);
             let disposition = this.dispose(&msg.body, msg.redeliveries).await;
             drop(call);
             this.transport.unhold(&msg.handle);
             let span =
                 tracing::info_span!("envelope", actor = %this.cfg.actor, id = %disposition.id);
-            this.finish(msg, disposition, started)
-                .instrument(span)
-                .await;
+            this.finish(msg, disposition, taken).instrument(span).await;
         });
     }
 

@@ -41,6 +41,7 @@ both!(
     large_payload,
     envelope_mode_dynamic_routing,
     sigterm_finishes_in_flight_and_exits_zero,
+    sigterm_gives_back_what_it_has_not_started,
     poison_message_to_sump,
     runtime_killed_with_calls_queued,
     handler_timeout_spares_queued_calls,
@@ -497,6 +498,88 @@ async fn sigterm_finishes_in_flight_and_exits_zero(kind: Kind) {
     let status = a.terminate(Duration::from_secs(30));
     assert!(status.success(), "exit status {status}:\n{}", a.logs());
     assert_eq!(ids(&e.sink.take(1, WAIT).await), ["t"]);
+}
+
+async fn sigterm_gives_back_what_it_has_not_started(kind: Kind) {
+    // One runtime call at a time: while a slow handler runs, the envelopes behind it are
+    // received (prefetched, or in the SQS batch) but not started. On SIGTERM they go back to
+    // the queue at once, for another pod, while the one started finishes here.
+    let ns = unique_ns("give");
+    let e = ends(kind, &ns).await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = |id: &str| dir.path().join(format!("started-{id}"));
+    let all: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
+    // Queued before the sidecar starts, so that it receives them together; all slow, so
+    // whichever it starts first (SQS does not promise an order) holds the runtime.
+    let input: Vec<Value> = all
+        .iter()
+        .map(|id| {
+            let p =
+                json!({"do": "sleep", "seconds": 15, "started": started(id).display().to_string()});
+            envelope(id, &["a"], p)
+        })
+        .collect();
+    prefill(&e, &ns, &input).await;
+    let a = start(
+        kind,
+        &ns,
+        "a",
+        &[
+            ("ASYA_RUNTIME_PIPELINE", "1"),
+            // Long enough that SQS's own timeout cannot be what brings them back.
+            ("ASYA_SQS_VISIBILITY_TIMEOUT", "120s"),
+        ],
+    );
+    let deadline = std::time::Instant::now() + WAIT;
+    let first = loop {
+        if let Some(id) = all.iter().find(|id| started(id).exists()) {
+            break id.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no handler started:\n{}",
+            a.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    wait_until_received(&a, &Client::observer(kind, &a.queue()).await).await;
+    a.send_sigterm();
+    let taker = Client::new(kind, &a.queue()).await;
+    let mut back = ids(&taker.take(5, WAIT).await);
+    back.sort();
+    let others: Vec<String> = all.iter().filter(|id| **id != first).cloned().collect();
+    assert_eq!(back, others, "{}", a.logs());
+    assert!(
+        a.sidecar_running(),
+        "given back only when the sidecar exited:\n{}",
+        a.logs()
+    );
+    assert!(
+        others.iter().all(|id| !started(id).exists()),
+        "the sidecar started another envelope after SIGTERM:\n{}",
+        a.logs()
+    );
+    let status = a.wait_exit(WAIT);
+    assert!(status.success(), "exit status {status}:\n{}", a.logs());
+    assert_eq!(ids(&e.sink.take(1, WAIT).await), [first], "{}", a.logs());
+    e.sink.expect_nothing(QUIET).await;
+}
+
+/// Waits until the actor's sidecar has received everything sent to its queue (none ready for
+/// another consumer); `observer` counts without taking, so it does not race the sidecar.
+async fn wait_until_received(a: &Actor, observer: &Client) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if observer.ready_count().await == Some(0) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sidecar never took the envelopes:\n{}",
+            a.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn poison_message_to_sump(kind: Kind) {

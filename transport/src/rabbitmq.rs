@@ -565,6 +565,7 @@ impl Transport for RabbitTransport {
                     .await;
             }
         }
+        self.give_back_prefetched().await;
     }
 
     fn healthy(&self) -> bool {
@@ -601,6 +602,34 @@ impl RabbitTransport {
                 self.drop_link().await;
             }
             self.reconnect().await;
+        }
+    }
+
+    /// Requeues the deliveries the broker pushed before the cancel and nobody took: without
+    /// this they would wait, unacked, until the connection closes, i.e. until every message
+    /// in flight is finished. After the cancel the consumer yields what it buffered, then
+    /// ends; the timeout only guards against a broker that never confirmed the cancel.
+    async fn give_back_prefetched(&self) {
+        let Some(mut consumer) = self.consumer.lock().await.take() else {
+            return;
+        };
+        let mut given = 0u32;
+        while let Ok(Some(Ok(d))) =
+            tokio::time::timeout(Duration::from_secs(2), consumer.next()).await
+        {
+            let requeue = BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            };
+            if d.acker.nack(requeue).await.is_ok() {
+                given += 1;
+            }
+        }
+        if given > 0 {
+            tracing::info!(
+                messages = given,
+                "gave prefetched messages back to the queue"
+            );
         }
     }
 

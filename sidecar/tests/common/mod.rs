@@ -64,6 +64,26 @@ pub enum Client {
 impl Client {
     /// A client that consumes `queue` (created if missing) and can send anywhere.
     pub async fn new(kind: Kind, queue: &str) -> Client {
+        Client::build(kind, queue, false).await
+    }
+
+    /// A client that only counts the messages ready in `queue`: it never takes one.
+    pub async fn observer(kind: Kind, queue: &str) -> Client {
+        Client::build(kind, queue, true).await
+    }
+
+    /// Messages ready in the client's queue (not those a consumer holds), if known.
+    pub async fn ready_count(&self) -> Option<u64> {
+        match self {
+            Client::Rabbit(t) => {
+                t.ensure_connected().await;
+                t.queue_depth().await
+            }
+            Client::Sqs(t) => t.queue_depth().await,
+        }
+    }
+
+    async fn build(kind: Kind, queue: &str, publish_only: bool) -> Client {
         match kind {
             Kind::Rabbit => Client::Rabbit(Arc::new(RabbitTransport::new(
                 RabbitSettings {
@@ -74,7 +94,7 @@ impl Client {
                     prefetch: 200,
                     auto_create: true,
                     max_redeliveries: 100,
-                    publish_only: false,
+                    publish_only,
                 },
                 Box::new(|| {}),
             ))),
@@ -396,13 +416,33 @@ impl Actor {
 
     /// SIGTERM; returns the exit status.
     pub fn terminate(&self, within: Duration) -> std::process::ExitStatus {
+        self.send_sigterm();
+        self.wait_exit(within)
+    }
+
+    /// SIGTERM, not waited for.
+    pub fn send_sigterm(&self) {
+        let guard = self.sidecar.lock().unwrap();
+        let c = guard.as_ref().expect("sidecar running");
+        unsafe_kill(c.id(), 15);
+    }
+
+    /// Whether the sidecar process is still running.
+    pub fn sidecar_running(&self) -> bool {
+        match self.sidecar.lock().unwrap().as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Waits for the sidecar to exit; returns its status.
+    pub fn wait_exit(&self, within: Duration) -> std::process::ExitStatus {
         let mut c = self
             .sidecar
             .lock()
             .unwrap()
             .take()
             .expect("sidecar running");
-        unsafe_kill(c.id(), 15);
         let deadline = Instant::now() + within;
         loop {
             if let Ok(Some(s)) = c.try_wait() {
