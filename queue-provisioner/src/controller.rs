@@ -31,7 +31,7 @@ use crate::health::{Health, Unsynced};
 use crate::metrics::{ErrorLabel, Metrics, ResultLabel};
 use crate::queue::{QueueError, QueueOps, QueueSpec};
 use crate::render::{self, keda, workload};
-use crate::status::{self, Observed, TransportObs};
+use crate::status::{self, Observed, TransportObs, WorkloadObs};
 use crate::transports::Transports;
 use crate::work::{self, Applied, ApplyDecision, Live};
 
@@ -350,23 +350,28 @@ struct WorkloadKind<K> {
     kind: &'static str,
     /// (spec.replicas, readyReplicas).
     counts: fn(&K) -> (Option<i32>, Option<i32>),
+    /// Why its pods cannot be created, while they cannot.
+    failure: fn(&K) -> Option<String>,
     set_replicas: fn(&mut K, i32),
 }
 
 const DEPLOYMENT: WorkloadKind<Deployment> = WorkloadKind {
     kind: "Deployment",
     counts: work::deployment_counts,
+    failure: work::deployment_failure,
     set_replicas: |d, n| d.spec.get_or_insert_default().replicas = Some(n),
 };
 
 const STATEFUL_SET: WorkloadKind<StatefulSet> = WorkloadKind {
     kind: "StatefulSet",
     counts: work::stateful_set_counts,
+    // The StatefulSet controller reports refused pod creates only as events.
+    failure: |_| None,
     set_replicas: |s, n| s.spec.get_or_insert_default().replicas = Some(n),
 };
 
-/// Applies a workload (when it changed) and returns (spec.replicas, readyReplicas): from the
-/// apply's answer, or the cache when the apply was skipped. A KEDA-scaled workload is created
+/// Applies a workload (when it changed) and returns what it says of itself: from the apply's
+/// answer, or the cache when the apply was skipped. A KEDA-scaled workload is created
 /// at its minimum ([`work::initial_replicas`]), and the count handed to the handoff manager at
 /// once, so our later applies (which leave replicas to the HPA) do not reset it.
 async fn apply_workload<K>(
@@ -377,7 +382,7 @@ async fn apply_workload<K>(
     desired: K,
     store: &Store<K>,
     scaling: (bool, Option<i32>),
-) -> Result<(Option<i32>, i32), kube::Error>
+) -> Result<WorkloadObs, kube::Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
@@ -395,15 +400,19 @@ where
     if let (Some(n), Some(_)) = (initial, &sent) {
         claim_replicas::<K>(api, &name, n).await?;
     }
-    let counts = wk.counts;
-    let (replicas, ready) = match sent {
-        Some(sent) => counts(&sent),
+    let read = |k: &K| ((wk.counts)(k), (wk.failure)(k));
+    let ((replicas, ready), failure) = match sent {
+        Some(sent) => read(&sent),
         None => store
             .get(&ObjectRef::new(&name).within(ns))
-            .map(|k| counts(&k))
+            .map(|k| read(&k))
             .unwrap_or_default(),
     };
-    Ok((replicas, ready.unwrap_or(0)))
+    Ok(WorkloadObs {
+        replicas,
+        ready: ready.unwrap_or(0),
+        failure,
+    })
 }
 
 /// The cached object as [`work::decide_apply`] compares it.

@@ -178,6 +178,17 @@ pub enum TransportObs {
     NotAttempted,
 }
 
+/// The workload as applied and read back.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkloadObs {
+    /// spec.replicas
+    pub replicas: Option<i32>,
+    /// readyReplicas
+    pub ready: i32,
+    /// Why its pods cannot be created, while they cannot (a Deployment's `ReplicaFailure`).
+    pub failure: Option<String>,
+}
+
 /// What one reconcile saw.
 #[derive(Clone, Debug)]
 pub struct Observed {
@@ -189,8 +200,8 @@ pub struct Observed {
     pub invalid: Option<String>,
     pub transport: TransportObs,
     pub workload_kind: Option<String>,
-    /// Workload applied and read back: (spec.replicas, readyReplicas).
-    pub workload: Option<(Option<i32>, i32)>,
+    /// Workload applied and read back.
+    pub workload: Option<WorkloadObs>,
     pub workload_error: Option<String>,
     pub pods: Vec<PodState>,
     pub scaling_enabled: bool,
@@ -248,11 +259,13 @@ pub fn derive(prev: &AsyncActorStatus, o: &Observed, now: Time) -> AsyncActorSta
         })
         .collect();
     let desired = if o.scaling_enabled {
-        o.hpa_desired.or(o.workload.and_then(|w| w.0))
+        o.hpa_desired
+            .or(o.workload.as_ref().and_then(|w| w.replicas))
     } else {
-        o.workload.and_then(|w| w.0)
+        o.workload.as_ref().and_then(|w| w.replicas)
     };
 
+    let cannot_create = o.workload.as_ref().and_then(|w| w.failure.as_deref());
     let (phase, message) = if o.deleting {
         (
             PHASE_TERMINATING,
@@ -279,6 +292,10 @@ pub fn derive(prev: &AsyncActorStatus, o: &Observed, now: Time) -> AsyncActorSta
         } else {
             (kind.phase(), msg)
         }
+    } else if let Some(why) = cannot_create {
+        // Not a phase of its own: the pods that exist may serve, and the cause is outside the
+        // actor (an admission webhook, a quota); the message says which.
+        (PHASE_DEGRADED, format!("pods cannot be created: {why}"))
     } else if let Some(e) = &o.scaling_error {
         (PHASE_DEGRADED, format!("scaling: {e}"))
     } else if o.workload.is_none() {
@@ -388,6 +405,15 @@ pub fn derive(prev: &AsyncActorStatus, o: &Observed, now: Time) -> AsyncActorSta
             COND_WORKLOAD,
             Some(false),
             "PodsFailing",
+            message.clone(),
+            g,
+            &now,
+        ),
+        (None, Some(w), true) if w.failure.is_some() => condition(
+            pc,
+            COND_WORKLOAD,
+            Some(false),
+            "FailedCreate",
             message.clone(),
             g,
             &now,

@@ -47,22 +47,43 @@ pub fn stateful_set_counts(s: &StatefulSet) -> (Option<i32>, Option<i32>) {
     (replicas, s.status.as_ref().and_then(|s| s.ready_replicas))
 }
 
+/// Why the Deployment's pods cannot be created, while they cannot: its `ReplicaFailure`
+/// condition, which the controller manager copies from the ReplicaSet whose pod creates the
+/// API server refuses (an admission webhook down or refusing, a quota, pod security).
+pub fn deployment_failure(d: &Deployment) -> Option<String> {
+    d.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+        .map(|c| match c.message.as_deref() {
+            Some(m) if !m.is_empty() => m.to_string(),
+            _ => c.reason.clone().unwrap_or_else(|| "ReplicaFailure".into()),
+        })
+}
+
 /// What of a workload matters: its spec (generation: also a foreign edit to undo), the
 /// counts the status reads, deletion. Not the controller manager's other status writes.
-pub fn workload_fingerprint(meta: &ObjectMeta, counts: (Option<i32>, Option<i32>)) -> Option<u64> {
+pub fn workload_fingerprint(
+    meta: &ObjectMeta,
+    counts: (Option<i32>, Option<i32>),
+    failure: Option<String>,
+) -> Option<u64> {
     Some(hash_of(&(
         meta.generation,
         counts,
         meta.deletion_timestamp.is_some(),
+        failure,
     )))
 }
 
 pub fn deployment_fingerprint(d: &Deployment) -> Option<u64> {
-    workload_fingerprint(&d.metadata, deployment_counts(d))
+    workload_fingerprint(&d.metadata, deployment_counts(d), deployment_failure(d))
 }
 
 pub fn stateful_set_fingerprint(s: &StatefulSet) -> Option<u64> {
-    workload_fingerprint(&s.metadata, stateful_set_counts(s))
+    workload_fingerprint(&s.metadata, stateful_set_counts(s), None)
 }
 
 /// A ScaledObject matters when its spec changes (someone else's edit) or it goes.
@@ -92,14 +113,23 @@ pub fn hpa_fingerprint(h: &HorizontalPodAutoscaler) -> Option<u64> {
 // the HPA's desired count: the rest (a Deployment's pod template is most of its size) is
 // dropped as it arrives. At 1,000 actors that is the provisioner's memory (107 MiB before).
 
-/// A workload as the cache keeps it: no pod template, no status conditions.
+/// A workload as the cache keeps it: no pod template, and of the status conditions only a
+/// `ReplicaFailure` that holds (rare, and what the actor's status reports).
 pub fn slim_deployment(d: &mut Deployment) {
     d.metadata.managed_fields = None;
     if let Some(spec) = d.spec.as_mut() {
         spec.template = Default::default();
     }
     if let Some(st) = d.status.as_mut() {
-        st.conditions = None;
+        st.conditions = st
+            .conditions
+            .take()
+            .map(|cs| {
+                cs.into_iter()
+                    .filter(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+                    .collect::<Vec<_>>()
+            })
+            .filter(|cs| !cs.is_empty());
     }
 }
 
@@ -339,22 +369,66 @@ mod tests {
     }
 
     #[test]
-    fn a_workloads_fingerprint_follows_replicas_and_readiness_only() {
+    fn a_workloads_fingerprint_follows_replicas_readiness_and_a_failure_to_create_only() {
         let meta = |generation| ObjectMeta {
             generation: Some(generation),
             resource_version: Some("1".into()),
             ..Default::default()
         };
-        let base = workload_fingerprint(&meta(1), (Some(1), None));
+        let base = workload_fingerprint(&meta(1), (Some(1), None), None);
         let mut other_rv = meta(1);
         other_rv.resource_version = Some("2".into());
-        assert_eq!(base, workload_fingerprint(&other_rv, (Some(1), None)));
-        assert_ne!(base, workload_fingerprint(&meta(1), (Some(1), Some(1))));
-        assert_ne!(base, workload_fingerprint(&meta(1), (Some(3), None)));
-        assert_ne!(base, workload_fingerprint(&meta(2), (Some(1), None)));
+        assert_eq!(base, workload_fingerprint(&other_rv, (Some(1), None), None));
+        assert_ne!(
+            base,
+            workload_fingerprint(&meta(1), (Some(1), Some(1)), None)
+        );
+        assert_ne!(base, workload_fingerprint(&meta(1), (Some(3), None), None));
+        assert_ne!(base, workload_fingerprint(&meta(2), (Some(1), None), None));
+        let refused = Some("webhook down".to_string());
+        assert_ne!(
+            base,
+            workload_fingerprint(&meta(1), (Some(1), None), refused)
+        );
         let mut deleting = meta(1);
         deleting.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-        assert_ne!(base, workload_fingerprint(&deleting, (Some(1), None)));
+        assert_ne!(base, workload_fingerprint(&deleting, (Some(1), None), None));
+    }
+
+    #[test]
+    fn the_slim_deployment_keeps_a_replica_failure_and_no_other_condition() {
+        let mut d: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"selector": {}, "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}},
+            "status": {"readyReplicas": 1, "conditions": [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                 "message": "admission webhook \"pods.inject.asya.sh\" denied the request"}]}
+        }))
+        .unwrap();
+        slim_deployment(&mut d);
+        assert_eq!(
+            deployment_failure(&d).as_deref(),
+            Some("admission webhook \"pods.inject.asya.sh\" denied the request")
+        );
+        assert_eq!(
+            d.status
+                .as_ref()
+                .unwrap()
+                .conditions
+                .as_ref()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(deployment_counts(&d), (None, Some(1)));
+        // A cleared failure (status False) is dropped with the rest.
+        let conds = d.status.as_mut().unwrap().conditions.as_mut().unwrap();
+        conds[0].status = "False".into();
+        slim_deployment(&mut d);
+        assert_eq!(deployment_failure(&d), None);
+        assert_eq!(d.status.as_ref().unwrap().conditions, None);
     }
 
     #[test]

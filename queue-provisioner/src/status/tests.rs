@@ -33,7 +33,11 @@ fn base() -> Observed {
             }),
         ),
         workload_kind: Some("Deployment".into()),
-        workload: Some((Some(1), 0)),
+        workload: Some(WorkloadObs {
+            replicas: Some(1),
+            ready: 0,
+            failure: None,
+        }),
         workload_error: None,
         pods: vec![],
         scaling_enabled: true,
@@ -186,7 +190,10 @@ fn phases() {
     assert_eq!(phase(&o), "ImagePullError");
     let mut o = base();
     o.hpa_desired = Some(0);
-    o.workload = Some((Some(0), 0));
+    o.workload = Some(WorkloadObs {
+        replicas: Some(0),
+        ..Default::default()
+    });
     assert_eq!(phase(&o), "Napping");
     o.transport = TransportObs::Failed {
         reason: "Unavailable".into(),
@@ -238,7 +245,10 @@ fn status_fields_and_conditions() {
     assert!(s2.last_scale.as_deref().unwrap().ends_with("(up)"));
     assert_eq!(s2.conditions[1].last_transition_time, now());
     o.scaling_enabled = false;
-    o.workload = Some((Some(3), 0));
+    o.workload = Some(WorkloadObs {
+        replicas: Some(3),
+        ..Default::default()
+    });
     let s3 = derive(&s2, &o, later);
     assert_eq!(s3.scaling_mode.as_deref(), Some("Manual"));
     assert_eq!(s3.desired_replicas, Some(3));
@@ -264,4 +274,39 @@ fn replaces_only_labelled_pods_without_sidecar() {
         "spec": {"containers": [{"name": "asya-runtime", "image": "i"}]}}),
     );
     assert!(!needs_replacing(&going));
+}
+
+#[test]
+fn pods_that_cannot_be_created_say_why_until_they_can() {
+    let refused = "Internal error occurred: failed calling webhook \"pods.inject.asya.sh\": \
+                   no endpoints available for service \"asya-webhook\"";
+    let mut o = base();
+    o.workload = Some(WorkloadObs {
+        replicas: Some(1),
+        ready: 0,
+        failure: Some(refused.into()),
+    });
+    let st = derive(&AsyncActorStatus::default(), &o, now());
+    assert_eq!(st.phase.as_deref(), Some("Degraded"));
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == COND_WORKLOAD)
+        .unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "FailedCreate")
+    );
+    assert_eq!(c.message, format!("pods cannot be created: {refused}"));
+    // A failing container says more about the pods that exist: it comes first.
+    o.pods = vec![PodState::Failing {
+        kind: FailKind::Runtime,
+        container: "asya-runtime".into(),
+        reason: "CrashLoopBackOff".into(),
+    }];
+    assert_eq!(phase(&o), "RuntimeError");
+    // Once the ReplicaSet creates its pod the condition goes, and with it the message.
+    o.pods = vec![PodState::Pending];
+    o.workload.as_mut().unwrap().failure = None;
+    assert_eq!(phase(&o), "Creating");
 }
