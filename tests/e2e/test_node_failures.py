@@ -5,11 +5,12 @@ kubelet and clear once the cause is fixed, and the native sidecar outlives the r
 Every actor here runs the examples image's `testing.act` handler (deploy/examples/handlers/
 testing.py); the slow case is `{"do": "sleep", "seconds": N, "started": PATH}`, which touches
 PATH in the runtime container before it sleeps, so a test knows the handler is mid-envelope
-before it kills anything. Nothing here stops a shared service: a broken broker is one actor's
-sidecar pointed at a closed port."""
+before it kills anything. A broken broker is one actor's sidecar pointed at a closed port; the
+one test that stops a shared service (the webhook) is marked disruptive and runs last."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -17,7 +18,7 @@ from datetime import datetime
 
 import pytest
 
-from conftest import KUBECONFIG, KUBECTL, kubectl, kubectl_json, wait_for
+from conftest import KUBECONFIG, KUBECTL, kubectl, kubectl_json, process_stopped, wait_for, webhook_enabled
 from test_node import (EXAMPLES_IMAGE, POD_TIMEOUT, TRANSPORTS, Collected, apply, get, pod_story, pods,
                        status, wait_running)
 
@@ -70,7 +71,8 @@ ACTORS = {
        for t in BOTH},
     "keda": ("inout", keda_actor()),
     **{f"timeout-{t}": ("stuck", actor(t, resiliency=TIMEOUT_POLICY)) for t in BOTH},
-    "import": ("broken", actor("rabbitmq", handler="no_such_module.handle")),
+    # deploy/examples/handlers/broken_at_import.py: opens a model file the image does not have.
+    "import": ("broken", actor("rabbitmq", handler="broken_at_import.handle")),
     "image": ("noimage", actor("rabbitmq", image="localhost/asya-rs/does-not-exist:1")),
     **{f"broker-{t}": ("cutoff", actor(t, [DEAD_BROKER[t], {"name": "ASYA_TRANSPORT_STARTUP_TIMEOUT", "value": "3s"}]))
        for t in BOTH},
@@ -272,7 +274,7 @@ FAILURES = {
 
 @uses("import", "image", "broker-rabbitmq", "broker-sqs")
 def test_failure_phases_are_set_and_clear_once_the_cause_is_fixed(actors):
-    """A handler whose module does not exist (RuntimeError), an image that does not exist
+    """A handler whose module raises at import (RuntimeError), an image that does not exist
     (ImagePullError), a sidecar whose broker is a closed port, on each transport: it gives up
     after its startup timeout and restarts (SidecarError). Each AsyncActor re-applied with
     the cause fixed is Running again and works. (One test: the four pod starts overlap.)"""
@@ -284,7 +286,7 @@ def test_failure_phases_are_set_and_clear_once_the_cause_is_fixed(actors):
     ns, name = actors["import"]
     log = "".join(kubectl("logs", "-n", ns, p["metadata"]["name"], "-c", "asya-runtime", *prev, check=False).stdout
                   for p in pods(ns, name) for prev in ([], ["--previous"]))
-    assert "no_such_module" in log, log
+    assert "FileNotFoundError" in log and "/models/weights.bin" in log, log
 
     for key in FAILURES:
         ns, name = actors[key]
@@ -351,3 +353,40 @@ def test_the_native_sidecar_starts_before_the_runtime_and_stops_after_it(actors)
     term = [t for t, line in sc if "SIGTERM" in line]
     assert term and term[0] > rt[-1][0], f"sidecar SIGTERM {term} after the runtime's end {rt[-1]}"
     assert sc[-1][0] > rt[-1][0], (sc[-3:], rt[-3:])
+
+
+# --- 4. the webhook down: labelled pods wait -------------------------------------------------
+
+
+@pytest.mark.disruptive
+def test_labelled_pods_wait_for_the_webhook_and_are_created_once_it_is_back(namespace):
+    """With no webhook pod to answer and `failurePolicy: Fail`, the API server refuses the
+    ReplicaSet's pod: no pod runs without its sidecar, and `kubectl get asyas` says why (the
+    Deployment's ReplicaFailure). Unlabelled pods are admitted meanwhile. Once the webhook is
+    back, the ReplicaSet's next attempt creates the pod, injected, and it serves."""
+    if not webhook_enabled():
+        pytest.skip("the webhook is not running in this environment")
+    ns, name = namespace, "waiter"
+    apply(ns, name, actor("rabbitmq"))
+    wait_phase(ns, name, {"Running"})
+    before = {p["metadata"]["name"] for p in pods(ns, name)}
+    with process_stopped("webhook"):
+        kubectl("delete", "pod", *before, "-n", ns, "--wait=false")
+        st = wait_phase(ns, name, {"Degraded"}, timeout=120)
+        cond = workload_condition(st)
+        assert cond["status"] == "False" and cond["reason"] == "FailedCreate", cond
+        assert "pods cannot be created" in cond["message"] and "pods.inject.asya.sh" in cond["message"], cond
+        alive = [p["metadata"]["name"] for p in pods(ns, name) if not p["metadata"].get("deletionTimestamp")]
+        assert not alive, f"a pod was created without the webhook: {alive}"
+        plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": ns},
+                 "spec": {"containers": [{"name": "c", "image": EXAMPLES_IMAGE}]}}
+        kubectl("apply", "-f", "-", input=json.dumps(plain))
+    # tests/e2e/up brought the webhook back; the ReplicaSet retries with its own backoff.
+    wait_phase(ns, name, {"Running"})
+    now = [p for p in pods(ns, name) if not p["metadata"].get("deletionTimestamp")]
+    assert len(now) == 1 and now[0]["metadata"]["name"] not in before, now
+    assert any(c["name"] == "asya-sidecar" for c in now[0]["spec"].get("initContainers", [])), now[0]["spec"]
+    assert workload_condition(status(ns, name))["status"] == "True"
+    send_all(ns, "rabbitmq", name, [{"id": "after", "payload": {"do": "echo"}}])
+    sink, _ = ends(ns, "rabbitmq", ["after"], timeout=60)
+    assert [e["id"] for e in sink] == ["after"]
