@@ -145,10 +145,15 @@ impl<T: Transport> Processor<T> {
         while tasks.join_next().await.is_some() {}
     }
 
+    /// Returns a message that was never started, as not delivered (no redelivery counted
+    /// where the broker allows), else as `release` does.
     async fn give_back(&self, m: &Received<T::Handle>) {
-        if let Err(e) = self.transport.release(&m.handle).await {
-            // It returns anyway, when the connection closes or its visibility timeout ends.
-            tracing::debug!(error = %e, "could not give a message back at once");
+        if let Err(e) = self.transport.give_back(m).await {
+            tracing::debug!(error = %e, "could not give a message back as new; releasing it");
+            if let Err(e) = self.transport.release(&m.handle).await {
+                // It returns anyway, when the connection closes or its visibility timeout ends.
+                tracing::debug!(error = %e, "could not give a message back at once");
+            }
         }
     }
 

@@ -85,6 +85,17 @@ pub trait Transport: Send + Sync + 'static {
         handle: &Self::Handle,
     ) -> impl Future<Output = Result<(), TransportError>> + Send;
 
+    /// Gives back a message received but never started (shutdown). Unlike `release` it is
+    /// not a failed delivery: where the broker lets us, it does not count towards
+    /// `ASYA_MAX_REDELIVERIES`, so a message that only waited in pods that were scaled in
+    /// is never taken for poison. (SQS counts every receive; there it is `release`.)
+    fn give_back(
+        &self,
+        msg: &Received<Self::Handle>,
+    ) -> impl Future<Output = Result<(), TransportError>> + Send {
+        self.release(&msg.handle)
+    }
+
     /// Marks a message as being processed (SQS keeps it invisible while its handler runs).
     fn hold(&self, _handle: &Self::Handle) {}
 

@@ -58,6 +58,8 @@ struct Link {
 pub struct RabbitHandle {
     acker: Acker,
     generation: u64,
+    /// The delivery's properties, for a copy given back (moved, not cloned).
+    properties: BasicProperties,
 }
 
 pub struct RabbitTransport {
@@ -264,13 +266,32 @@ impl RabbitTransport {
         delivery: &lapin::message::Delivery,
         count: u32,
     ) -> Result<(), TransportError> {
-        let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+        self.requeue_copy(
+            link,
+            &delivery.data,
+            &delivery.properties,
+            &delivery.acker,
+            count,
+        )
+        .await
+    }
+
+    /// Puts a copy of a message at the back of its queue with `count` as its redelivery
+    /// count, and acks the original once the broker has confirmed the copy.
+    async fn requeue_copy(
+        &self,
+        link: &Link,
+        body: &[u8],
+        properties: &BasicProperties,
+        acker: &Acker,
+        count: u32,
+    ) -> Result<(), TransportError> {
+        let mut headers = properties.headers().clone().unwrap_or_default();
         headers.insert(REDELIVERIES_HEADER.into(), int(i64::from(count)));
-        let props = delivery.properties.clone().with_headers(headers);
-        self.publish_confirmed(link, &self.s.exchange, &self.s.queue, &delivery.data, props)
+        let props = properties.clone().with_headers(headers);
+        self.publish_confirmed(link, &self.s.exchange, &self.s.queue, body, props)
             .await?;
-        delivery
-            .acker
+        acker
             .ack(BasicAckOptions::default())
             .await
             .map_err(unavailable)?;
@@ -411,6 +432,16 @@ pub async fn declare_bound_queue(
     Ok(())
 }
 
+/// The delivery's redelivery count as the consume path counts it: ours (the header of a
+/// copy), else the quorum queue's, plus one if the broker flags this delivery as a
+/// redelivery (classic queues only flag it).
+fn delivery_count(d: &lapin::message::Delivery) -> u32 {
+    let count = header_count(&d.properties, REDELIVERIES_HEADER)
+        .or_else(|| header_count(&d.properties, "x-delivery-count"))
+        .unwrap_or(0);
+    count + u32::from(d.redelivered)
+}
+
 fn header_count(props: &BasicProperties, name: &str) -> Option<u32> {
     let v = props.headers().as_ref()?.inner().get(name)?;
     let n = match v {
@@ -462,19 +493,15 @@ impl Transport for RabbitTransport {
             let Some(link) = self.link.lock().await.clone() else {
                 continue;
             };
-            // Quorum queues count for us; classic queues only flag a redelivery.
-            let mut count = header_count(&delivery.properties, REDELIVERIES_HEADER)
-                .or_else(|| header_count(&delivery.properties, "x-delivery-count"))
-                .unwrap_or(0);
-            if delivery.redelivered {
-                count += 1;
-                if count <= self.s.max_redeliveries {
-                    if let Err(e) = self.count_redelivery(&link, &delivery, count).await {
-                        tracing::warn!(error = %e, "could not record a redelivery; reconnecting");
-                        self.drop_link().await;
-                    }
-                    continue;
+            let count = delivery_count(&delivery);
+            // Classic queues only flag a redelivery: the count goes into a copy, which is
+            // what a later pod reads. Past the limit it is handed on, to go to x-sump.
+            if delivery.redelivered && count <= self.s.max_redeliveries {
+                if let Err(e) = self.count_redelivery(&link, &delivery, count).await {
+                    tracing::warn!(error = %e, "could not record a redelivery; reconnecting");
+                    self.drop_link().await;
                 }
+                continue;
             }
             return Ok(vec![Received {
                 body: delivery.data,
@@ -482,6 +509,7 @@ impl Transport for RabbitTransport {
                 handle: RabbitHandle {
                     acker: delivery.acker,
                     generation: link.generation,
+                    properties: delivery.properties,
                 },
             }]);
         }
@@ -553,6 +581,18 @@ impl Transport for RabbitTransport {
             .map_err(unavailable)
     }
 
+    async fn give_back(&self, msg: &Received<RabbitHandle>) -> Result<(), TransportError> {
+        let h = &msg.handle;
+        let link = self.current_link().await?;
+        if h.generation != link.generation {
+            // Its connection is gone, and with it the delivery: the broker has it back.
+            return Ok(());
+        }
+        // A nack would return it flagged as redelivered, and the next pod would count that.
+        self.requeue_copy(&link, &msg.body, &h.properties, &h.acker, msg.redeliveries)
+            .await
+    }
+
     async fn stop_consuming(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let link = self.link.lock().await.clone();
@@ -613,15 +653,24 @@ impl RabbitTransport {
         let Some(mut consumer) = self.consumer.lock().await.take() else {
             return;
         };
+        let link = self.current_link().await.ok();
         let mut given = 0u32;
         while let Ok(Some(Ok(d))) =
             tokio::time::timeout(Duration::from_secs(2), consumer.next()).await
         {
+            // As `give_back`: a copy with the count it came with, not a nack that adds one.
+            let copied = match &link {
+                Some(l) => self
+                    .requeue_copy(l, &d.data, &d.properties, &d.acker, delivery_count(&d))
+                    .await
+                    .is_ok(),
+                None => false,
+            };
             let requeue = BasicNackOptions {
                 requeue: true,
                 ..Default::default()
             };
-            if d.acker.nack(requeue).await.is_ok() {
+            if copied || d.acker.nack(requeue).await.is_ok() {
                 given += 1;
             }
         }

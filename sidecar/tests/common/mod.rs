@@ -145,6 +145,15 @@ impl Client {
 
     /// Takes up to `n` messages from the consumed queue, waiting at most `within`.
     pub async fn take(&self, n: usize, within: Duration) -> Vec<Value> {
+        self.take_counted(n, within)
+            .await
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect()
+    }
+
+    /// As `take`, with each message's redelivery count as the transport reads it.
+    pub async fn take_counted(&self, n: usize, within: Duration) -> Vec<(Value, u32)> {
         let deadline = tokio::time::Instant::now() + within;
         let mut got = Vec::new();
         while got.len() < n {
@@ -156,7 +165,8 @@ impl Client {
                 Client::Rabbit(t) => match tokio::time::timeout(left, t.receive()).await {
                     Ok(Ok(batch)) => {
                         for m in batch {
-                            got.push(serde_json::from_slice(&m.body).unwrap_or(Value::Null));
+                            let v = serde_json::from_slice(&m.body).unwrap_or(Value::Null);
+                            got.push((v, m.redeliveries));
                             let _ = t.ack(&m.handle).await;
                         }
                     }
@@ -165,7 +175,8 @@ impl Client {
                 Client::Sqs(t) => match tokio::time::timeout(left, t.receive()).await {
                     Ok(Ok(batch)) => {
                         for m in batch {
-                            got.push(serde_json::from_slice(&m.body).unwrap_or(Value::Null));
+                            let v = serde_json::from_slice(&m.body).unwrap_or(Value::Null);
+                            got.push((v, m.redeliveries));
                             let _ = t.ack(&m.handle).await;
                         }
                     }
