@@ -1345,7 +1345,7 @@ pub async fn run(
             .any_semantic(),
     )
     .default_backoff()
-    .modify(|p| p.managed_fields_mut().clear())
+    .modify(work::slim_pod)
     .reflect(pods_w)
     .applied_objects()
     .predicate_filter(work::pod_fingerprint, pred());

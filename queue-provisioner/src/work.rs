@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use asya_api::AsyncActor;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 use serde::Serialize;
@@ -144,6 +144,63 @@ pub fn slim_stateful_set(s: &mut StatefulSet) {
     }
 }
 
+/// A pod as the cache keeps it: what [`classify_pod`] and [`needs_replacing`] read. The cache
+/// holds every labelled pod in the cluster, and an injected pod's spec (the sidecar's env,
+/// probes, volumes) is most of its size: of it only the containers' names stay. A pod
+/// without the sidecar keeps its spec and annotations, which the injection probe copies.
+pub fn slim_pod(p: &mut Pod) {
+    p.metadata.managed_fields = None;
+    if !needs_replacing(p) {
+        p.metadata.annotations = p.metadata.annotations.take().map(|a| {
+            a.into_iter()
+                .filter(|(k, _)| k.starts_with("asya.sh/"))
+                .collect()
+        });
+        if let Some(spec) = p.spec.as_mut() {
+            let names = |cs: &[Container]| -> Vec<Container> {
+                cs.iter()
+                    .map(|c| Container {
+                        name: c.name.clone(),
+                        ..Default::default()
+                    })
+                    .collect()
+            };
+            *spec = PodSpec {
+                containers: names(&spec.containers),
+                init_containers: spec.init_containers.as_deref().map(names),
+                ..Default::default()
+            };
+        }
+    }
+    if let Some(st) = p.status.as_mut() {
+        let states = |cs: Option<Vec<ContainerStatus>>| {
+            cs.map(|cs| {
+                cs.into_iter()
+                    .map(|c| ContainerStatus {
+                        name: c.name,
+                        ready: c.ready,
+                        restart_count: c.restart_count,
+                        started: c.started,
+                        state: c.state,
+                        last_state: c.last_state,
+                        ..Default::default()
+                    })
+                    .collect()
+            })
+        };
+        *st = PodStatus {
+            phase: st.phase.take(),
+            conditions: st
+                .conditions
+                .take()
+                .map(|cs| cs.into_iter().filter(|c| c.type_ == "Ready").collect()),
+            container_statuses: states(st.container_statuses.take()),
+            init_container_statuses: states(st.init_container_statuses.take()),
+            ..Default::default()
+        };
+    }
+}
+
 /// KEDA's HPA as the cache keeps it: labels (which actor) and the desired count.
 pub fn slim_hpa(h: &mut HorizontalPodAutoscaler) {
     h.metadata.managed_fields = None;
@@ -262,6 +319,78 @@ pub fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An injected pod as the API server stores it (abridged only in repeated env).
+    fn injected_pod(ready: bool, runtime_state: serde_json::Value) -> Pod {
+        let env: Vec<_> = (0..12)
+            .map(|i| serde_json::json!({"name": format!("ASYA_SETTING_{i}"), "value": "x".repeat(40)}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a-1", "namespace": "n",
+                         "labels": {"asya.sh/inject": "true", "asya.sh/actor": "a", "pod-template-hash": "5d"},
+                         "annotations": {"asya.sh/injected": "img", "kubectl.kubernetes.io/restartedAt": "t"},
+                         "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"initContainers": [
+                        {"name": "asya-install-runtime", "image": "s", "args": ["install-runtime", "/opt/asya"]},
+                        {"name": "asya-sidecar", "image": "s", "restartPolicy": "Always", "env": env,
+                         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}}}],
+                     "containers": [{"name": "asya-runtime", "image": "h", "env": env,
+                                     "command": ["python3", "/opt/asya/asya_runtime.py"]}],
+                     "volumes": [{"name": "asya-socket", "emptyDir": {}}],
+                     "nodeName": "node", "tolerations": [{"key": "k", "operator": "Exists"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1", "qosClass": "Burstable",
+                       "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}},
+                                      {"type": "PodScheduled", "status": "True"}],
+                       "initContainerStatuses": [
+                           {"name": "asya-sidecar", "ready": ready, "restartCount": 0, "image": "s", "imageID": "sha256:1",
+                            "containerID": "containerd://1", "started": true, "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}],
+                       "containerStatuses": [
+                           {"name": "asya-runtime", "ready": ready, "restartCount": 3, "image": "h", "imageID": "sha256:2",
+                            "state": runtime_state,
+                            "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_slim_pod_classifies_as_the_whole_one_at_a_fraction_of_its_size() {
+        let running = serde_json::json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}});
+        let crash = serde_json::json!({"waiting": {"reason": "CrashLoopBackOff"}});
+        let mut bare = injected_pod(true, running.clone());
+        bare.metadata.annotations = None;
+        let spec = bare.spec.as_mut().unwrap();
+        spec.init_containers = None;
+        for p in [
+            injected_pod(true, running.clone()),
+            injected_pod(false, running),
+            injected_pod(false, crash),
+            bare.clone(),
+        ] {
+            let mut slim = p.clone();
+            slim_pod(&mut slim);
+            assert_eq!(classify_pod(&slim), classify_pod(&p));
+            assert_eq!(needs_replacing(&slim), needs_replacing(&p));
+            assert_eq!(pod_fingerprint(&slim), pod_fingerprint(&p));
+            assert_eq!(slim.metadata.labels, p.metadata.labels);
+            assert!(slim.metadata.managed_fields.is_none());
+        }
+        let full = injected_pod(true, serde_json::json!({"running": {}}));
+        let mut slim = full.clone();
+        slim_pod(&mut slim);
+        let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
+        assert!(
+            size(&slim) * 4 < size(&full),
+            "{} of {} bytes",
+            size(&slim),
+            size(&full)
+        );
+        // A pod the probe may copy keeps what it copies.
+        let mut kept = bare.clone();
+        slim_pod(&mut kept);
+        assert!(needs_replacing(&bare));
+        assert_eq!(kept.spec, bare.spec);
+        assert_eq!(kept.metadata.annotations, bare.metadata.annotations);
+    }
 
     #[test]
     fn slim_caches_keep_what_the_reconcile_reads() {
