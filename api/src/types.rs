@@ -47,7 +47,7 @@ use crate::duration::DurationSpec;
     printcolumn = r#"{"name": "WORKLOAD", "type": "string", "jsonPath": ".status.workloadKind", "description": "Deployment or StatefulSet", "priority": 1}"#,
     printcolumn = r#"{"name": "TRANSPORT", "type": "string", "jsonPath": ".status.transportStatus", "description": "Transport readiness", "priority": 1}"#,
     printcolumn = r#"{"name": "SCALING", "type": "string", "jsonPath": ".status.scalingMode", "description": "KEDA or Manual", "priority": 1}"#,
-    printcolumn = r#"{"name": "QUEUED", "type": "integer", "jsonPath": ".status.queuedMessages", "description": "Messages waiting in the queue", "priority": 1}"#,
+    printcolumn = r#"{"name": "QUEUED", "type": "integer", "jsonPath": ".status.queuedMessages", "description": "Messages waiting in the queue when the provisioner last looked (each reconcile, at least every 60-75 s)", "priority": 1}"#,
     printcolumn = r#"{"name": "PROCESSING", "type": "integer", "jsonPath": ".status.processingMessages", "description": "Messages being processed", "priority": 1}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -384,7 +384,8 @@ pub struct AsyncActorStatus {
     /// Last scale for display, e.g. "2026-11-22T10:00:00Z (up)".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scale: Option<String>,
-    /// Messages waiting in the queue, where the transport can tell.
+    /// Messages waiting in the queue, where the transport can tell: a sample taken at each
+    /// reconcile, so at least every 60-75 s (KEDA reads the queue itself to scale).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued_messages: Option<i64>,
     /// Messages delivered but not yet acknowledged, where the transport can tell.
