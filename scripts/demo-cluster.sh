@@ -416,9 +416,16 @@ heading "kubectl get asyas -o wide"
 deadline=$((SECONDS + 20))
 until [ "$(kubectl get asyas -n "$ns" -o jsonpath='{.items[*].status.phase}')" = "Running Running Running Running Running" ] \
   || [ $SECONDS -ge $deadline ]; do sleep 1; done
+# QUEUED and PROCESSING are the provisioner's last look at the broker: every 15-20 s while a
+# queue has messages (once a minute when idle). All results are in: wait for the look that
+# sees the queues empty, so the table tells the truth.
+say "(waiting for the provisioner's next look at the queues: every 15-20 s while they have messages)"
+deadline=$((SECONDS + 40))
+until [ -z "$(kubectl get asyas -n "$ns" -o jsonpath='{.items[*].status.queuedMessages}' | tr -d ' 0')" ] \
+  || [ $SECONDS -ge $deadline ]; do sleep 1; done
 kubectl get asyas -n "$ns" -o wide | sed 's/^/    /'
-say "(QUEUED and PROCESSING are the provisioner's last look at the broker: on every pod change"
-say " and once a minute.)"
+say "(QUEUED and PROCESSING: the provisioner's last look at the broker, every 15-20 s while a"
+say " queue has messages, once a minute when idle; KEDA reads the queues itself to scale.)"
 say "(with no more envelopes, KEDA scales validate, split and shout back to zero after the 30s cooldown)"
 
 # --- 3. clean up -------------------------------------------------------------------------------

@@ -108,6 +108,11 @@ const RECHECK: Duration = Duration::from_secs(55);
 /// [`SPREAD`] by actor so that actors applied together do not come back together.
 const PERIOD: Duration = Duration::from_secs(60);
 const SPREAD: Duration = Duration::from_secs(15);
+/// An actor with messages queued or in process is looked at this often instead (+ up to
+/// [`BUSY_SPREAD`]), so that QUEUED and PROCESSING follow its queue as it drains rather than
+/// show the last busy sample for a minute. Idle actors, the many, stay at [`PERIOD`].
+const BUSY_PERIOD: Duration = Duration::from_secs(15);
+const BUSY_SPREAD: Duration = Duration::from_secs(5);
 /// Reconciles at once. Each is mostly waiting on the API server and the broker; more than
 /// this only queues up in them on a 2-core machine (see docs/benchmarks.md).
 pub const CONCURRENCY: u16 = 16;
@@ -435,10 +440,14 @@ fn live_in<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>, ns: &str, na
     )
 }
 
-/// The periodic requeue of a settled actor, spread by actor.
-fn periodic(key: &str) -> Duration {
-    let spread = work::desired_hash(&key) % SPREAD.as_millis() as u64;
-    PERIOD + Duration::from_millis(spread)
+/// The periodic requeue of a settled actor, spread by actor; sooner while it has messages.
+fn periodic(key: &str, busy: bool) -> Duration {
+    let (base, spread) = if busy {
+        (BUSY_PERIOD, BUSY_SPREAD)
+    } else {
+        (PERIOD, SPREAD)
+    };
+    base + Duration::from_millis(work::desired_hash(&key) % spread.as_millis() as u64)
 }
 
 /// The label KEDA puts on the HPA it makes for a ScaledObject: the ScaledObject's name.
@@ -784,7 +793,7 @@ async fn apply_actor(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Er
     } else if injection_down {
         Duration::from_secs(10)
     } else {
-        periodic(&key)
+        periodic(&key, o.has_messages())
     }))
 }
 
@@ -1550,4 +1559,29 @@ where
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actors_with_messages_are_looked_at_sooner_and_every_actor_is_spread() {
+        let keys = ["ns-a/one", "ns-a/two", "ns-b/one"];
+        for k in keys {
+            let idle = periodic(k, false);
+            assert!(idle >= PERIOD && idle < PERIOD + SPREAD, "{k}: {idle:?}");
+            let busy = periodic(k, true);
+            assert!(
+                busy >= BUSY_PERIOD && busy < BUSY_PERIOD + BUSY_SPREAD,
+                "{k}: {busy:?}"
+            );
+        }
+        let idle: std::collections::HashSet<_> = keys.iter().map(|k| periodic(k, false)).collect();
+        assert_eq!(
+            idle.len(),
+            keys.len(),
+            "actors come back at different times"
+        );
+    }
 }

@@ -212,6 +212,18 @@ pub struct Observed {
     pub max_replicas: Option<i32>,
 }
 
+impl Observed {
+    /// Messages were queued or in process at the last look at the broker.
+    pub fn has_messages(&self) -> bool {
+        match &self.transport {
+            TransportObs::Ready(_, Some(d)) => {
+                d.queued.unwrap_or(0) > 0 || d.processing.unwrap_or(0) > 0
+            }
+            _ => false,
+        }
+    }
+}
+
 fn condition(
     prev: &[Condition],
     type_: &str,

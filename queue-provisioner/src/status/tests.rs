@@ -310,3 +310,26 @@ fn pods_that_cannot_be_created_say_why_until_they_can() {
     o.workload.as_mut().unwrap().failure = None;
     assert_eq!(phase(&o), "Creating");
 }
+
+#[test]
+fn an_actor_has_messages_while_its_queue_has_any_queued_or_in_process() {
+    let with = |queued, processing| {
+        let mut o = base();
+        o.transport = TransportObs::Ready(
+            QueueInfo {
+                url: "amqp://h/q".into(),
+                identifier: "q".into(),
+                created: false,
+            },
+            Some(QueueDepth { queued, processing }),
+        );
+        o.has_messages()
+    };
+    assert!(with(Some(4), None));
+    assert!(with(Some(0), Some(1)));
+    assert!(!with(Some(0), Some(0)));
+    assert!(!with(None, None));
+    let mut o = base();
+    o.transport = TransportObs::NotAttempted;
+    assert!(!o.has_messages());
+}
