@@ -886,7 +886,18 @@ async fn ensure_queues(
         ensure_cached(ctx, &backend, &r.transport, spec).await?;
     }
     let spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout);
-    let info = ensure_cached(ctx, &backend, &r.transport, spec).await?;
+    let key = format!("{}/{}", r.transport, spec.name);
+    let mut info = ensure_cached(ctx, &backend, &r.transport, spec.clone()).await?;
+    let mut depth = backend.depth(&r.queue).await;
+    ctx.metrics.queue_op(kind, "depth", depth.is_ok());
+    if !info.created && matches!(depth, Ok(None)) {
+        // Gone although ensured before (deleted behind our back): every look at the depth
+        // is also a check, so it is back now rather than at the next periodic existence check.
+        lock(&ctx.ensured).remove(&key);
+        info = ensure_cached(ctx, &backend, &r.transport, spec).await?;
+        depth = backend.depth(&r.queue).await;
+        ctx.metrics.queue_op(kind, "depth", depth.is_ok());
+    }
     if info.created {
         // Both a first creation and the recreation of a vanished queue land here.
         let again = actor
@@ -910,9 +921,7 @@ async fn ensure_queues(
         };
         ctx.event(actor, again, reason, note).await;
     }
-    let depth = backend.depth(&r.queue).await;
-    ctx.metrics.queue_op(kind, "depth", depth.is_ok());
-    Ok(TransportObs::Ready(info, depth.ok()))
+    Ok(TransportObs::Ready(info, depth.ok().flatten()))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -203,7 +203,7 @@ impl Sweeper {
             let messages = if state == NamespaceState::Gone {
                 let d = backend.depth(&q).await;
                 self.metrics.queue_op(backend.kind(), "depth", d.is_ok());
-                let d = d?;
+                let d = d?.unwrap_or_default();
                 d.queued.unwrap_or(0) + d.processing.unwrap_or(0)
             } else {
                 0

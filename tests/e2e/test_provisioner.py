@@ -469,10 +469,17 @@ def test_vanished_queue_is_recreated(namespace):
     q = f"asya-{ns}-phoenix"
     out = subprocess.run([RABBIT_CTL, "ctl", "delete_queue", q], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    # No check that it is absent now: the reconcile that follows the status write may already
-    # have put it back. Otherwise the periodic requeue (20 s while pods are not ready, 60 s when
-    # settled) checks it.
-    wait_for("queue recreated by the periodic check", lambda: q in rabbit_queues(), timeout=90, interval=1.0)
+    # Every reconcile reads the queue's depth, and a queue that is gone is put back there and
+    # then. Without an event the periodic look brings one (60-75 s when idle, which
+    # queue-provisioner's unit tests pin); an annotation change brings it now. No check that it
+    # is absent first: a reconcile may already have put it back.
+    poke = iter(range(10**6))
+
+    def recreated():
+        kubectl("annotate", "--overwrite", "asyncactor", "phoenix", "-n", ns, f"e2e.asya.sh/poke={next(poke)}")
+        return q in rabbit_queues()
+
+    wait_for("queue recreated by the next reconcile", recreated, timeout=30, interval=2.0)
     wait_for("QueueRecreated event", lambda: "QueueRecreated" in kubectl("get", "events", "-n", ns, "-o", "json").stdout)
 
 
@@ -678,8 +685,9 @@ def test_fresh_apply_costs_bounded_work_per_actor(namespace):
     assert per["reconciles"] <= 2 + keda + periodic, per
     assert per["api"] <= 16, per
     # Broker work follows the reconciles: a declare and an existence check per actor, at most a
-    # count per reconcile (measured 1.4-2.1 above the reconciles per actor).
-    assert per["broker"] <= 3 + per["reconciles"], per
+    # count per reconcile (measured 1.4-2.1 above the reconciles per actor), and each periodic
+    # look in the window checks existence again besides its count.
+    assert per["broker"] <= 3 + per["reconciles"] + periodic, per
 
 
 def test_own_status_writes_do_not_trigger_reconciles(namespace):

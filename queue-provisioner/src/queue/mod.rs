@@ -70,8 +70,11 @@ pub trait QueueOps: Send + Sync {
     fn exists(&self, name: &str) -> impl Future<Output = Result<bool, QueueError>> + Send;
     /// Deletes the queue; a missing queue is not an error.
     fn delete(&self, name: &str) -> impl Future<Output = Result<(), QueueError>> + Send;
-    /// Message counts of an existing queue.
-    fn depth(&self, name: &str) -> impl Future<Output = Result<QueueDepth, QueueError>> + Send;
+    /// Message counts of the queue; `None` when it does not exist.
+    fn depth(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<QueueDepth>, QueueError>> + Send;
 }
 
 /// One configured transport's client.
@@ -121,7 +124,7 @@ impl QueueOps for Backend {
             Backend::Sqs(b) => b.delete(name).await,
         }
     }
-    async fn depth(&self, name: &str) -> Result<QueueDepth, QueueError> {
+    async fn depth(&self, name: &str) -> Result<Option<QueueDepth>, QueueError> {
         match self {
             Backend::Rabbit(b) => b.depth(name).await,
             Backend::Sqs(b) => b.depth(name).await,

@@ -452,13 +452,13 @@ impl QueueOps for RabbitQueues {
         .await
     }
 
-    async fn depth(&self, name: &str) -> Result<QueueDepth, QueueError> {
+    async fn depth(&self, name: &str) -> Result<Option<QueueDepth>, QueueError> {
         // AMQP tells ready messages only; unacknowledged ones need the management API.
         if let Some(m) = &self.management {
             match m.counts(name).await {
                 Ok(Some(d)) => {
                     m.warned.store(false, Ordering::Relaxed);
-                    return Ok(d);
+                    return Ok(Some(d));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -468,13 +468,14 @@ impl QueueOps for RabbitQueues {
                 }
             }
         }
+        // Not in the listing: AMQP says whether it exists (the listing may be a second old).
         let queued = self
             .bounded(&format!("count {name}"), self.passive(name))
             .await?;
-        Ok(QueueDepth {
-            queued: queued.map(i64::from),
+        Ok(queued.map(|n| QueueDepth {
+            queued: Some(i64::from(n)),
             processing: None,
-        })
+        }))
     }
 }
 

@@ -202,9 +202,9 @@ impl QueueOps for SqsQueues {
         }
     }
 
-    async fn depth(&self, name: &str) -> Result<QueueDepth, QueueError> {
+    async fn depth(&self, name: &str) -> Result<Option<QueueDepth>, QueueError> {
         let Some(url) = self.url(name).await? else {
-            return Ok(QueueDepth::default());
+            return Ok(None);
         };
         let out = self
             .client
@@ -220,10 +220,10 @@ impl QueueOps for SqsQueues {
                 .and_then(|a| a.get(&k))
                 .and_then(|v| v.parse::<i64>().ok())
         };
-        Ok(QueueDepth {
+        Ok(Some(QueueDepth {
             queued: get(QueueAttributeName::ApproximateNumberOfMessages),
             processing: get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
-        })
+        }))
     }
 }
 
