@@ -846,7 +846,7 @@ async fn ensure_cached(
     transport: &str,
     spec: QueueSpec,
 ) -> Result<crate::queue::QueueInfo, QueueError> {
-    let key = format!("{transport}/{}", spec.name);
+    let key = ensured_key(transport, &spec.name);
     let known = lock(&ctx.ensured)
         .get(&key)
         .filter(|(_, s, _)| *s == spec)
@@ -870,6 +870,22 @@ async fn ensure_cached(
     Ok(info)
 }
 
+/// The key of a queue in `Ctx::ensured`.
+fn ensured_key(transport: &str, queue: &str) -> String {
+    format!("{transport}/{queue}")
+}
+
+/// The queue's depth (`None`: it does not exist), counted in the queue-operation metrics.
+async fn counted_depth(
+    ctx: &Ctx,
+    backend: &crate::queue::Backend,
+    queue: &str,
+) -> Result<Option<crate::queue::QueueDepth>, QueueError> {
+    let d = backend.depth(queue).await;
+    ctx.metrics.queue_op(backend.kind(), "depth", d.is_ok());
+    d
+}
+
 /// Visibility timeout of the end queues: theirs, not the timeout of whichever actor of the
 /// namespace ensures them (actors with different timeouts would rewrite it in turn).
 const END_QUEUE_VISIBILITY: Duration = Duration::from_secs(300);
@@ -880,23 +896,19 @@ async fn ensure_queues(
     r: &ResolvedActor,
 ) -> Result<TransportObs, QueueError> {
     let (backend, _) = ctx.transports.get(&r.transport).await?;
-    let kind = backend.kind();
     for end in [naming::SINK_ACTOR, naming::SUMP_ACTOR] {
         let spec = queue_spec(&r.namespace, end, END_QUEUE_VISIBILITY);
         ensure_cached(ctx, &backend, &r.transport, spec).await?;
     }
     let spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout);
-    let key = format!("{}/{}", r.transport, spec.name);
     let mut info = ensure_cached(ctx, &backend, &r.transport, spec.clone()).await?;
-    let mut depth = backend.depth(&r.queue).await;
-    ctx.metrics.queue_op(kind, "depth", depth.is_ok());
+    let mut depth = counted_depth(ctx, &backend, &r.queue).await;
     if !info.created && matches!(depth, Ok(None)) {
         // Gone although ensured before (deleted behind our back): every look at the depth
         // is also a check, so it is back now rather than at the next periodic existence check.
-        lock(&ctx.ensured).remove(&key);
+        lock(&ctx.ensured).remove(&ensured_key(&r.transport, &spec.name));
         info = ensure_cached(ctx, &backend, &r.transport, spec).await?;
-        depth = backend.depth(&r.queue).await;
-        ctx.metrics.queue_op(kind, "depth", depth.is_ok());
+        depth = counted_depth(ctx, &backend, &r.queue).await;
     }
     if info.created {
         // Both a first creation and the recreation of a vanished queue land here.
@@ -1169,7 +1181,7 @@ async fn cleanup(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, Error>
                 naming::sink_queue(&ns),
                 naming::sump_queue(&ns),
             ] {
-                ensured.remove(&format!("{transport}/{q}"));
+                ensured.remove(&ensured_key(&transport, &q));
             }
         }
         // The namespace's end queues go with the namespace, once it is gone.

@@ -176,17 +176,18 @@ impl<T: Transport> Processor<T> {
         tasks: &mut JoinSet<()>,
     ) {
         self.metrics.received();
-        let this = self;
         tasks.spawn(async move {
-            let Permits { in_flight, call } = permits;
-            let _in_flight = in_flight;
-            this.transport.hold(&msg.handle);
-            let disposition = this.dispose(&msg.body, msg.redeliveries).await;
+            let Permits {
+                in_flight: _in_flight,
+                call,
+            } = permits;
+            self.transport.hold(&msg.handle);
+            let disposition = self.dispose(&msg.body, msg.redeliveries).await;
             drop(call);
-            this.transport.unhold(&msg.handle);
+            self.transport.unhold(&msg.handle);
             let span =
-                tracing::info_span!("envelope", actor = %this.cfg.actor, id = %disposition.id);
-            this.finish(msg, disposition, taken).instrument(span).await;
+                tracing::info_span!("envelope", actor = %self.cfg.actor, id = %disposition.id);
+            self.finish(msg, disposition, taken).instrument(span).await;
         });
     }
 

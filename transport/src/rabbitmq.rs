@@ -258,9 +258,10 @@ impl RabbitTransport {
         self.declared.lock().map(|d| d.contains(q)).unwrap_or(false)
     }
 
-    /// Republishes a redelivered message with its count raised, then acks the original: the
-    /// count survives a crash of this process because it lives in the durable copy.
-    async fn count_redelivery(
+    /// [`Self::requeue_copy`] for a delivery not handed out: a redelivered one with its count
+    /// raised (the count survives a crash of this process because it lives in the durable
+    /// copy), or a prefetched one given back at shutdown with the count it came with.
+    async fn requeue_delivery(
         &self,
         link: &Link,
         delivery: &lapin::message::Delivery,
@@ -497,7 +498,7 @@ impl Transport for RabbitTransport {
             // Classic queues only flag a redelivery: the count goes into a copy, which is
             // what a later pod reads. Past the limit it is handed on, to go to x-sump.
             if delivery.redelivered && count <= self.s.max_redeliveries {
-                if let Err(e) = self.count_redelivery(&link, &delivery, count).await {
+                if let Err(e) = self.requeue_delivery(&link, &delivery, count).await {
                     tracing::warn!(error = %e, "could not record a redelivery; reconnecting");
                     self.drop_link().await;
                 }
@@ -661,7 +662,7 @@ impl RabbitTransport {
             // As `give_back`: a copy with the count it came with, not a nack that adds one.
             let copied = match &link {
                 Some(l) => self
-                    .requeue_copy(l, &d.data, &d.properties, &d.acker, delivery_count(&d))
+                    .requeue_delivery(l, &d, delivery_count(&d))
                     .await
                     .is_ok(),
                 None => false,
