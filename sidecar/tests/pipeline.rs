@@ -572,6 +572,47 @@ async fn sigterm_gives_back_what_it_has_not_started(kind: Kind) {
     e.sink.expect_nothing(QUIET).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_sigterm_mid_long_poll_gives_back_what_the_poll_takes() {
+    // SQS cannot cancel a long poll: one under way at SIGTERM goes on on the server, and what
+    // it takes must go back to the queue at once, not after the visibility timeout.
+    let kind = Kind::Sqs;
+    let ns = unique_ns("poll");
+    let e = ends(kind, &ns).await;
+    let a = start(
+        kind,
+        &ns,
+        "a",
+        &[
+            ("ASYA_SQS_WAIT_SECONDS", "10"),
+            // Far beyond the wait below: the timeout cannot be what brings it back.
+            ("ASYA_SQS_VISIBILITY_TIMEOUT", "300s"),
+        ],
+    );
+    // Ready: the endpoint answered for the queue, and the sidecar's first long poll was sent
+    // then (the queue is empty, so it waits on the server for 10 s).
+    a.send_sigterm();
+    e.input
+        .send(&a.queue(), &envelope("p", &["a"], json!({})))
+        .await;
+    let taker = Client::new(kind, &a.queue()).await;
+    let taken = taker.take_counted(1, WAIT).await;
+    let got: Vec<(String, u32)> = taken
+        .iter()
+        .map(|(v, c)| (v["id"].as_str().unwrap_or_default().to_string(), *c))
+        .collect();
+    // Received once by the cut-short poll (SQS counts it), then by the taker.
+    assert_eq!(got, [("p".to_string(), 1)], "{}", a.logs());
+    let status = a.wait_exit(WAIT);
+    assert!(status.success(), "exit status {status}:\n{}", a.logs());
+    assert!(
+        a.logs().contains("given back"),
+        "the sidecar did not say it gave the message back:\n{}",
+        a.logs()
+    );
+    assert!(e.sink.take(1, QUIET).await.is_empty(), "{}", a.logs());
+}
+
 /// Waits until the actor's sidecar has received everything sent to its queue (none ready for
 /// another consumer); `observer` counts without taking, so it does not race the sidecar.
 async fn wait_until_received(a: &Actor, observer: &Client) {

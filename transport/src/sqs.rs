@@ -7,7 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::operation::receive_message::ReceiveMessageOutput;
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
+};
+use tokio::sync::{oneshot, watch};
 
 use crate::{Outgoing, Received, Transport, TransportError};
 
@@ -39,6 +43,8 @@ pub struct SqsTransport {
     visibility: Mutex<Duration>,
     up: AtomicBool,
     stopping: AtomicBool,
+    /// Long polls under way, each in a task of its own (see `poll`).
+    polls: Arc<watch::Sender<usize>>,
 }
 
 fn unavailable(e: impl std::fmt::Debug) -> TransportError {
@@ -70,6 +76,7 @@ impl SqsTransport {
             held: Mutex::new(HashSet::new()),
             up: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            polls: Arc::new(watch::Sender::new(0)),
         }
     }
 
@@ -197,6 +204,136 @@ impl SqsTransport {
             }
         }
     }
+
+    /// One long poll, in a task of its own. The server cannot be told to stop a poll: had
+    /// the request been dropped with the `receive` that made it (at shutdown), what the
+    /// poll still took would stay invisible, for no pod, until the visibility timeout.
+    /// Instead, what nobody is left to take is given back at once (SQS counts the receive
+    /// all the same), and `stop_consuming` waits for that.
+    async fn poll(&self, url: String) -> Result<ReceiveMessageOutput, TransportError> {
+        let running = PollRunning::start(&self.polls);
+        let request = self
+            .client
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(self.s.wait_seconds)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount);
+        let giver = GiveBack {
+            client: self.client.clone(),
+            url,
+            polls: self.polls.clone(),
+        };
+        let (tx, rx) = oneshot::channel();
+        let unclaimed = giver.clone();
+        tokio::spawn(async move {
+            let _running = running;
+            let out = request.send().await.map_err(unavailable);
+            if let Err(Ok(out)) = tx.send(out) {
+                unclaimed.give_back(out).await;
+            }
+        });
+        let mut answer = Answer { rx, giver };
+        (&mut answer.rx)
+            .await
+            .unwrap_or_else(|_| Err(TransportError::Unavailable("long poll task ended".into())))
+    }
+}
+
+/// Counts a long poll (or the give-back of what it brought) while it runs.
+struct PollRunning(Arc<watch::Sender<usize>>);
+
+impl PollRunning {
+    fn start(polls: &Arc<watch::Sender<usize>>) -> Self {
+        polls.send_modify(|n| *n += 1);
+        PollRunning(polls.clone())
+    }
+}
+
+impl Drop for PollRunning {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// Makes messages a poll took visible again at once.
+#[derive(Clone)]
+struct GiveBack {
+    client: Client,
+    url: String,
+    polls: Arc<watch::Sender<usize>>,
+}
+
+impl GiveBack {
+    async fn give_back(&self, out: ReceiveMessageOutput) {
+        let receipts: Vec<String> = out
+            .messages
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| m.receipt_handle)
+            .collect();
+        if receipts.is_empty() {
+            return;
+        }
+        let entries = receipts.iter().enumerate().filter_map(|(i, r)| {
+            ChangeMessageVisibilityBatchRequestEntry::builder()
+                .id(i.to_string())
+                .receipt_handle(r)
+                .visibility_timeout(0)
+                .build()
+                .ok()
+        });
+        let given = self
+            .client
+            .change_message_visibility_batch()
+            .queue_url(&self.url)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await;
+        match given {
+            Ok(out) if out.failed.is_empty() => {
+                tracing::info!(
+                    messages = receipts.len(),
+                    "a long poll cut short by shutdown took messages; given back"
+                );
+            }
+            Ok(out) => {
+                tracing::warn!(
+                    messages = receipts.len(),
+                    failed = out.failed.len(),
+                    "some messages a cut-short long poll took could not be given back; they return after the visibility timeout"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(messages = receipts.len(), error = ?e, "could not give back what a cut-short long poll took; it returns after the visibility timeout");
+            }
+        }
+    }
+}
+
+/// The answer to one `poll`. Dropped before it arrived (the `receive` was), the poll's task
+/// gives the messages back; dropped after it arrived but before it was read, it does so.
+struct Answer {
+    rx: oneshot::Receiver<Result<ReceiveMessageOutput, TransportError>>,
+    giver: GiveBack,
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        self.rx.close();
+        // No runtime left (the process is ending): nothing can be sent any more.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if let Ok(Ok(out)) = self.rx.try_recv() {
+            let running = PollRunning::start(&self.giver.polls);
+            let giver = self.giver.clone();
+            rt.spawn(async move {
+                let _running = running;
+                giver.give_back(out).await;
+            });
+        }
+    }
 }
 
 impl Transport for SqsTransport {
@@ -213,17 +350,7 @@ impl Transport for SqsTransport {
                 // The endpoint answered for our queue: connected, while the long poll waits
                 // (up to ASYA_SQS_WAIT_SECONDS on an empty queue) for the first answer.
                 self.up.store(true, Ordering::SeqCst);
-                self.client
-                    .receive_message()
-                    .queue_url(url)
-                    .max_number_of_messages(10)
-                    .wait_time_seconds(self.s.wait_seconds)
-                    .message_system_attribute_names(
-                        MessageSystemAttributeName::ApproximateReceiveCount,
-                    )
-                    .send()
-                    .await
-                    .map_err(unavailable)
+                self.poll(url).await
             };
             match attempt.await {
                 Ok(out) => {
@@ -342,6 +469,16 @@ impl Transport for SqsTransport {
 
     async fn stop_consuming(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        // A long poll cut short by the shutdown still runs on the server: wait for what it
+        // brings to be given back before the process may exit.
+        let limit = Duration::from_secs(self.s.wait_seconds.max(0) as u64 + 10);
+        let mut polls = self.polls.subscribe();
+        if tokio::time::timeout(limit, polls.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
+            tracing::warn!(queue = %self.s.queue, waited = ?limit, "a long poll is still under way at exit; what it brings returns after the visibility timeout");
+        }
     }
 
     fn healthy(&self) -> bool {
