@@ -18,6 +18,11 @@ Environment: ASYA_HANDLER (module.function or module.Class.method), ASYA_HANDLER
 If the sidecar closes the connection while the handler still runs (its timeout fired), the
 runtime exits with status 3 so that its supervisor (the kubelet) starts a fresh one: a
 handler thread stuck in user code cannot be cancelled from Python.
+
+On SIGTERM the runtime leaves a file, asya-runtime.stopping, beside its socket (a fresh
+runtime removes it). A call cut short after that (the kubelet's grace period ended, or a
+forced pod deletion) was stopped by the platform, not by its envelope: the sidecar returns
+the message to the queue instead of charging it with a crash.
 """
 
 import importlib
@@ -35,6 +40,7 @@ import time
 import traceback
 
 SOCKET_NAME = "asya-runtime.sock"
+STOPPING_NAME = "asya-runtime.stopping"
 MAX_FRAME = 256 * 1024 * 1024
 EXIT_ABANDONED = 3
 EXIT_BAD_CONFIG = 2
@@ -248,6 +254,7 @@ class Runtime:
         self.handler = handler
         self.mode = mode
         self.socket_path = socket_path
+        self.stopping_path = os.path.join(os.path.dirname(socket_path), STOPPING_NAME)
         self.stopping = False
         self.server = None
         self.watcher = Abandonment()
@@ -256,7 +263,9 @@ class Runtime:
         # Bound and listening under a temporary name, then renamed: the socket path never
         # exists without a listener behind it (a connect there would be refused).
         tmp = "%s.%d.tmp" % (self.socket_path, os.getpid())
-        for stale in (tmp, self.socket_path):
+        # A predecessor's stopping mark goes before the socket exists: calls to this runtime
+        # are judged on their own.
+        for stale in (tmp, self.socket_path, self.stopping_path):
             try:
                 os.unlink(stale)
             except FileNotFoundError:
@@ -271,8 +280,15 @@ class Runtime:
         self.server = server
 
     def on_sigterm(self, signum, frame):
-        # Only a flag: the wake-up fd ends a wait in serve(); a running handler finishes.
+        # A flag (the wake-up fd ends a wait in serve(); a running handler finishes) and the
+        # mark the sidecar reads if this process is killed before it answers. It runs
+        # between two Python bytecodes of the main thread: a handler inside one long C call
+        # that holds the GIL delays it.
         self.stopping = True
+        try:
+            os.close(os.open(self.stopping_path, os.O_WRONLY | os.O_CREAT, 0o644))
+        except OSError as e:
+            log.warning("could not leave the stopping mark %s: %s", self.stopping_path, e)
 
     def serve_one(self, conn):
         try:

@@ -31,6 +31,9 @@ pub struct Disposition {
     pub id: String,
     /// Reports to the gateway once the sends are confirmed and the input acknowledged.
     pub reports: Vec<Report>,
+    /// Not judged: the platform stopped the runtime mid-call, so the message goes back to
+    /// the broker (a counted redelivery) for another pod, with nothing sent.
+    pub returned: bool,
 }
 
 /// Room for one message: held while it is in flight, the call part until the runtime answers.
@@ -193,6 +196,13 @@ impl<T: Transport> Processor<T> {
 
     /// Sends, then acknowledges; on a send that can never succeed, sends to x-sump instead.
     async fn finish(&self, msg: Received<T::Handle>, d: Disposition, started: Instant) {
+        if d.returned {
+            self.metrics.abandoned();
+            if let Err(e) = self.transport.release(&msg.handle).await {
+                tracing::debug!(error = %e, "release failed (redelivered after reconnect or visibility timeout)");
+            }
+            return;
+        }
         let mut result = self.transport.send(&d.outgoing).await;
         let mut status = d.status;
         if let Err(e) = &result
@@ -329,6 +339,14 @@ impl<T: Transport> Processor<T> {
         self.metrics.runtime_call(started.elapsed().as_secs_f64());
         let answer = match call {
             Ok(v) => routing::interpret(v),
+            Err(e) if e.no_runtime() && self.runtime.stopping() => {
+                // A pod going away (its grace period over, or deleted by force) kills the
+                // runtime the kubelet had told to stop: not this envelope's doing.
+                tracing::info!(error = %e, "runtime stopped by its pod's shutdown mid-call; returning the message to the queue");
+                let mut d = self.done(Vec::new(), "returned", None, env.id.clone());
+                d.returned = true;
+                return d;
+            }
             Err(e) => {
                 let (code, error_type) = e.kind();
                 tracing::warn!(error = %e, "runtime call failed");
@@ -362,6 +380,7 @@ impl<T: Transport> Processor<T> {
             failure_reason,
             id,
             reports: Vec::new(),
+            returned: false,
         }
     }
 

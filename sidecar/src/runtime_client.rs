@@ -24,6 +24,8 @@ pub const MAX_FRAME: usize = 256 * 1024 * 1024;
 
 /// How often one call is made again because the runtime it was queued on went away.
 const MAX_REQUEUES: u32 = 3;
+/// Left beside the socket by a runtime told to stop; removed by the next one.
+pub const STOPPING_NAME: &str = "asya-runtime.stopping";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -56,6 +58,12 @@ impl CallError {
     /// The runtime went away (or is being made to) while this call was open.
     fn runtime_gone(&self) -> bool {
         matches!(self, CallError::Crashed | CallError::Io(_))
+    }
+
+    /// The call ended without an answer because there was no runtime to give one: it died
+    /// while serving or before it could be reached. Not a timeout: that is the handler's.
+    pub fn no_runtime(&self) -> bool {
+        self.runtime_gone() || matches!(self, CallError::Unreachable { .. })
     }
 }
 
@@ -118,6 +126,12 @@ impl RuntimeClient {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The runtime was told to stop (SIGTERM: its pod is going away) and a fresh one has not
+    /// started since: it leaves `asya-runtime.stopping` beside its socket (asya_runtime.py).
+    pub fn stopping(&self) -> bool {
+        self.path.with_file_name(STOPPING_NAME).exists()
     }
 
     /// True when the runtime accepts connections (readiness). The probe connection is

@@ -36,6 +36,7 @@ both!(
     action_fail,
     handler_timeout,
     runtime_killed_mid_message,
+    runtime_stopped_by_its_pod_mid_message,
     sidecar_sigkilled_mid_message,
     malformed_messages,
     large_payload,
@@ -317,6 +318,46 @@ async fn runtime_killed_mid_message(kind: Kind) {
         got[0]["headers"]["x-asya-attempts"][0]["type"],
         "RuntimeCrashed"
     );
+}
+
+async fn runtime_stopped_by_its_pod_mid_message(kind: Kind) {
+    // SIGTERM, then SIGKILL before the handler is done (a forced pod deletion, or the grace
+    // period over): not the envelope's failure, and no retry policy needed. It goes back to
+    // the queue and is served again, here by the restarted runtime, with no attempt charged.
+    let ns = unique_ns("rs");
+    let e = ends(kind, &ns).await;
+    let a = start(kind, &ns, "a", &[]);
+    warm_up(&e, &a).await;
+    let marker = a.dir.path().join("stopped");
+    e.input
+        .send(
+            &a.queue(),
+            &envelope(
+                "st",
+                &["a"],
+                json!({"do": "stopped_once", "marker": marker.display().to_string()}),
+            ),
+        )
+        .await;
+    let got = e.sink.take(1, WAIT).await;
+    assert_eq!(ids(&got), ["st"], "{}", a.logs());
+    assert!(
+        marker.exists(),
+        "the runtime was never stopped:\n{}",
+        a.logs()
+    );
+    assert!(
+        got[0]["headers"].get("x-asya-attempts").is_none(),
+        "an attempt was charged: {}\n{}",
+        got[0]["headers"],
+        a.logs()
+    );
+    assert!(
+        a.logs().contains("returning the message to the queue"),
+        "{}",
+        a.logs()
+    );
+    e.sump.expect_nothing(QUIET).await;
 }
 
 async fn sidecar_sigkilled_mid_message(kind: Kind) {

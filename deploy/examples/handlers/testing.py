@@ -2,6 +2,7 @@
 payload, so one runtime serves every case."""
 
 import os
+import signal
 import time
 
 
@@ -52,6 +53,18 @@ def act(payload):
         if not os.path.exists(marker):
             open(marker, "w").close()
             os._exit(9)
+        return payload
+    if kind == "stopped_once":
+        # The first time: what the kubelet does to a pod going away while this handler runs,
+        # SIGTERM and, the grace period over, SIGKILL.
+        marker = payload["marker"]
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGTERM)
+            mark = os.path.join(os.environ.get("ASYA_SOCKET_DIR", "/var/run/asya"), "asya-runtime.stopping")
+            while not os.path.exists(mark):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
         return payload
     if kind == "big":
         return dict(payload, blob="x" * payload["size"])

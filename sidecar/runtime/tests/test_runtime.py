@@ -1,7 +1,12 @@
+import json
+import os
 import signal
+import socket
+import struct
 import subprocess
+import sys
 
-from conftest import envelope
+from conftest import RUNTIME, envelope
 
 
 def test_payload_mode_returns_new_payload(start_runtime):
@@ -116,6 +121,46 @@ def test_sigterm_during_handler_finishes_it(start_runtime):
     head = conn.recv(4)
     assert len(head) == 4
     assert proc.wait(timeout=10) == 0
+
+
+def test_sigterm_leaves_a_stopping_mark_that_the_next_runtime_removes(start_runtime, handler_dir):
+    import time
+
+    proc, client = start_runtime("handlers_mod.sleepy")
+    mark = os.path.join(os.path.dirname(client.path), "asya-runtime.stopping")
+    assert not os.path.exists(mark)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(client.path)
+    data = json.dumps(envelope({"seconds": 30})).encode()
+    conn.sendall(struct.pack(">I", len(data)) + data)
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(mark):
+        assert time.monotonic() < deadline, "no stopping mark after SIGTERM"
+        time.sleep(0.02)
+    # The kubelet's grace period ends: killed mid-handler, the mark stays for the sidecar.
+    proc.kill()
+    proc.wait(timeout=10)
+    assert os.path.exists(mark)
+    # The restarted runtime (same socket directory) removes it before it serves.
+    env = dict(os.environ, ASYA_HANDLER="handlers_mod.echo", ASYA_HANDLER_MODE="payload",
+               ASYA_SOCKET_DIR=os.path.dirname(client.path))
+    again = subprocess.Popen([sys.executable, RUNTIME], cwd=str(handler_dir), env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        # The killed runtime's socket file is still there: wait for an answer, not the file.
+        deadline = time.monotonic() + 10
+        while True:
+            assert again.poll() is None, again.stderr.read()
+            try:
+                assert client.call(envelope(7), timeout=2) == 7
+                break
+            except (ConnectionRefusedError, FileNotFoundError):
+                assert time.monotonic() < deadline, "the restarted runtime never answered"
+                time.sleep(0.02)
+        assert not os.path.exists(mark)
+    finally:
+        again.kill()
+        again.wait()
 
 
 def test_abandoned_call_exits_for_restart(start_runtime):
