@@ -875,17 +875,6 @@ fn ensured_key(transport: &str, queue: &str) -> String {
     format!("{transport}/{queue}")
 }
 
-/// The queue's depth (`None`: it does not exist), counted in the queue-operation metrics.
-async fn counted_depth(
-    ctx: &Ctx,
-    backend: &crate::queue::Backend,
-    queue: &str,
-) -> Result<Option<crate::queue::QueueDepth>, QueueError> {
-    let d = backend.depth(queue).await;
-    ctx.metrics.queue_op(backend.kind(), "depth", d.is_ok());
-    d
-}
-
 /// Visibility timeout of the end queues: theirs, not the timeout of whichever actor of the
 /// namespace ensures them (actors with different timeouts would rewrite it in turn).
 const END_QUEUE_VISIBILITY: Duration = Duration::from_secs(300);
@@ -902,13 +891,13 @@ async fn ensure_queues(
     }
     let spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout);
     let mut info = ensure_cached(ctx, &backend, &r.transport, spec.clone()).await?;
-    let mut depth = counted_depth(ctx, &backend, &r.queue).await;
+    let mut depth = backend.counted_depth(&ctx.metrics, &r.queue).await;
     if !info.created && matches!(depth, Ok(None)) {
         // Gone although ensured before (deleted behind our back): every look at the depth
         // is also a check, so it is back now rather than at the next periodic existence check.
         lock(&ctx.ensured).remove(&ensured_key(&r.transport, &spec.name));
         info = ensure_cached(ctx, &backend, &r.transport, spec).await?;
-        depth = counted_depth(ctx, &backend, &r.queue).await;
+        depth = backend.counted_depth(&ctx.metrics, &r.queue).await;
     }
     if info.created {
         // Both a first creation and the recreation of a vanished queue land here.

@@ -201,9 +201,10 @@ impl Sweeper {
             let state = self.namespace(&ns).await?;
             let (backend, _) = self.transports.get(&t).await?;
             let messages = if state == NamespaceState::Gone {
-                let d = backend.depth(&q).await;
-                self.metrics.queue_op(backend.kind(), "depth", d.is_ok());
-                let d = d?.unwrap_or_default();
+                let d = backend
+                    .counted_depth(&self.metrics, &q)
+                    .await?
+                    .unwrap_or_default();
                 d.queued.unwrap_or(0) + d.processing.unwrap_or(0)
             } else {
                 0

@@ -197,10 +197,7 @@ impl<T: Transport> Processor<T> {
     /// Sends, then acknowledges; on a send that can never succeed, sends to x-sump instead.
     async fn finish(&self, msg: Received<T::Handle>, d: Disposition, started: Instant) {
         if d.returned {
-            self.metrics.abandoned();
-            if let Err(e) = self.transport.release(&msg.handle).await {
-                tracing::debug!(error = %e, "release failed (redelivered after reconnect or visibility timeout)");
-            }
+            self.return_to_broker(&msg.handle).await;
             return;
         }
         let mut result = self.transport.send(&d.outgoing).await;
@@ -247,12 +244,17 @@ impl<T: Transport> Processor<T> {
                 }
             }
             Err(e) => {
-                self.metrics.abandoned();
                 tracing::warn!(error = %e, "send failed; returning the message for redelivery");
-                if let Err(e) = self.transport.release(&msg.handle).await {
-                    tracing::debug!(error = %e, "release failed (redelivered after reconnect or visibility timeout)");
-                }
+                self.return_to_broker(&msg.handle).await;
             }
+        }
+    }
+
+    /// Gives a message back for redelivery (a counted one), unacknowledged.
+    async fn return_to_broker(&self, handle: &T::Handle) {
+        self.metrics.abandoned();
+        if let Err(e) = self.transport.release(handle).await {
+            tracing::debug!(error = %e, "release failed (redelivered after reconnect or visibility timeout)");
         }
     }
 

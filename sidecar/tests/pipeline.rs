@@ -292,22 +292,23 @@ async fn handler_timeout(kind: Kind) {
     );
 }
 
+/// Sends envelope `id` whose handler does `action` (testing.py) the first time only: the first
+/// run leaves the returned marker file, which a second run sees.
+async fn send_acting_once(e: &Ends, a: &Actor, id: &str, action: &str) -> std::path::PathBuf {
+    let marker = a.dir.path().join(format!("{action}-{id}"));
+    let payload = json!({"do": action, "marker": marker.display().to_string()});
+    e.input
+        .send(&a.queue(), &envelope(id, &["a"], payload))
+        .await;
+    marker
+}
+
 async fn runtime_killed_mid_message(kind: Kind) {
     let ns = unique_ns("rk");
     let e = ends(kind, &ns).await;
     let a = start(kind, &ns, "a", &[("ASYA_RESILIENCY", RETRY3)]);
     warm_up(&e, &a).await;
-    let marker = a.dir.path().join("died");
-    e.input
-        .send(
-            &a.queue(),
-            &envelope(
-                "k",
-                &["a"],
-                json!({"do": "die_once", "marker": marker.display().to_string()}),
-            ),
-        )
-        .await;
+    send_acting_once(&e, &a, "k", "die_once").await;
     let got = e.sink.take(1, WAIT).await;
     assert_eq!(
         ids(&got),
@@ -328,17 +329,7 @@ async fn runtime_stopped_by_its_pod_mid_message(kind: Kind) {
     let e = ends(kind, &ns).await;
     let a = start(kind, &ns, "a", &[]);
     warm_up(&e, &a).await;
-    let marker = a.dir.path().join("stopped");
-    e.input
-        .send(
-            &a.queue(),
-            &envelope(
-                "st",
-                &["a"],
-                json!({"do": "stopped_once", "marker": marker.display().to_string()}),
-            ),
-        )
-        .await;
+    let marker = send_acting_once(&e, &a, "st", "stopped_once").await;
     let got = e.sink.take(1, WAIT).await;
     assert_eq!(ids(&got), ["st"], "{}", a.logs());
     assert!(

@@ -103,6 +103,18 @@ impl Backend {
             Backend::Sqs(b) => b.delete(name).await.map(|()| Vec::new()),
         }
     }
+
+    /// [`QueueOps::depth`] (`None`: the queue does not exist), counted in the
+    /// queue-operation metrics.
+    pub async fn counted_depth(
+        &self,
+        metrics: &crate::metrics::Metrics,
+        name: &str,
+    ) -> Result<Option<QueueDepth>, QueueError> {
+        let d = self.depth(name).await;
+        metrics.queue_op(self.kind(), "depth", d.is_ok());
+        d
+    }
 }
 
 impl QueueOps for Backend {
