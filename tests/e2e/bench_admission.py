@@ -34,7 +34,9 @@ import uuid
 
 import yaml
 
-from conftest import KUBECONFIG, kubectl, kubectl_json, wait_for
+from asya_e2e.env import KUBECONFIG
+from asya_e2e.kube import kubectl, kubectl_json
+from asya_e2e.wait import wait_for
 
 CREATORS = int(os.environ.get("ASYA_BENCH_CREATORS", "50"))
 PODS = int(os.environ.get("ASYA_BENCH_PODS", "400"))

@@ -22,9 +22,10 @@ import uuid
 
 import pytest
 
-from conftest import kubectl_json, wait_for
-from test_node import (EXAMPLES_IMAGE, POD_TIMEOUT, Collected, apply, pods, rabbit_send, rabbit_take, status,
-                       wait_running)
+from asya_e2e.actors import EXAMPLES_IMAGE, POD_TIMEOUT, apply_on_node, pods, wait_running
+from asya_e2e.brokers import Collected, rabbit_send, rabbit_take
+from asya_e2e.kube import kubectl_json, status
+from asya_e2e.wait import wait_for
 
 ROUNDS = int(os.environ.get("ASYA_BENCH_ROUNDS", "3"))
 
@@ -35,10 +36,10 @@ def ts(s: str) -> float:
 
 def test_scale_from_zero(namespace):
     ns = namespace
-    apply(ns, "cold", {"transport": "rabbitmq", "image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
-                       "handler": "testing.act",
-                       "scaling": {"enabled": True, "minReplicaCount": 0, "maxReplicaCount": 1, "queueLength": 1,
-                                   "pollingInterval": 5, "cooldownPeriod": 10}})
+    apply_on_node(ns, "cold", {"transport": "rabbitmq", "image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
+                               "handler": "testing.act",
+                               "scaling": {"enabled": True, "minReplicaCount": 0, "maxReplicaCount": 1, "queueLength": 1,
+                                           "pollingInterval": 5, "cooldownPeriod": 10}})
     sink = Collected(rabbit_take, f"asya-{ns}-x-sink")
     took = []
     for r in range(ROUNDS):
@@ -81,8 +82,8 @@ def test_actor_pod_throughput(namespace, replicas):
     import pika
 
     ns = namespace
-    apply(ns, "tput", {"transport": "rabbitmq", "image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
-                       "handler": "testing.act", "scaling": {"enabled": False}, "replicas": replicas})
+    apply_on_node(ns, "tput", {"transport": "rabbitmq", "image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
+                               "handler": "testing.act", "scaling": {"enabled": False}, "replicas": replicas})
     wait_running(ns, "tput", count=replicas)
     params = pika.URLParameters(os.environ.get("ASYA_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"))
     sink = f"asya-{ns}-x-sink"

@@ -20,9 +20,12 @@ import uuid
 
 import pytest
 
-from conftest import (STATE, component_pid, components_in_pods, kubectl, kubectl_json, process_stopped,
-                      provisioner_url, wait_for)
-from test_provisioner import FLAT, actor, all_converged, metric_total, work_counters
+from asya_e2e.actors import FLAT, actor
+from asya_e2e.components import component_pid, process_stopped
+from asya_e2e.env import STATE, components_in_pods, provisioner_url
+from asya_e2e.kube import kubectl, kubectl_json
+from asya_e2e.provisioner import all_converged, metric_total, work_counters
+from asya_e2e.wait import wait_for
 
 N = int(os.environ.get("ASYA_BENCH_ACTORS", "1000"))
 N_FLAVOR = int(os.environ.get("ASYA_BENCH_FLAVOR_ACTORS", "500"))

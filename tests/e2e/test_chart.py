@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import CHART, CRDS, ROOT, bin_dir, crds_generated, helm, kubectl, kubectl_json, run, wait_for
+from asya_e2e.env import CHART, CRDS, ROOT, bin_dir, crds_generated
+from asya_e2e.kube import helm, kubectl, kubectl_json, run
+from asya_e2e.wait import wait_for
 
 E2E_VALUES = ROOT / "tests" / "e2e" / "values.yaml"
 needs_crds = pytest.mark.skipif(not crds_generated(), reason="deploy/crds not generated yet (make crds; API crate)")
@@ -21,7 +22,7 @@ def render(*args, release="asya", namespace="asya-system"):
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-def cluster_config(*args):
+def rendered_config(*args):
     docs = render(*args, "--show-only", "templates/configmap.yaml")
     assert len(docs) == 1 and docs[0]["metadata"]["name"] == "asya-config"
     return yaml.safe_load(docs[0]["data"]["config.yaml"])
@@ -36,7 +37,7 @@ def test_helm_lint_passes(values):
 
 
 def test_config_map_renders_cluster_config_from_values():
-    cfg = cluster_config()
+    cfg = rendered_config()
     assert cfg["defaultTransport"] == "rabbitmq"
     assert cfg["transports"]["rabbitmq"] == {
         "enabled": True,
@@ -59,8 +60,8 @@ def test_config_map_renders_cluster_config_from_values():
     assert "serviceAccount" not in cfg
 
     # Seed 001's SQS operator values.
-    cfg = cluster_config("--set", "transports.rabbitmq.enabled=false", "--set", "transports.sqs.enabled=true",
-                         "--set", "actorServiceAccount.roleArn=arn:aws:iam::123456789012:role/asya-{actor}")
+    cfg = rendered_config("--set", "transports.rabbitmq.enabled=false", "--set", "transports.sqs.enabled=true",
+                          "--set", "actorServiceAccount.roleArn=arn:aws:iam::123456789012:role/asya-{actor}")
     assert cfg["defaultTransport"] == "sqs"
     assert cfg["serviceAccount"] == {"actorRoleArn": "arn:aws:iam::123456789012:role/asya-{actor}"}
 
@@ -72,7 +73,7 @@ def images_of(*args) -> dict[str, str]:
         if d["kind"] == "Deployment":
             for c in d["spec"]["template"]["spec"]["containers"]:
                 out[d["metadata"]["name"]] = c["image"]
-    out["sidecar"] = cluster_config(*args)["sidecar"]["image"]
+    out["sidecar"] = rendered_config(*args)["sidecar"]["image"]
     return out
 
 
@@ -221,7 +222,7 @@ def test_external_url_leaves_ca_bundle_to_the_values():
 
 
 def test_transport_without_enabled_is_on_as_in_the_cluster_config():
-    cfg = cluster_config("--set", "transports.extra.type=rabbitmq", "--set", "transports.extra.config.host=rmq2")
+    cfg = rendered_config("--set", "transports.extra.type=rabbitmq", "--set", "transports.extra.config.host=rmq2")
     assert cfg["transports"]["extra"]["enabled"] is True
 
 
@@ -477,7 +478,7 @@ def test_gateway_and_crew_are_off_by_default():
     assert component(docs, "crew") == {}
     assert not [d for d in docs if d["kind"] in ("AsyncActor", "Ingress")]
     # No gateway: the injected sidecars get no ASYA_GATEWAY_URL.
-    assert "gateway" not in cluster_config()
+    assert "gateway" not in rendered_config()
 
 
 def test_gateway_renders_deployment_service_and_tools_config_map(tmp_path):
@@ -517,9 +518,9 @@ def test_gateway_renders_deployment_service_and_tools_config_map(tmp_path):
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
 
     # The cluster configuration points the sidecars at the Service.
-    assert cluster_config("--set", "gateway.enabled=true")["gateway"] == {"url": "http://asya-gateway.asya-system.svc:8080"}
-    cfg = cluster_config("--set", "gateway.enabled=true", "--set", "gateway.port=9000",
-                         "--set", "gateway.auth.sidecarTokenSecretRef.name=gw-sidecar")
+    assert rendered_config("--set", "gateway.enabled=true")["gateway"] == {"url": "http://asya-gateway.asya-system.svc:8080"}
+    cfg = rendered_config("--set", "gateway.enabled=true", "--set", "gateway.port=9000",
+                          "--set", "gateway.auth.sidecarTokenSecretRef.name=gw-sidecar")
     assert cfg["gateway"] == {"url": "http://asya-gateway.asya-system.svc:9000",
                               "tokenSecretRef": {"name": "gw-sidecar", "key": "token"}}
 

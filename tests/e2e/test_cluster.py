@@ -11,9 +11,8 @@ import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import pytest
-
-from conftest import kubectl, kubectl_json, wait_for
+from asya_e2e.kube import kubectl, kubectl_json
+from asya_e2e.wait import wait_for
 
 
 def test_readyz_ok():

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from conftest import (CLUSTER, RELEASE, RELEASE_NS, components_in_pods, crds_generated, kubectl, kubectl_json,
-                      provisioner_url, webhook_enabled)
+from asya_e2e.env import CLUSTER, RELEASE, RELEASE_NS, components_in_pods, crds_generated, provisioner_url, webhook_enabled
+from asya_e2e.kube import kubectl, kubectl_json
 
 pytestmark = pytest.mark.skipif(
     not (webhook_enabled() and crds_generated()),

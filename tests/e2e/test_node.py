@@ -4,127 +4,19 @@ sidecar and the image of `make images`, envelopes go through them, KEDA scales f
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import urllib.request
 import uuid
 
 import pytest
 
-from conftest import kubectl, kubectl_json, wait_for
-
-RABBIT_MANAGEMENT = os.environ.get("ASYA_TEST_RABBITMQ_MANAGEMENT_URL", "http://127.0.0.1:15672")
-SQS_ENDPOINT = os.environ.get("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566")
-EXAMPLES_IMAGE = "localhost/asya-rs/asya-examples:dev"
-NODE = "asya-test-node"
-# The test node is dedicated (tests/cluster/node.go): pods that should run there say so.
-ON_TEST_NODE = [{"key": "asya.sh/test-node", "operator": "Exists", "effect": "NoSchedule"}]
-# Pod start on this 2-core machine shares the cores with everything else the suite runs.
-POD_TIMEOUT = 180
+from asya_e2e.actors import EXAMPLES_IMAGE, NODE, ON_TEST_NODE, POD_TIMEOUT, apply_on_node, pods, wait_running
+from asya_e2e.brokers import TRANSPORTS, Collected
+from asya_e2e.kube import get, kubectl, kubectl_json, status
+from asya_e2e.wait import wait_for
 
 pytestmark = pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
                                 reason="ASYA_TEST_NODE=0: the test cluster runs without a node")
-
-
-# --- brokers, from the host --------------------------------------------------------------
-
-
-def management(method: str, path: str, body: dict | None = None):
-    req = urllib.request.Request(f"{RABBIT_MANAGEMENT}{path}", method=method,
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json",
-                                          "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.load(r)
-
-
-def rabbit_send(queue: str, envelope: dict) -> None:
-    out = management("POST", "/api/exchanges/%2F/asya/publish", {
-        "properties": {"delivery_mode": 2, "content_type": "application/json"},
-        "routing_key": queue, "payload": json.dumps(envelope), "payload_encoding": "string"})
-    assert out["routed"] is True, f"nothing bound to {queue}"
-
-
-def rabbit_take(queue: str, n: int) -> list[dict]:
-    msgs = management("POST", f"/api/queues/%2F/{queue}/get",
-                      {"count": n, "ackmode": "ack_requeue_false", "encoding": "auto"})
-    return [json.loads(m["payload"]) for m in msgs]
-
-
-def sqs():
-    import boto3
-
-    return boto3.client("sqs", endpoint_url=SQS_ENDPOINT, region_name="us-east-1",
-                        aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "test"),
-                        aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "test"))
-
-
-def sqs_send(queue: str, envelope: dict) -> None:
-    url = sqs().get_queue_url(QueueName=queue)["QueueUrl"]
-    sqs().send_message(QueueUrl=url, MessageBody=json.dumps(envelope))
-
-
-def sqs_take(queue: str, n: int) -> list[dict]:
-    client = sqs()
-    try:
-        url = client.get_queue_url(QueueName=queue)["QueueUrl"]
-    except client.exceptions.QueueDoesNotExist:
-        return []
-    out = client.receive_message(QueueUrl=url, MaxNumberOfMessages=min(n, 10), WaitTimeSeconds=1)
-    msgs = out.get("Messages", [])
-    for m in msgs:
-        client.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
-    return [json.loads(m["Body"]) for m in msgs]
-
-
-class Collected:
-    """Envelopes taken from an end queue so far (taking removes them from the queue)."""
-
-    def __init__(self, take, queue: str):
-        self.take, self.queue, self.items = take, queue, []
-
-    def at_least(self, n: int):
-        self.items += self.take(self.queue, max(1, n - len(self.items)))
-        return len(self.items) >= n and self.items
-
-
-TRANSPORTS = {"rabbitmq": (rabbit_send, rabbit_take), "sqs": (sqs_send, sqs_take)}
-
-
-# --- actors --------------------------------------------------------------------------------
-
-
-def apply(ns: str, name: str, spec: dict) -> None:
-    doc = {"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
-           "metadata": {"name": name, "namespace": ns}, "spec": {"tolerations": ON_TEST_NODE, **spec}}
-    kubectl("apply", "-f", "-", input=json.dumps(doc))
-
-
-def pods(ns: str, actor: str) -> list[dict]:
-    return kubectl_json("get", "pods", "-n", ns, "-l", f"asya.sh/actor={actor}")["items"]
-
-
-def running_ready(pod: dict) -> bool:
-    st = pod.get("status", {})
-    return st.get("phase") == "Running" and any(
-        c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions", []))
-
-
-def pod_story(ns: str) -> str:
-    """What went wrong, for a failed wait: pods, their container states, recent events."""
-    out = kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
-    events = kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False).stdout
-    return f"{out}\n{events[-4000:]}"
-
-
-def wait_running(ns: str, actor: str, count: int = 1) -> list[dict]:
-    try:
-        return wait_for(f"{count} running, ready pod(s) of {ns}/{actor}",
-                        lambda: (p := [x for x in pods(ns, actor) if running_ready(x)]) and len(p) >= count and p,
-                        timeout=POD_TIMEOUT, interval=1.0)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{pod_story(ns)}") from None
 
 
 # --- the node --------------------------------------------------------------------------------
@@ -159,8 +51,8 @@ def test_three_actor_pipeline_runs_in_pods(namespace, transport):
     send, take = TRANSPORTS[transport]
     handlers = {"validate": "pipeline.Validator.check", "split": "pipeline.split", "shout": "pipeline.shout"}
     for name, handler in handlers.items():
-        apply(ns, name, {"transport": transport, "image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
-                         "handler": handler, "scaling": {"enabled": False}, "replicas": 1})
+        apply_on_node(ns, name, {"transport": transport, "image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                 "handler": handler, "scaling": {"enabled": False}, "replicas": 1})
     for name in handlers:
         pod = wait_running(ns, name)[0]
         spec = pod["spec"]
@@ -193,18 +85,9 @@ def test_three_actor_pipeline_runs_in_pods(namespace, transport):
     assert failed[0]["headers"]["trace_id"] == trace
 
 
-def get(kind: str, ns: str, name: str) -> dict | None:
-    out = kubectl("get", kind, name, "-n", ns, "-o", "json", "--ignore-not-found", check=False).stdout
-    return json.loads(out) if out.strip() else None
-
-
 def deployment_replicas(ns: str, name: str) -> int | None:
     d = get("deployment", ns, name)
     return d["spec"].get("replicas") if d else None
-
-
-def status(ns: str, name: str) -> dict:
-    return kubectl_json("get", "asyncactor", name, "-n", ns).get("status", {})
 
 
 @pytest.mark.parametrize("transport", ["rabbitmq", "sqs"])
@@ -214,10 +97,10 @@ def test_keda_scales_an_actor_from_zero_and_back(namespace, transport):
     the pods go back to zero after the cooldown; status tells the last scale."""
     ns = namespace
     send, take = TRANSPORTS[transport]
-    apply(ns, "burst", {"transport": transport, "image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
-                        "handler": "testing.act",
-                        "scaling": {"enabled": True, "minReplicaCount": 0, "maxReplicaCount": 3, "queueLength": 2,
-                                    "pollingInterval": 1, "cooldownPeriod": 10}})
+    apply_on_node(ns, "burst", {"transport": transport, "image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                "handler": "testing.act",
+                                "scaling": {"enabled": True, "minReplicaCount": 0, "maxReplicaCount": 3, "queueLength": 2,
+                                            "pollingInterval": 1, "cooldownPeriod": 10}})
     wait_for("the ScaledObject ready", lambda: any(
         c["type"] == "Ready" and c["status"] == "True"
         for c in (get("scaledobject", ns, "burst") or {}).get("status", {}).get("conditions", [])),

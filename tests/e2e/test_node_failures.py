@@ -18,9 +18,12 @@ from datetime import datetime
 
 import pytest
 
-from conftest import KUBECONFIG, KUBECTL, kubectl, kubectl_json, process_stopped, wait_for, webhook_enabled
-from test_node import (EXAMPLES_IMAGE, POD_TIMEOUT, TRANSPORTS, Collected, apply, get, pod_story, pods,
-                       status, wait_running)
+from asya_e2e.actors import EXAMPLES_IMAGE, POD_TIMEOUT, apply_on_node, pod_story, pods, wait_running
+from asya_e2e.brokers import TRANSPORTS, Collected
+from asya_e2e.components import process_stopped
+from asya_e2e.env import KUBECONFIG, KUBECTL, webhook_enabled
+from asya_e2e.kube import get, kubectl, kubectl_json, status
+from asya_e2e.wait import wait_for
 
 pytestmark = pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
                                 reason="ASYA_TEST_NODE=0: the test cluster runs without a node")
@@ -36,7 +39,7 @@ DEAD_BROKER = {"rabbitmq": {"name": "ASYA_RABBITMQ_URL", "value": "amqp://guest:
 SIDECAR_IMAGE = os.environ.get("ASYA_TEST_SIDECAR_IMAGE")
 
 
-def actor(transport: str, sidecar_env=(), **spec) -> dict:
+def example_spec(transport: str, sidecar_env=(), **spec) -> dict:
     """A fixed-size actor of the examples image (KEDA is not the point unless spec says so)."""
     sidecar = {"env": list(sidecar_env)}
     if SIDECAR_IMAGE:
@@ -47,9 +50,9 @@ def actor(transport: str, sidecar_env=(), **spec) -> dict:
 
 def keda_actor() -> dict:
     # One envelope per pod at a time, so both pods are busy with the four sent.
-    spec = actor("rabbitmq", [{"name": "ASYA_RABBITMQ_PREFETCH", "value": "1"},
-                              {"name": "ASYA_RUNTIME_PIPELINE", "value": "1"}],
-                 resiliency={"actorTimeout": "20s"})
+    spec = example_spec("rabbitmq", [{"name": "ASYA_RABBITMQ_PREFETCH", "value": "1"},
+                                     {"name": "ASYA_RUNTIME_PIPELINE", "value": "1"}],
+                        resiliency={"actorTimeout": "20s"})
     spec.pop("replicas")
     spec["scaling"] = {"enabled": True, "minReplicaCount": 2, "maxReplicaCount": 2, "queueLength": 1,
                        "pollingInterval": 1, "cooldownPeriod": 1}
@@ -66,17 +69,17 @@ SHORT_VISIBILITY = [{"name": "ASYA_SQS_VISIBILITY_TIMEOUT", "value": "6s"}]
 # at once before the first test: pod starts on the shared 2-core node take tens of seconds
 # and overlap here instead of adding up.
 ACTORS = {
-    **{f"sigterm-{t}": ("slow", actor(t, resiliency={"actorTimeout": "20s"})) for t in BOTH},
-    **{f"force-{t}": ("slow", actor(t, SHORT_VISIBILITY if t == "sqs" else (), resiliency={"actorTimeout": "20s"}))
+    **{f"sigterm-{t}": ("slow", example_spec(t, resiliency={"actorTimeout": "20s"})) for t in BOTH},
+    **{f"force-{t}": ("slow", example_spec(t, SHORT_VISIBILITY if t == "sqs" else (), resiliency={"actorTimeout": "20s"}))
        for t in BOTH},
     "keda": ("inout", keda_actor()),
-    **{f"timeout-{t}": ("stuck", actor(t, resiliency=TIMEOUT_POLICY)) for t in BOTH},
+    **{f"timeout-{t}": ("stuck", example_spec(t, resiliency=TIMEOUT_POLICY)) for t in BOTH},
     # deploy/examples/handlers/broken_at_import.py: opens a model file the image does not have.
-    "import": ("broken", actor("rabbitmq", handler="broken_at_import.handle")),
-    "image": ("noimage", actor("rabbitmq", image="localhost/asya-rs/does-not-exist:1")),
-    **{f"broker-{t}": ("cutoff", actor(t, [DEAD_BROKER[t], {"name": "ASYA_TRANSPORT_STARTUP_TIMEOUT", "value": "3s"}]))
+    "import": ("broken", example_spec("rabbitmq", handler="broken_at_import.handle")),
+    "image": ("noimage", example_spec("rabbitmq", image="localhost/asya-rs/does-not-exist:1")),
+    **{f"broker-{t}": ("cutoff", example_spec(t, [DEAD_BROKER[t], {"name": "ASYA_TRANSPORT_STARTUP_TIMEOUT", "value": "3s"}]))
        for t in BOTH},
-    "order": ("order", actor("rabbitmq", resiliency={"actorTimeout": "20s"})),
+    "order": ("order", example_spec("rabbitmq", resiliency={"actorTimeout": "20s"})),
 }
 
 
@@ -97,7 +100,7 @@ def actors(request):
         for key, (ns, name) in made.items():
             wait_for(f"service account in {ns}",
                      lambda: kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0)
-            apply(ns, name, ACTORS[key][1])
+            apply_on_node(ns, name, ACTORS[key][1])
         yield made
     finally:
         for ns, _ in made.values():
@@ -214,7 +217,7 @@ def test_nothing_lost_when_keda_scales_in_with_work_in_flight(actors):
 
     spec = keda_actor()
     spec["scaling"] = dict(spec["scaling"], minReplicaCount=1, maxReplicaCount=1)
-    apply(ns, name, spec)
+    apply_on_node(ns, name, spec)
     try:
         wait_for("KEDA to scale in to one replica",
                  lambda: (get("deployment", ns, name) or {}).get("spec", {}).get("replicas") == 1,
@@ -290,7 +293,7 @@ def test_failure_phases_are_set_and_clear_once_the_cause_is_fixed(actors):
 
     for key in FAILURES:
         ns, name = actors[key]
-        apply(ns, name, actor(ACTORS[key][1]["transport"]))
+        apply_on_node(ns, name, example_spec(ACTORS[key][1]["transport"]))
     for key in FAILURES:
         ns, name = actors[key]
         wait_phase(ns, name, {"Running"})
@@ -367,7 +370,7 @@ def test_labelled_pods_wait_for_the_webhook_and_are_created_once_it_is_back(name
     if not webhook_enabled():
         pytest.skip("the webhook is not running in this environment")
     ns, name = namespace, "waiter"
-    apply(ns, name, actor("rabbitmq"))
+    apply_on_node(ns, name, example_spec("rabbitmq"))
     wait_phase(ns, name, {"Running"})
     before = {p["metadata"]["name"] for p in pods(ns, name)}
     with process_stopped("webhook"):

@@ -20,27 +20,19 @@ from contextlib import contextmanager
 
 import pytest
 
-from conftest import (ROOT, STATE, cluster_config, component_log, keda_running, kubectl, kubectl_json,
-                      process_stopped, provisioner_url, wait_for, webhook_enabled)
-
-RABBIT_CTL = os.environ.get("ASYA_TEST_RABBITMQ_CTL", str(ROOT / "tests" / "services" / "rabbitmq"))
-RABBIT_MANAGEMENT = os.environ.get("ASYA_TEST_RABBITMQ_MANAGEMENT_URL", "http://127.0.0.1:15672")
-SQS_ENDPOINT = os.environ.get("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566")
-RABBIT_PORT = int(os.environ.get("ASYA_TEST_RABBITMQ_PORT", "5672"))
+from asya_e2e.actors import FLAT, actor, phase_is
+from asya_e2e.brokers import RABBIT_CTL, RABBIT_PORT, rabbit_publish, rabbit_queues, sqs, sqs_publish, sqs_queue_url
+from asya_e2e.components import component_log, process_stopped
+from asya_e2e.env import ROOT, STATE, cluster_config, provisioner_url, webhook_enabled
+from asya_e2e.kube import apply, get, keda_running, kubectl, kubectl_json, status
+from asya_e2e.provisioner import all_converged, http_get, metric_total, provisioner_metrics, work_counters
+from asya_e2e.wait import wait_for
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _provisioner_running():
     if not (STATE / "provisioner-url").exists():
         pytest.fail("the provisioner is not running: tests/e2e/up starts it")
-
-
-def http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def test_readyz_says_leader_with_synced_caches():
@@ -52,66 +44,12 @@ def test_readyz_says_leader_with_synced_caches():
     assert "asya_provisioner_leader 1" in metrics.splitlines(), metrics
 
 
-def rabbit_queues() -> set[str]:
-    out = subprocess.run([RABBIT_CTL, "ctl", "list_queues", "-q", "name"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return {line.strip() for line in out.stdout.splitlines() if line.strip()}
-
-
-def sqs():
-    import boto3
-
-    return boto3.client(
-        "sqs",
-        endpoint_url=SQS_ENDPOINT,
-        region_name="us-east-1",
-        aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "test"),
-        aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "test"),
-    )
-
-
-def sqs_queue_url(name: str):
-    try:
-        return sqs().get_queue_url(QueueName=name)["QueueUrl"]
-    except Exception:  # QueueDoesNotExist
-        return None
-
-
-def apply(ns: str, doc: dict):
-    doc = json.loads(json.dumps(doc))
-    doc.setdefault("metadata", {})["namespace"] = ns
-    kubectl("apply", "-f", "-", input=json.dumps(doc))
-
-
-def actor(name: str, spec: dict, labels: dict | None = None) -> dict:
-    meta = {"name": name}
-    if labels:
-        meta["labels"] = labels
-    return {"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor", "metadata": meta, "spec": spec}
-
-
-def get(kind: str, ns: str, name: str):
-    p = kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
-    return json.loads(p.stdout) if p.returncode == 0 else None
-
-
 def replicas_owners(ns: str, kind: str, name: str) -> set[str]:
     """The field managers that own spec.replicas of a workload (kubectl hides managedFields
     unless asked)."""
     d = kubectl_json("get", kind, name, "-n", ns, "--show-managed-fields")
     return {m["manager"] for m in d["metadata"]["managedFields"]
             if "f:replicas" in m.get("fieldsV1", {}).get("f:spec", {})}
-
-
-def status(ns: str, name: str) -> dict:
-    return (get("asyncactor", ns, name) or {}).get("status", {})
-
-
-def phase_is(ns, name, *phases):
-    return lambda: status(ns, name).get("phase") in phases and status(ns, name)
-
-
-FLAT = {"image": "python:3.12-slim", "handler": "handlers.pipeline.double"}
 
 
 def test_rabbitmq_actor_gets_queue_workload_scaledobject_and_status(namespace):
@@ -575,20 +513,6 @@ def test_deleted_actor_takes_its_retry_delay_queues(namespace):
     assert q not in rabbit_queues()
 
 
-def rabbit_publish(queue: str, n: int):
-    """Publishes n messages to `queue` through the management API (exchange asya, routing key = queue)."""
-    import base64
-    import urllib.request
-
-    body = json.dumps({"properties": {}, "routing_key": queue, "payload": "{}", "payload_encoding": "string"}).encode()
-    for _ in range(n):
-        req = urllib.request.Request(f"{RABBIT_MANAGEMENT}/api/exchanges/%2F/asya/publish", data=body, method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            assert json.load(r)["routed"] is True
-
-
 def test_status_counts_queued_and_processing_messages(namespace):
     """RabbitMQ with managementPort: status has queuedMessages and processingMessages (in flight,
     unacknowledged), which AMQP alone cannot tell; the wide printer columns show them, and follow
@@ -619,36 +543,6 @@ def test_status_counts_queued_and_processing_messages(namespace):
 
 # --- work done, not time (issue 16) ----------------------------------------------------------
 
-def metric_total(text: str, name: str, **labels) -> float:
-    """Sum of every sample of `name` whose labels include `labels` (Prometheus text format)."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        metric, _, rest = head.partition("{")
-        if metric != name:
-            continue
-        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
-def provisioner_metrics() -> str:
-    code, text = http_get(f"{provisioner_url()}/metrics")
-    assert code == 200, text
-    return text
-
-
-def work_counters() -> dict:
-    """The provisioner's own counts: reconciles, requests its Kubernetes client sent (the
-    test cluster runs without API priority and fairness, so the API server cannot count one
-    client's requests apart), broker operations."""
-    m = provisioner_metrics()
-    return {"reconciles": metric_total(m, "asya_provisioner_reconciles_total"),
-            "broker": metric_total(m, "asya_provisioner_queue_operations_total"),
-            "api": metric_total(m, "asya_provisioner_api_requests_total")}
-
 
 def wait_quiet(seconds: float = 4.0, timeout: float = 120.0) -> dict:
     """Waits until the provisioner has done no reconcile for `seconds`; returns the counters."""
@@ -662,12 +556,6 @@ def wait_quiet(seconds: float = 4.0, timeout: float = 120.0) -> dict:
         return time.monotonic() - last["at"] >= seconds and now
 
     return wait_for(f"the provisioner quiet for {seconds}s", quiet, timeout=timeout, interval=0.5)
-
-
-def all_converged(ns: str, n: int) -> bool:
-    items = kubectl_json("get", "asyncactors", "-n", ns)["items"]
-    return sum(1 for a in items if a.get("status", {}).get("transportStatus") == "Ready"
-               and a["status"].get("workloadKind") and a["status"].get("scalingMode") == "KEDA") == n
 
 
 def test_fresh_apply_costs_bounded_work_per_actor(namespace):
@@ -763,12 +651,6 @@ def test_own_status_writes_do_not_trigger_reconciles(namespace):
              .get("labels", {}).get("team") == "e2e", timeout=30)
 
 
-def sqs_send(name: str, n: int):
-    url = sqs_queue_url(name)
-    for _ in range(n):
-        sqs().send_message(QueueUrl=url, MessageBody="{}")
-
-
 def test_end_queues_go_with_their_namespace():
     """Deleting a namespace takes its end queues: an empty one at once, one with messages after
     the retention (tests/e2e/values.yaml: endQueueRetention 20s), with a log line and a metric
@@ -786,7 +668,7 @@ def test_end_queues_go_with_their_namespace():
         assert {sink, sump} <= rabbit_queues()
         assert sqs_queue_url(sink) and sqs_queue_url(sump)
         rabbit_publish(sink, 2)
-        sqs_send(sink, 2)
+        sqs_publish(sink, 2)
         deleted_before = metric_total(provisioner_metrics(), "asya_provisioner_end_queues_deleted_total",
                                       reason="retention")
     finally:

@@ -7,14 +7,16 @@ API server stored.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT, kubectl, kubectl_json, process_stopped, wait_for, webhook_enabled
+from asya_e2e.components import process_stopped
+from asya_e2e.env import ROOT, webhook_enabled
+from asya_e2e.kube import kubectl, kubectl_json
+from asya_e2e.wait import wait_for
 
 EXAMPLES = ROOT / "deploy" / "examples"
 INVALID = ROOT / "tests" / "fixtures" / "invalid"

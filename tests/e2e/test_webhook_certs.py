@@ -14,7 +14,9 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import KUBECONFIG, ROOT, bin_dir, kubectl, kubectl_json, wait_for
+from asya_e2e.env import KUBECONFIG, ROOT, bin_dir
+from asya_e2e.kube import kubectl, kubectl_json
+from asya_e2e.wait import wait_for
 
 BIN = os.path.join(bin_dir(), "asya-webhook")
 
