@@ -13,6 +13,9 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_restart_under_load_loses_nothing() {
+    if !common::have(Kind::Rabbit) || !common::have_var("RabbitMQ", "ASYA_TEST_RABBITMQ_CTL") {
+        return;
+    }
     let ctl = std::env::var("ASYA_TEST_RABBITMQ_CTL").unwrap_or_else(|_| {
         panic!("ASYA_TEST_RABBITMQ_CTL is not set: run tests/services/up and `source tests/services/env`")
     });

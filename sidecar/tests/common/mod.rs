@@ -20,6 +20,9 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+#[path = "../../../tests/services/require.rs"]
+mod require;
+
 fn need(var: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| {
         panic!(
@@ -27,6 +30,20 @@ fn need(var: &str) -> String {
              `source tests/services/env` (make unit does both)"
         )
     })
+}
+
+/// Whether the servers `kind` needs are configured; a test returns early when not (see
+/// tests/services/require.rs: under `make unit` it fails instead).
+pub fn have(kind: Kind) -> bool {
+    match kind {
+        Kind::Rabbit => require::servers("RabbitMQ", &["ASYA_TEST_RABBITMQ_URL"]),
+        Kind::Sqs => require::servers("the SQS server", &["ASYA_TEST_SQS_ENDPOINT"]),
+    }
+}
+
+/// Whether a variable of tests/services/env is set, with the same skip-or-fail rule.
+pub fn have_var(what: &str, var: &str) -> bool {
+    require::servers(what, &[var])
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
