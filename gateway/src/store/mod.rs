@@ -1,138 +1,78 @@
-//! Envelope status: PostgreSQL (migrations embedded, applied at start) or, only when no
-//! database URL is given, memory. Every change is also published on a broadcast channel so
-//! streams (SSE, MCP progress) follow it without polling.
+//! Envelope status: PostgreSQL ([`postgres`], migrations embedded, applied at start) or,
+//! only when no database URL is given, [`memory`]. Both are a [`Backend`], held to the same
+//! rules by one conformance suite. [`Store`] wraps the backend and publishes every change on
+//! a broadcast channel so streams (SSE, MCP progress) follow it without polling.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::future::Future;
+use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
+pub mod memory;
+mod model;
+pub mod postgres;
+
+#[cfg(test)]
+mod conformance;
+
+pub use model::{Event, Final, Progress, Record, Status, StoreError, now_ms, percent};
+
+use memory::Memory;
+use postgres::Postgres;
+
+/// Where envelopes are kept. Every backend keeps the rules of [`model`]: a create of an
+/// existing id returns the stored record unchanged, progress never goes back, and the first
+/// final status wins.
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> &'static str;
+
+    /// Reachable right now.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Stores a new envelope; an existing id is left as it is and returned.
+    fn create(&self, r: &Record) -> impl Future<Output = Result<Record, StoreError>> + Send;
+
+    fn get(&self, id: &str) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// The ids of `id`'s fan-out children, sorted.
+    fn children(&self, id: &str) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+
+    /// `id`'s history, oldest first.
+    fn events(&self, id: &str) -> impl Future<Output = Result<Vec<Event>, StoreError>> + Send;
+
+    /// Applies a progress report and records `event`; `None` when `id` is unknown.
+    fn progress(
+        &self,
+        id: &str,
+        p: &Progress,
+        event: &Event,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Applies a final status and records `event` unless the envelope already had one.
+    /// Returns the record and whether this call set it; `None` when `id` is unknown.
+    fn finish(
+        &self,
+        id: &str,
+        f: &Final,
+        event: &Event,
+    ) -> impl Future<Output = Result<Option<(Record, bool)>, StoreError>> + Send;
 }
 
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pending => "pending",
-            Status::Running => "running",
-            Status::Succeeded => "succeeded",
-            Status::Failed => "failed",
+/// The backends a gateway can run on.
+enum Any {
+    Memory(Memory),
+    Postgres(Postgres),
+}
+
+/// Calls the same method on whichever backend it is.
+macro_rules! on_backend {
+    ($any:expr, $b:ident => $call:expr) => {
+        match $any {
+            Any::Memory($b) => $call,
+            Any::Postgres($b) => $call,
         }
-    }
-    pub fn parse(s: &str) -> Option<Status> {
-        match s {
-            "pending" => Some(Status::Pending),
-            "running" => Some(Status::Running),
-            "succeeded" => Some(Status::Succeeded),
-            "failed" => Some(Status::Failed),
-            _ => None,
-        }
-    }
-    pub fn is_final(self) -> bool {
-        matches!(self, Status::Succeeded | Status::Failed)
-    }
-}
-
-/// One envelope as the gateway knows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Record {
-    pub id: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub parent_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool: Option<String>,
-    pub status: Status,
-    /// 0..=100; 100 only at the final status.
-    pub progress: f64,
-    /// The actor it is at (last reported).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub actor: Option<String>,
-    pub route: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<Value>,
-    pub created_ms: i64,
-    pub updated_ms: i64,
-}
-
-/// A progress report from a sidecar.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Progress {
-    pub actor: String,
-    /// received | processing | completed
-    pub phase: String,
-    /// The actor's index in the route.
-    pub current: usize,
-    /// Actors in the route.
-    pub total: usize,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// For a fan-out child whose own report about it has not arrived yet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_id: Option<String>,
-}
-
-impl Progress {
-    /// The envelope's progress in percent after this report: the hop's share of the route,
-    /// below 100 until the final status.
-    pub fn percent(&self) -> f64 {
-        let total = self.total.max(1) as f64;
-        let within = match self.phase.as_str() {
-            "received" => 0.1,
-            "processing" => 0.5,
-            _ => 1.0,
-        };
-        (((self.current as f64 + within) / total) * 100.0).clamp(0.0, 99.0)
-    }
-}
-
-/// One stored progress event (history).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Event {
-    pub actor: Option<String>,
-    pub phase: String,
-    pub progress: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    pub at_ms: i64,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The database cannot be reached or failed: callers answer 503, never accept-and-lose.
-    #[error("storage unavailable: {0}")]
-    Unavailable(String),
-    #[error("storage rejected the operation: {0}")]
-    Rejected(String),
-}
-
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-/// The record after `p`: running, at `p.actor`, progress never going back.
-fn apply_progress(mut r: Record, p: &Progress) -> Record {
-    if r.status.is_final() {
-        return r;
-    }
-    r.status = Status::Running;
-    r.actor = Some(p.actor.clone());
-    r.progress = r.progress.max(p.percent());
-    r.updated_ms = now_ms();
-    r
+    };
 }
 
 /// A change, for streams.
@@ -142,41 +82,27 @@ pub struct Update {
     pub event: Option<Event>,
 }
 
-pub enum Backend {
-    Memory(Memory),
-    Postgres(crate::pg::Postgres),
-}
-
 pub struct Store {
-    backend: Backend,
+    backend: Any,
     updates: broadcast::Sender<Update>,
-}
-
-#[derive(Default)]
-pub struct Memory {
-    records: Mutex<HashMap<String, Record>>,
-    events: Mutex<HashMap<String, Vec<Event>>>,
-}
-
-fn poisoned<T>(_: T) -> StoreError {
-    StoreError::Unavailable("memory store lock poisoned".into())
 }
 
 impl Store {
     pub fn memory() -> Store {
-        Store::new(Backend::Memory(Memory::default()))
+        Store::new(Any::Memory(Memory::default()))
     }
 
-    pub fn new(backend: Backend) -> Store {
+    pub fn postgres(pg: Postgres) -> Store {
+        Store::new(Any::Postgres(pg))
+    }
+
+    fn new(backend: Any) -> Store {
         let (updates, _) = broadcast::channel(4096);
         Store { backend, updates }
     }
 
     pub fn kind(&self) -> &'static str {
-        match self.backend {
-            Backend::Memory(_) => "memory",
-            Backend::Postgres(_) => "postgres",
-        }
+        on_backend!(&self.backend, b => b.kind())
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Update> {
@@ -192,95 +118,36 @@ impl Store {
 
     /// Reachable right now (health, and a cheap check before accepting work).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        match &self.backend {
-            Backend::Memory(_) => Ok(()),
-            Backend::Postgres(p) => p.ping().await,
-        }
+        on_backend!(&self.backend, b => b.ping().await)
     }
 
     /// Stores a new envelope; an existing id is left as it is (sidecar retries).
     pub async fn create(&self, r: &Record) -> Result<Record, StoreError> {
-        let stored = match &self.backend {
-            Backend::Memory(m) => {
-                let mut recs = m.records.lock().map_err(poisoned)?;
-                recs.entry(r.id.clone())
-                    .or_insert_with(|| r.clone())
-                    .clone()
-            }
-            Backend::Postgres(p) => p.create(r).await?,
-        };
+        let stored = on_backend!(&self.backend, b => b.create(r).await)?;
         self.publish(&stored, None);
         Ok(stored)
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
-        match &self.backend {
-            Backend::Memory(m) => Ok(m.records.lock().map_err(poisoned)?.get(id).cloned()),
-            Backend::Postgres(p) => p.get(id).await,
-        }
+        on_backend!(&self.backend, b => b.get(id).await)
     }
 
     pub async fn children(&self, id: &str) -> Result<Vec<String>, StoreError> {
-        match &self.backend {
-            Backend::Memory(m) => {
-                let recs = m.records.lock().map_err(poisoned)?;
-                let mut ids: Vec<String> = recs
-                    .values()
-                    .filter(|r| r.parent_id.as_deref() == Some(id))
-                    .map(|r| r.id.clone())
-                    .collect();
-                ids.sort();
-                Ok(ids)
-            }
-            Backend::Postgres(p) => p.children(id).await,
-        }
+        on_backend!(&self.backend, b => b.children(id).await)
     }
 
     pub async fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
-        match &self.backend {
-            Backend::Memory(m) => Ok(m
-                .events
-                .lock()
-                .map_err(poisoned)?
-                .get(id)
-                .cloned()
-                .unwrap_or_default()),
-            Backend::Postgres(p) => p.events(id).await,
-        }
+        on_backend!(&self.backend, b => b.events(id).await)
     }
 
     /// Records a progress report; `None` when the envelope is unknown.
     pub async fn progress(&self, id: &str, p: &Progress) -> Result<Option<Record>, StoreError> {
-        let event = Event {
-            actor: Some(p.actor.clone()),
-            phase: p.phase.clone(),
-            progress: p.percent(),
-            message: p.message.clone(),
-            at_ms: now_ms(),
-        };
-        let updated = match &self.backend {
-            Backend::Memory(m) => {
-                let mut recs = m.records.lock().map_err(poisoned)?;
-                let Some(r) = recs.get(id).cloned() else {
-                    return Ok(None);
-                };
-                let r = apply_progress(r, p);
-                recs.insert(id.to_string(), r.clone());
-                m.events
-                    .lock()
-                    .map_err(poisoned)?
-                    .entry(id.to_string())
-                    .or_default()
-                    .push(event.clone());
-                r
-            }
-            Backend::Postgres(pg) => match pg.progress(id, p, &event).await? {
-                Some(r) => r,
-                None => return Ok(None),
-            },
-        };
-        self.publish(&updated, Some(event));
-        Ok(Some(updated))
+        let event = Event::of_progress(p);
+        let updated = on_backend!(&self.backend, b => b.progress(id, p, &event).await)?;
+        if let Some(r) = &updated {
+            self.publish(r, Some(event));
+        }
+        Ok(updated)
     }
 
     /// Records the final status; the first final status wins. `None` when unknown.
@@ -292,52 +159,21 @@ impl Store {
         result: Option<Value>,
         error: Option<Value>,
     ) -> Result<Option<Record>, StoreError> {
-        let event = Event {
+        let f = Final {
+            status,
             actor: actor.map(str::to_string),
-            phase: status.as_str().to_string(),
-            progress: 100.0,
-            message: None,
-            at_ms: now_ms(),
+            result,
+            error,
         };
-        let updated = match &self.backend {
-            Backend::Memory(m) => {
-                let mut recs = m.records.lock().map_err(poisoned)?;
-                let Some(mut r) = recs.get(id).cloned() else {
-                    return Ok(None);
-                };
-                if r.status.is_final() {
-                    return Ok(Some(r));
-                }
-                r.status = status;
-                r.progress = 100.0;
-                if let Some(a) = actor {
-                    r.actor = Some(a.to_string());
-                }
-                r.result = result;
-                r.error = error;
-                r.updated_ms = now_ms();
-                recs.insert(id.to_string(), r.clone());
-                m.events
-                    .lock()
-                    .map_err(poisoned)?
-                    .entry(id.to_string())
-                    .or_default()
-                    .push(event.clone());
-                r
+        let event = Event::of_final(&f);
+        match on_backend!(&self.backend, b => b.finish(id, &f, &event).await)? {
+            Some((r, true)) => {
+                self.publish(&r, Some(event));
+                Ok(Some(r))
             }
-            Backend::Postgres(pg) => {
-                match pg
-                    .finish(id, status, actor, result.as_ref(), error.as_ref())
-                    .await?
-                {
-                    Some((r, changed)) if changed => r,
-                    Some((r, _)) => return Ok(Some(r)),
-                    None => return Ok(None),
-                }
-            }
-        };
-        self.publish(&updated, Some(event));
-        Ok(Some(updated))
+            Some((r, false)) => Ok(Some(r)),
+            None => Ok(None),
+        }
     }
 }
 
@@ -388,6 +224,7 @@ mod tests {
     use super::*;
 
     fn rec(id: &str) -> Record {
+        let now = now_ms();
         Record {
             id: id.into(),
             parent_id: None,
@@ -395,79 +232,46 @@ mod tests {
             status: Status::Pending,
             progress: 0.0,
             actor: None,
-            route: vec!["a".into(), "b".into()],
+            route: vec!["a".into()],
             result: None,
             error: None,
-            created_ms: now_ms(),
-            updated_ms: now_ms(),
-        }
-    }
-
-    fn prog(actor: &str, phase: &str, current: usize) -> Progress {
-        Progress {
-            actor: actor.into(),
-            phase: phase.into(),
-            current,
-            total: 2,
-            message: None,
-            parent_id: None,
+            created_ms: now,
+            updated_ms: now,
         }
     }
 
     #[tokio::test]
-    async fn progress_is_monotonic_and_final_wins_once() {
+    async fn changes_are_published_once_and_follow_ends_at_the_final_status() {
         let s = Store::memory();
         s.create(&rec("e")).await.unwrap();
-        let r = s
-            .progress("e", &prog("b", "completed", 1))
+        let mut rx = s.subscribe();
+        let p = Progress {
+            actor: "a".into(),
+            phase: "received".into(),
+            current: 0,
+            total: 1,
+            message: None,
+            parent_id: None,
+        };
+        s.progress("e", &p).await.unwrap();
+        s.finish("e", Status::Succeeded, None, None, None)
             .await
-            .unwrap()
             .unwrap();
-        assert_eq!(r.progress, 99.0);
-        let r = s
-            .progress("e", &prog("a", "received", 0))
+        s.finish("e", Status::Failed, None, None, None)
             .await
-            .unwrap()
             .unwrap();
-        assert_eq!(r.progress, 99.0, "never goes back");
-        assert_eq!(r.status, Status::Running);
-        let r = s
-            .finish(
-                "e",
-                Status::Succeeded,
-                Some("x-sink"),
-                Some(serde_json::json!(1)),
-                None,
-            )
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!((r.status, r.progress), (Status::Succeeded, 100.0));
-        let r = s
-            .finish(
-                "e",
-                Status::Failed,
-                None,
-                None,
-                Some(serde_json::json!("late")),
-            )
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(r.status, Status::Succeeded, "the first final status wins");
-        assert_eq!(s.events("e").await.unwrap().len(), 3);
+        assert!(s.progress("nope", &p).await.unwrap().is_none());
+        let first = rx.recv().await.unwrap();
+        assert_eq!(first.record.status, Status::Running);
+        let second = rx.recv().await.unwrap();
+        assert_eq!(second.record.status, Status::Succeeded);
         assert!(
-            s.progress("nope", &prog("a", "received", 0))
-                .await
-                .unwrap()
-                .is_none()
+            rx.try_recv().is_err(),
+            "a final status that lost is not published"
         );
-    }
-
-    #[test]
-    fn percent_per_hop() {
-        assert_eq!(prog("a", "received", 0).percent(), 5.0);
-        assert_eq!(prog("a", "completed", 0).percent(), 50.0);
-        assert_eq!(prog("b", "processing", 1).percent(), 75.0);
+        let done = follow(&s, "e", Duration::from_millis(10), |_| {})
+            .await
+            .unwrap();
+        assert_eq!(done.map(|r| r.status), Some(Status::Succeeded));
     }
 }
