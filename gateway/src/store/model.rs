@@ -4,7 +4,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use asya_transport::report::{Phase, ProgressReport};
+use asya_transport::report::{Outcome, Phase, ProgressReport};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -37,6 +37,15 @@ impl Status {
     }
     pub fn is_final(self) -> bool {
         matches!(self, Status::Succeeded | Status::Failed)
+    }
+}
+
+impl From<Outcome> for Status {
+    fn from(o: Outcome) -> Status {
+        match o {
+            Outcome::Succeeded => Status::Succeeded,
+            Outcome::Failed => Status::Failed,
+        }
     }
 }
 
