@@ -41,3 +41,6 @@ pub fn router(server: Arc<Server>, mcp: Router) -> Router {
         // are refused (401) rather than told apart (404).
         .merge(guard::for_callers(&server, callers))
 }
+
+#[cfg(test)]
+mod tests;
