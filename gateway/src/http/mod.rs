@@ -1,12 +1,12 @@
 //! The HTTP surface, one router per audience, each behind its own layers:
 //!
-//! - [`ops`]: `/health` and `/metrics`, for probes and Prometheus; open.
-//! - [`clients`] and the MCP router (`/mcp`): REST and MCP callers; bearer token, a
+//! - `ops.rs`: `/health` and `/metrics`, for probes and Prometheus; open.
+//! - `clients.rs` and the MCP router (`/mcp`): REST and MCP callers; bearer token, a
 //!   per-client rate limit (shared by both) and a body size limit.
-//! - [`reports`]: the sidecars' reports; bearer token and body size limit, no rate limit
+//! - `reports.rs`: the sidecars' reports; bearer token and body size limit, no rate limit
 //!   (dropping a report would lose status).
 //!
-//! Every refusal is JSON naming what was wrong ([`reply`]).
+//! Every refusal is JSON naming what was wrong (`reply.rs`).
 
 use std::sync::Arc;
 

@@ -21,7 +21,7 @@ pub use model::{Event, Final, Progress, Record, Status, StoreError, now_ms, perc
 use memory::Memory;
 use postgres::Postgres;
 
-/// Where envelopes are kept. Every backend keeps the rules of [`model`]: a create of an
+/// Where envelopes are kept. Every backend keeps the rules of `model.rs`: a create of an
 /// existing id returns the stored record unchanged, progress never goes back, and the first
 /// final status wins.
 pub trait Backend: Send + Sync {
