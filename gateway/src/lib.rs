@@ -5,7 +5,6 @@ pub mod app;
 pub mod http;
 pub mod mcp;
 pub mod metrics;
-pub mod pg;
 pub mod send;
 pub mod serve;
 pub mod store;

@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::app::App;
 use crate::http::{Guard, Server};
 use crate::send::{SendConfig, Senders};
-use crate::store::{Backend, Store, StoreError};
+use crate::store::postgres::Postgres;
+use crate::store::{Store, StoreError};
 use crate::tools::{LoadError, Tools};
 
 #[derive(Debug, Clone)]
@@ -185,11 +186,7 @@ pub async fn start(
     };
     let send = send_config(&s)?;
     let store = match &s.database_url {
-        Some(url) => Store::new(Backend::Postgres(
-            crate::pg::Postgres::connect(url)
-                .await
-                .map_err(ServeError::Database)?,
-        )),
+        Some(url) => Store::postgres(Postgres::connect(url).await.map_err(ServeError::Database)?),
         None => {
             tracing::warn!(
                 "NO DATABASE URL: envelope status is kept IN MEMORY and lost on restart; set ASYA_DATABASE_URL (--database-url) for PostgreSQL"

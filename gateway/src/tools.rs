@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use asya_api::validate::is_dns_label;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
@@ -94,15 +95,6 @@ pub enum LoadError {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tools {
     pub tools: BTreeMap<String, Tool>,
-}
-
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 fn is_tool_name(s: &str) -> bool {

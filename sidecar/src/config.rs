@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::gateway::GatewayConfig;
+use crate::gateway_client::GatewayConfig;
 use crate::routing::HandlerMode;
 use asya_transport::resiliency::{Plan, parse_duration};
 

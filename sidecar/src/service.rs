@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::config::{Config, TransportConfig};
+use crate::gateway_client::Reporter;
 use crate::http::{self, Health};
 use crate::metrics::Metrics;
 use crate::processor::Processor;
@@ -168,17 +169,16 @@ async fn run_with<T: Transport>(
 
     let reporter = match &cfg.gateway {
         Some(g) => {
-            let r =
-                crate::gateway::Reporter::start(g.clone(), metrics.clone()).map_err(|source| {
-                    ServiceError::Gateway {
-                        url: g.url.clone(),
-                        source,
-                    }
-                })?;
+            let r = Reporter::start(g.clone(), metrics.clone()).map_err(|source| {
+                ServiceError::Gateway {
+                    url: g.url.clone(),
+                    source,
+                }
+            })?;
             tracing::info!(url = %g.url, "reporting progress to the gateway");
             r
         }
-        None => crate::gateway::Reporter::disabled(metrics.clone()),
+        None => Reporter::disabled(metrics.clone()),
     };
     let connected = {
         let t = transport.clone();

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 pub mod envelope;
 pub mod rabbitmq;
+pub mod report;
 pub mod resiliency;
 pub mod sqs;
 

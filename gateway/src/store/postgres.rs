@@ -17,10 +17,11 @@ use tokio::sync::Mutex;
 use tokio::time::timeout;
 use tokio_postgres::{Client, NoTls, Row};
 
-use crate::store::{Event, Progress, Record, Status, StoreError};
+use super::Backend;
+use super::model::{Event, Final, Progress, Record, Status, StoreError};
 
 /// (version, SQL), applied in order, each once.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_envelopes.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../migrations/0001_envelopes.sql"))];
 
 const DEADLINE: Duration = Duration::from_secs(5);
 
@@ -180,14 +181,20 @@ impl Postgres {
         *self.durable.client.lock().await = Some(Arc::new(client));
         Ok(())
     }
+}
 
-    pub async fn ping(&self) -> Result<(), StoreError> {
+impl Backend for Postgres {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
         let c = self.client(&self.durable).await?;
         let r = timeout(DEADLINE, c.simple_query("SELECT 1")).await;
         Self::done(&self.durable, r).await.map(|_| ())
     }
 
-    pub async fn create(&self, r: &Record) -> Result<Record, StoreError> {
+    async fn create(&self, r: &Record) -> Result<Record, StoreError> {
         let route = serde_json::to_value(&r.route).unwrap_or(Value::Null);
         let sql = format!(
             "INSERT INTO envelopes (id, parent_id, tool, status, progress, actor, route, result, error)
@@ -219,7 +226,7 @@ impl Postgres {
         record(&row)
     }
 
-    pub async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
+    async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM envelopes WHERE id = $1");
         let c = self.client(&self.advisory).await?;
         let r = timeout(DEADLINE, c.query_opt(&sql, &[&id])).await;
@@ -227,7 +234,7 @@ impl Postgres {
         row.as_ref().map(record).transpose()
     }
 
-    pub async fn children(&self, id: &str) -> Result<Vec<String>, StoreError> {
+    async fn children(&self, id: &str) -> Result<Vec<String>, StoreError> {
         let c = self.client(&self.advisory).await?;
         let r = timeout(
             DEADLINE,
@@ -241,7 +248,7 @@ impl Postgres {
         rows.iter().map(|r| r.try_get(0).map_err(down)).collect()
     }
 
-    pub async fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
+    async fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
         let c = self.client(&self.advisory).await?;
         let r = timeout(
             DEADLINE,
@@ -267,7 +274,7 @@ impl Postgres {
     }
 
     /// Progress never goes back and never changes a final status.
-    pub async fn progress(
+    async fn progress(
         &self,
         id: &str,
         p: &Progress,
@@ -299,13 +306,11 @@ impl Postgres {
     }
 
     /// Returns the record and whether this call set the final status.
-    pub async fn finish(
+    async fn finish(
         &self,
         id: &str,
-        status: Status,
-        actor: Option<&str>,
-        result: Option<&Value>,
-        error: Option<&Value>,
+        f: &Final,
+        _event: &Event,
     ) -> Result<Option<(Record, bool)>, StoreError> {
         let sql = format!(
             "WITH upd AS (
@@ -318,11 +323,12 @@ impl Postgres {
              )
              SELECT * FROM upd"
         );
-        let st = status.as_str();
+        // The event is written by the statement (the same actor, status and 100).
+        let st = f.status.as_str();
         let c = self.client(&self.durable).await?;
         let r = timeout(
             DEADLINE,
-            c.query_opt(&sql, &[&id, &st, &actor, &result, &error]),
+            c.query_opt(&sql, &[&id, &st, &f.actor, &f.result, &f.error]),
         )
         .await;
         let row = Self::done(&self.durable, r).await?;

@@ -1,5 +1,6 @@
-//! Reports to the gateway (`ASYA_GATEWAY_URL`): progress (received, processing, completed),
-//! fan-out children and, on the end actors, the final status. Never in the envelope's way:
+//! The client of the gateway's report endpoints (`ASYA_GATEWAY_URL`): progress (received,
+//! processing, completed), fan-out children and, on the end actors, the final status, as the
+//! shared `asya_transport::report` types. Never in the envelope's way:
 //! reports go through bounded queues to background tasks that try each a bounded number of
 //! times with a deadline; a report that cannot be delivered (queue full, gateway slow or
 //! down) is dropped with a metric and a log line, and the envelope goes on. The reports of
@@ -9,9 +10,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use asya_transport::envelope::Route;
+use asya_transport::report::{self, ChildReport, FinalReport, Outcome, ProgressReport, Verdict};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
@@ -35,9 +39,18 @@ pub struct GatewayConfig {
 pub struct Report {
     pub kind: &'static str,
     pub path: String,
-    pub body: Value,
+    pub body: Body,
     /// The envelope it is about: picks the lane.
     pub envelope: String,
+}
+
+/// What a report says; serialised as the inner type alone.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Body {
+    Progress(ProgressReport),
+    Child(ChildReport),
+    Final(FinalReport),
 }
 
 impl Report {
@@ -49,23 +62,36 @@ impl Report {
         current: usize,
         total: usize,
     ) -> Report {
-        let mut body = json!({"actor": actor, "phase": phase, "current": current, "total": total});
-        if let (Some(p), Some(o)) = (parent_id, body.as_object_mut()) {
-            o.insert("parent_id".into(), json!(p));
-        }
+        let body = ProgressReport {
+            actor: actor.into(),
+            phase: phase.into(),
+            current,
+            total,
+            message: None,
+            parent_id: parent_id.map(str::to_string),
+        };
         Report {
             kind: "progress",
-            path: format!("/envelopes/{}/progress", encode(id)),
-            body,
+            path: report::progress_path(&encode(id)),
+            body: Body::Progress(body),
             envelope: id.into(),
         }
     }
 
     pub fn child(id: &str, parent_id: &str, actors: &[String], current: usize) -> Report {
+        let body = ChildReport {
+            id: id.into(),
+            parent_id: parent_id.into(),
+            route: Some(Route {
+                actors: actors.to_vec(),
+                current,
+                extra: Map::new(),
+            }),
+        };
         Report {
             kind: "child",
-            path: "/envelopes".into(),
-            body: json!({"id": id, "parent_id": parent_id, "route": {"actors": actors, "current": current}}),
+            path: report::CHILD_PATH.into(),
+            body: Body::Child(body),
             envelope: id.into(),
         }
     }
@@ -77,20 +103,15 @@ impl Report {
         result: Option<Value>,
         error: Option<Value>,
     ) -> Report {
-        let mut body =
-            json!({"status": if succeeded { "succeeded" } else { "failed" }, "actor": actor});
-        if let Some(o) = body.as_object_mut() {
-            if let Some(r) = result {
-                o.insert("result".into(), r);
-            }
-            if let Some(e) = error {
-                o.insert("error".into(), e);
-            }
-        }
+        let outcome = if succeeded {
+            Outcome::Succeeded
+        } else {
+            Outcome::Failed
+        };
         Report {
             kind: "final",
-            path: format!("/envelopes/{}/final", encode(id)),
-            body,
+            path: report::final_path(&encode(id)),
+            body: Body::Final(FinalReport::new(outcome, actor, result, error)),
             envelope: id.into(),
         }
     }
@@ -191,13 +212,12 @@ async fn deliver(
     let base = cfg.url.trim_end_matches('/').to_string();
     while let Some(r) = rx.recv().await {
         let mut pause = Duration::from_millis(100);
-        let mut outcome = Err(String::new());
+        let mut outcome = Ok(());
         for attempt in 1..=cfg.attempts.max(1) {
             outcome = post(&client, &cfg, &format!("{base}{}", r.path), &r.body).await;
             match &outcome {
                 Ok(()) => break,
-                // A refusal that a retry cannot change.
-                Err(e) if e.starts_with("HTTP 4") && !e.starts_with("HTTP 429") => break,
+                Err(e) if !e.retryable() => break,
                 Err(e) => {
                     tracing::debug!(kind = r.kind, attempt, error = %e, "gateway report failed; retrying");
                     if attempt < cfg.attempts {
@@ -217,42 +237,101 @@ async fn deliver(
     }
 }
 
-async fn post(client: &Client, cfg: &GatewayConfig, url: &str, body: &Value) -> Result<(), String> {
+/// Why one attempt to deliver a report failed.
+#[derive(Debug, thiserror::Error)]
+enum Failed {
+    #[error("HTTP {0}")]
+    Status(u16),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Request(String),
+}
+
+impl Failed {
+    /// Whether another attempt may succeed: not after a refusal for good.
+    fn retryable(&self) -> bool {
+        match self {
+            Failed::Status(code) => Verdict::of(*code) != Verdict::Refused,
+            Failed::Timeout(_) | Failed::Request(_) => true,
+        }
+    }
+}
+
+async fn post(client: &Client, cfg: &GatewayConfig, url: &str, body: &Body) -> Result<(), Failed> {
+    let body = serde_json::to_vec(body).map_err(|e| Failed::Request(e.to_string()))?;
     let mut req = hyper::Request::post(url).header("content-type", "application/json");
     if let Some(t) = &cfg.token {
         req = req.header("authorization", format!("Bearer {t}"));
     }
     let req = req
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| e.to_string())?;
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| Failed::Request(e.to_string()))?;
     let resp = tokio::time::timeout(cfg.timeout, client.request(req))
         .await
-        .map_err(|_| format!("no answer within {:?}", cfg.timeout))?
-        .map_err(|e| e.to_string())?;
-    let status = resp.status();
+        .map_err(|_| Failed::Timeout(cfg.timeout))?
+        .map_err(|e| Failed::Request(e.to_string()))?;
+    let status = resp.status().as_u16();
     // Drain the body so the connection is reused.
     let _ = tokio::time::timeout(cfg.timeout, resp.into_body().collect()).await;
-    if status.is_success() {
-        Ok(())
-    } else {
-        Err(format!("HTTP {}", status.as_u16()))
+    match Verdict::of(status) {
+        Verdict::Accepted => Ok(()),
+        Verdict::Refused | Verdict::Retry => Err(Failed::Status(status)),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    fn json(r: &Report) -> Value {
+        serde_json::to_value(&r.body).unwrap()
+    }
 
     #[test]
     fn report_shapes() {
         let p = Report::progress("e 1", Some("e"), "a", "received", 0, 3);
         assert_eq!(p.path, "/envelopes/e%201/progress");
-        assert_eq!(p.body["parent_id"], "e");
+        assert_eq!(json(&p)["parent_id"], "e");
         let c = Report::child("e-1", "e", &["a".into(), "b".into()], 1);
-        assert_eq!(c.body["route"]["current"], 1);
+        assert_eq!(json(&c)["route"]["current"], 1);
         let f = Report::final_status("e", "x-sump", false, None, Some(json!({"reason": "boom"})));
-        assert_eq!(f.body["status"], "failed");
-        assert_eq!(f.body["error"]["reason"], "boom");
+        assert_eq!(json(&f)["status"], "failed");
+        assert_eq!(json(&f)["error"]["reason"], "boom");
+    }
+
+    #[test]
+    fn report_bodies_are_the_wire_shapes() {
+        assert_eq!(
+            json(&Report::progress("e", None, "a", "processing", 1, 2)),
+            json!({"actor": "a", "phase": "processing", "current": 1, "total": 2})
+        );
+        assert_eq!(
+            json(&Report::child("c", "p", &["a".into()], 0)),
+            json!({"id": "c", "parent_id": "p", "route": {"actors": ["a"], "current": 0}})
+        );
+        assert_eq!(
+            json(&Report::final_status(
+                "e",
+                "x-sink",
+                true,
+                Some(json!(3)),
+                None
+            )),
+            json!({"status": "succeeded", "actor": "x-sink", "result": 3})
+        );
+    }
+
+    #[test]
+    fn only_a_refusal_for_good_ends_the_attempts() {
+        assert!(!Failed::Status(400).retryable());
+        assert!(!Failed::Status(404).retryable());
+        assert!(Failed::Status(429).retryable());
+        assert!(Failed::Status(503).retryable());
+        assert!(Failed::Timeout(Duration::from_secs(1)).retryable());
+        assert!(Failed::Request("connection refused".into()).retryable());
     }
 
     #[test]

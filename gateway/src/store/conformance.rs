@@ -1,0 +1,250 @@
+//! One suite for every [`Backend`]: the rules the HTTP and MCP layers rely on, checked
+//! against memory always and against PostgreSQL when `ASYA_TEST_POSTGRES_URL` names a server
+//! (`source tests/services/env` after `tests/services/up`, or `make unit`).
+
+use serde_json::json;
+
+use super::Backend;
+use super::memory::Memory;
+use super::model::{Event, Final, Progress, Record, Status, now_ms};
+use super::postgres::Postgres;
+
+fn rec(id: &str, parent: Option<&str>) -> Record {
+    let now = now_ms();
+    Record {
+        id: id.into(),
+        parent_id: parent.map(str::to_string),
+        tool: Some("t".into()),
+        status: Status::Pending,
+        progress: 0.0,
+        actor: None,
+        route: vec!["a".into(), "b".into()],
+        result: None,
+        error: None,
+        created_ms: now,
+        updated_ms: now,
+    }
+}
+
+fn prog(actor: &str, phase: &str, current: usize) -> Progress {
+    Progress {
+        actor: actor.into(),
+        phase: phase.into(),
+        current,
+        total: 2,
+        message: None,
+        parent_id: None,
+    }
+}
+
+fn fin(
+    status: Status,
+    actor: Option<&str>,
+    result: Option<serde_json::Value>,
+    error: Option<serde_json::Value>,
+) -> Final {
+    Final {
+        status,
+        actor: actor.map(str::to_string),
+        result,
+        error,
+    }
+}
+
+async fn progress<B: Backend>(b: &B, id: &str, p: &Progress) -> Option<Record> {
+    b.progress(id, p, &Event::of_progress(p)).await.unwrap()
+}
+
+async fn finish<B: Backend>(b: &B, id: &str, f: &Final) -> Option<(Record, bool)> {
+    b.finish(id, f, &Event::of_final(f)).await.unwrap()
+}
+
+/// Runs every check against `b`, which must be empty.
+async fn suite<B: Backend>(b: &B) {
+    b.ping().await.unwrap();
+    create_keeps_the_first_record(b).await;
+    progress_never_goes_back(b).await;
+    first_final_wins(b).await;
+    unknown_ids(b).await;
+    children_and_history(b).await;
+}
+
+async fn create_keeps_the_first_record<B: Backend>(b: &B) {
+    let first = b.create(&rec("c", None)).await.unwrap();
+    assert_eq!((first.id.as_str(), first.status), ("c", Status::Pending));
+    assert_eq!(first.route, ["a", "b"]);
+    assert_eq!(first.tool.as_deref(), Some("t"));
+    let mut again = rec("c", None);
+    again.tool = Some("other".into());
+    again.status = Status::Running;
+    let stored = b.create(&again).await.unwrap();
+    assert_eq!(
+        stored.tool.as_deref(),
+        Some("t"),
+        "an existing id is left as it is"
+    );
+    assert_eq!(stored.status, Status::Pending);
+    assert_eq!(b.get("c").await.unwrap(), Some(stored));
+}
+
+async fn progress_never_goes_back<B: Backend>(b: &B) {
+    b.create(&rec("p", None)).await.unwrap();
+    let r = progress(b, "p", &prog("b", "completed", 1)).await.unwrap();
+    assert_eq!((r.status, r.progress), (Status::Running, 99.0));
+    assert_eq!(r.actor.as_deref(), Some("b"));
+    let r = progress(b, "p", &prog("a", "received", 0)).await.unwrap();
+    assert_eq!(r.progress, 99.0, "never goes back");
+    assert_eq!(r.status, Status::Running);
+    assert_eq!(b.get("p").await.unwrap().map(|r| r.progress), Some(99.0));
+}
+
+async fn first_final_wins<B: Backend>(b: &B) {
+    b.create(&rec("f", None)).await.unwrap();
+    progress(b, "f", &prog("a", "received", 0)).await.unwrap();
+    let won = fin(Status::Succeeded, Some("x-sink"), Some(json!(1)), None);
+    let (r, changed) = finish(b, "f", &won).await.unwrap();
+    assert!(changed);
+    assert_eq!((r.status, r.progress), (Status::Succeeded, 100.0));
+    assert_eq!(
+        (r.actor.as_deref(), r.result.clone()),
+        (Some("x-sink"), Some(json!(1)))
+    );
+    let late = fin(Status::Failed, None, None, Some(json!("late")));
+    let (r, changed) = finish(b, "f", &late).await.unwrap();
+    assert!(!changed, "the first final status wins");
+    assert_eq!(r.status, Status::Succeeded);
+    assert_eq!((r.result, r.error), (Some(json!(1)), None));
+    // Progress after the end changes nothing either.
+    let r = progress(b, "f", &prog("b", "processing", 1)).await.unwrap();
+    assert_eq!((r.status, r.progress), (Status::Succeeded, 100.0));
+    assert_eq!(r.actor.as_deref(), Some("x-sink"));
+    let phases: Vec<String> = b
+        .events("f")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.phase)
+        .collect();
+    assert_eq!(
+        phases,
+        ["received", "succeeded", "processing"],
+        "the late final is not history"
+    );
+}
+
+async fn unknown_ids<B: Backend>(b: &B) {
+    assert_eq!(b.get("nope").await.unwrap(), None);
+    assert!(
+        progress(b, "nope", &prog("a", "received", 0))
+            .await
+            .is_none()
+    );
+    let f = fin(Status::Failed, None, None, None);
+    assert!(finish(b, "nope", &f).await.is_none());
+    assert!(b.events("nope").await.unwrap().is_empty());
+    assert!(b.children("nope").await.unwrap().is_empty());
+}
+
+async fn children_and_history<B: Backend>(b: &B) {
+    b.create(&rec("h", None)).await.unwrap();
+    b.create(&rec("h-2", Some("h"))).await.unwrap();
+    b.create(&rec("h-1", Some("h"))).await.unwrap();
+    assert_eq!(b.children("h").await.unwrap(), ["h-1", "h-2"], "sorted");
+    let mut p = prog("a", "received", 0);
+    p.message = Some("hello".into());
+    progress(b, "h", &p).await.unwrap();
+    progress(b, "h", &prog("a", "completed", 0)).await.unwrap();
+    let f = fin(Status::Failed, None, None, Some(json!({"reason": "boom"})));
+    let (r, _) = finish(b, "h", &f).await.unwrap();
+    assert_eq!(
+        r.actor.as_deref(),
+        Some("a"),
+        "a final without an actor keeps the last"
+    );
+    assert_eq!(r.error, Some(json!({"reason": "boom"})));
+    let history = b.events("h").await.unwrap();
+    let seen: Vec<(&str, f64, Option<&str>)> = history
+        .iter()
+        .map(|e| (e.phase.as_str(), e.progress, e.message.as_deref()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("received", 5.0, Some("hello")),
+            ("completed", 50.0, None),
+            ("failed", 100.0, None)
+        ]
+    );
+    assert_eq!(history[0].actor.as_deref(), Some("a"));
+    assert_eq!(history[2].actor, None);
+}
+
+#[tokio::test]
+async fn memory_conforms() {
+    suite(&Memory::default()).await;
+}
+
+#[tokio::test]
+async fn postgres_conforms() {
+    let Ok(base) = std::env::var("ASYA_TEST_POSTGRES_URL") else {
+        eprintln!(
+            "SKIPPED postgres_conforms: ASYA_TEST_POSTGRES_URL is not set. It needs the test \
+             PostgreSQL: tests/services/up, then `source tests/services/env` (or run `make unit`)."
+        );
+        return;
+    };
+    let db = scratch::Database::create(&base).await;
+    let pg = Postgres::connect(&db.url)
+        .await
+        .expect("connect to the scratch database");
+    suite(&pg).await;
+    drop(pg);
+    db.drop_now().await;
+}
+
+/// A database of the test's own on the test server, dropped at the end.
+mod scratch {
+    use tokio_postgres::NoTls;
+
+    pub struct Database {
+        base: String,
+        name: String,
+        pub url: String,
+    }
+
+    async fn admin(base: &str, sql: &str) {
+        let (client, conn) = tokio_postgres::connect(base, NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("ASYA_TEST_POSTGRES_URL is set but unreachable: {e}"));
+        tokio::spawn(conn);
+        client.batch_execute(sql).await.unwrap();
+    }
+
+    impl Database {
+        pub async fn create(base: &str) -> Database {
+            let name = format!("gw_conf_{}", uuid::Uuid::new_v4().simple());
+            admin(base, &format!("CREATE DATABASE {name}")).await;
+            let url = match base.rsplit_once('/') {
+                Some((server, _)) => format!("{server}/{name}"),
+                None => panic!("ASYA_TEST_POSTGRES_URL {base:?} names no database"),
+            };
+            Database {
+                base: base.to_string(),
+                name,
+                url,
+            }
+        }
+
+        pub async fn drop_now(self) {
+            admin(
+                &self.base,
+                &format!(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{0}';
+                     DROP DATABASE IF EXISTS {0}",
+                    self.name
+                ),
+            )
+            .await;
+        }
+    }
+}

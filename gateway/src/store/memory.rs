@@ -1,0 +1,107 @@
+//! Envelope status in memory: only when no database URL is given (said loudly at start), and
+//! in tests. Lost on restart.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use super::Backend;
+use super::model::{Event, Final, Progress, Record, StoreError, after_final, after_progress};
+
+#[derive(Default)]
+pub struct Memory {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    records: HashMap<String, Record>,
+    events: HashMap<String, Vec<Event>>,
+}
+
+impl Memory {
+    fn state(&self) -> Result<MutexGuard<'_, State>, StoreError> {
+        self.state
+            .lock()
+            .map_err(|_| StoreError::Unavailable("memory store lock poisoned".into()))
+    }
+}
+
+impl Backend for Memory {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn create(&self, r: &Record) -> Result<Record, StoreError> {
+        let mut st = self.state()?;
+        Ok(st
+            .records
+            .entry(r.id.clone())
+            .or_insert_with(|| r.clone())
+            .clone())
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        Ok(self.state()?.records.get(id).cloned())
+    }
+
+    async fn children(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let st = self.state()?;
+        let mut ids: Vec<String> = st
+            .records
+            .values()
+            .filter(|r| r.parent_id.as_deref() == Some(id))
+            .map(|r| r.id.clone())
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    async fn events(&self, id: &str) -> Result<Vec<Event>, StoreError> {
+        Ok(self.state()?.events.get(id).cloned().unwrap_or_default())
+    }
+
+    async fn progress(
+        &self,
+        id: &str,
+        p: &Progress,
+        event: &Event,
+    ) -> Result<Option<Record>, StoreError> {
+        let mut st = self.state()?;
+        let Some(r) = st.records.get(id).cloned() else {
+            return Ok(None);
+        };
+        let r = after_progress(r, p);
+        st.records.insert(id.to_string(), r.clone());
+        st.events
+            .entry(id.to_string())
+            .or_default()
+            .push(event.clone());
+        Ok(Some(r))
+    }
+
+    async fn finish(
+        &self,
+        id: &str,
+        f: &Final,
+        event: &Event,
+    ) -> Result<Option<(Record, bool)>, StoreError> {
+        let mut st = self.state()?;
+        let Some(r) = st.records.get(id).cloned() else {
+            return Ok(None);
+        };
+        let Some(r) = after_final(r.clone(), f) else {
+            // Already final: the first final status stays.
+            return Ok(Some((r, false)));
+        };
+        st.records.insert(id.to_string(), r.clone());
+        st.events
+            .entry(id.to_string())
+            .or_default()
+            .push(event.clone());
+        Ok(Some((r, true)))
+    }
+}
