@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use asya_api::percent;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use serde_json::{Value, json};
@@ -55,7 +56,7 @@ impl Report {
         }
         Report {
             kind: "progress",
-            path: format!("/envelopes/{}/progress", encode(id)),
+            path: format!("/envelopes/{}/progress", percent::encode(id)),
             body,
             envelope: id.into(),
         }
@@ -89,24 +90,11 @@ impl Report {
         }
         Report {
             kind: "final",
-            path: format!("/envelopes/{}/final", encode(id)),
+            path: format!("/envelopes/{}/final", percent::encode(id)),
             body,
             envelope: id.into(),
         }
     }
-}
-
-/// Percent-encodes an id for a path segment.
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 type Client = hyper_util::client::legacy::Client<
