@@ -1,6 +1,66 @@
-//! The AMQP URL rule every part that connects to RabbitMQ shares.
+//! The AMQP URL rules every part that connects to RabbitMQ shares: how a URL is built from
+//! the cluster configuration (the webhook for the sidecar, the provisioner for itself and
+//! KEDA) and how a URL given by hand is read.
 
 use std::borrow::Cow;
+
+use crate::config::{AMQPS_PORT, TransportSettings};
+use crate::percent;
+
+/// The broker host when the configuration names none: the chart's RabbitMQ Service, as in
+/// `ClusterConfig::default()` and the chart's gateway template. (Validation requires a host
+/// for an enabled RabbitMQ transport, so this is the fallback of last resort.)
+pub const DEFAULT_HOST: &str = "rabbitmq";
+/// RabbitMQ's plain AMQP port.
+pub const AMQP_PORT: u16 = 5672;
+const DEFAULT_USER: &str = "guest";
+const DEFAULT_VHOST: &str = "/";
+
+/// The password part of a URL's userinfo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Password<'a> {
+    /// None: the URL names the user only.
+    None,
+    /// The password itself, percent-encoded into the URL.
+    Clear(&'a str),
+    /// `$(VAR)`, written as is: Kubernetes expands it from an earlier env entry of the same
+    /// container, so the password stays in its Secret and out of the pod spec.
+    EnvRef(&'a str),
+}
+
+impl<'a> From<Option<&'a str>> for Password<'a> {
+    fn from(p: Option<&'a str>) -> Self {
+        p.map_or(Password::None, Password::Clear)
+    }
+}
+
+/// The broker host a RabbitMQ transport names, [`DEFAULT_HOST`] when none.
+pub fn host(c: &TransportSettings) -> &str {
+    c.host.as_deref().unwrap_or(DEFAULT_HOST)
+}
+
+/// The AMQP URL of a RabbitMQ transport: `amqps` by `TransportSettings::rabbitmq_tls`, the
+/// configured port or that scheme's own.
+pub fn url(c: &TransportSettings, password: Password<'_>) -> String {
+    let tls = c.rabbitmq_tls();
+    let scheme = if tls { "amqps" } else { "amqp" };
+    let port = c.port.unwrap_or(if tls { AMQPS_PORT } else { AMQP_PORT });
+    url_at(scheme, port, c, password)
+}
+
+/// `scheme://user[:password]@host:port/vhost` for the transport's broker: user, a clear
+/// password and the vhost percent-encoded (the vhost as the last path segment, `/` as `%2F`,
+/// as AMQP clients and KEDA read it). Other schemes and ports reach the management API.
+pub fn url_at(scheme: &str, port: u16, c: &TransportSettings, password: Password<'_>) -> String {
+    let user = percent::encode(c.username.as_deref().unwrap_or(DEFAULT_USER));
+    let userinfo = match password {
+        Password::None => user,
+        Password::Clear(p) => format!("{user}:{}", percent::encode(p)),
+        Password::EnvRef(var) => format!("{user}:$({var})"),
+    };
+    let vhost = percent::encode(c.vhost.as_deref().unwrap_or(DEFAULT_VHOST));
+    format!("{scheme}://{userinfo}@{}:{port}/{vhost}", host(c))
+}
 
 /// `amqp://guest:guest@host:5672/` means the default vhost `/`, as the original Asya, pika and
 /// the RabbitMQ docs' examples read it. The AMQP URI spec reads that bare `/` as the *empty*
@@ -35,32 +95,64 @@ pub fn vhost_of(url: &str) -> String {
         None => return "/".into(),
     };
     let path = path.split(['?', '#']).next().unwrap_or("");
-    percent_decode(path)
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
-            out.push((h * 16 + l) as u8);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent::decode(path)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn settings(yaml: &str) -> TransportSettings {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn urls_follow_the_configuration() {
+        let c = settings("{host: rabbitmq, port: 5672, vhost: /, username: guest}");
+        assert_eq!(
+            url(&c, Password::Clear("p@ss")),
+            "amqp://guest:p%40ss@rabbitmq:5672/%2F"
+        );
+        assert_eq!(
+            url(&c, Password::EnvRef("ASYA_RABBITMQ_PASSWORD")),
+            "amqp://guest:$(ASYA_RABBITMQ_PASSWORD)@rabbitmq:5672/%2F"
+        );
+        let c = settings("{host: 10.0.0.5, vhost: team/a, username: a b}");
+        assert_eq!(
+            url(&c, Password::None),
+            "amqp://a%20b@10.0.0.5:5672/team%2Fa"
+        );
+        assert_eq!(
+            url_at("http", 15672, &c, None.into()),
+            "http://a%20b@10.0.0.5:15672/team%2Fa"
+        );
+        // TLS by the shared rule, on its own port unless one is configured.
+        assert_eq!(
+            url(&settings("{host: h, tls: true}"), Password::None),
+            "amqps://guest@h:5671/%2F"
+        );
+        assert_eq!(
+            url(&settings("{host: h, port: 5671}"), Password::None),
+            "amqps://guest@h:5671/%2F"
+        );
+        assert_eq!(
+            url(
+                &settings("{host: h, port: 5999, tls: true}"),
+                Password::None
+            ),
+            "amqps://guest@h:5999/%2F"
+        );
+    }
+
+    #[test]
+    fn one_default_host() {
+        let c = TransportSettings::default();
+        assert_eq!(host(&c), DEFAULT_HOST);
+        assert_eq!(url(&c, Password::None), "amqp://guest@rabbitmq:5672/%2F");
+        // The default configuration names the same host.
+        let cfg = crate::ClusterConfig::default();
+        assert_eq!(host(&cfg.transports["rabbitmq"].config), DEFAULT_HOST);
+    }
 
     #[test]
     fn a_bare_slash_is_the_default_vhost() {

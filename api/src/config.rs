@@ -434,9 +434,7 @@ impl Transport {
     /// AMQPS's 5671. A stock RabbitMQ serves plain AMQP on 5672, and seed 001's values name
     /// that port without `tls`: deciding by host made every sidecar speak TLS to it.
     pub fn rabbitmq_tls(&self) -> bool {
-        self.config
-            .tls
-            .unwrap_or(self.config.port == Some(AMQPS_PORT))
+        self.config.rabbitmq_tls()
     }
 }
 

@@ -14,6 +14,7 @@ pub mod flavor;
 pub mod labels;
 pub mod naming;
 pub mod normalize;
+pub mod percent;
 pub mod schema;
 pub mod types;
 

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use asya_api::percent;
 use asya_transport::envelope::Route;
 use asya_transport::report::{self, ChildReport, FinalReport, Outcome, ProgressReport, Verdict};
 use http_body_util::{BodyExt, Full};
@@ -72,7 +73,7 @@ impl Report {
         };
         Report {
             kind: "progress",
-            path: report::progress_path(&encode(id)),
+            path: report::progress_path(&percent::encode(id)),
             body: Body::Progress(body),
             envelope: id.into(),
         }
@@ -110,24 +111,11 @@ impl Report {
         };
         Report {
             kind: "final",
-            path: report::final_path(&encode(id)),
+            path: report::final_path(&percent::encode(id)),
             body: Body::Final(FinalReport::new(outcome, actor, result, error)),
             envelope: id.into(),
         }
     }
-}
-
-/// Percent-encodes an id for a path segment.
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 type Client = hyper_util::client::legacy::Client<

@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::routing::{self, Answer, Queues};
 use crate::runtime_client::RuntimeClient;
 use asya_transport::envelope::{self, Envelope};
-use asya_transport::resiliency::{self, Decision, Failure};
+use asya_transport::resiliency::{self, Decision, FailReason, Failure};
 use asya_transport::{Outgoing, Received, Transport, TransportError};
 
 /// What to do with one message once the handler (if any) has run.
@@ -509,15 +509,45 @@ impl<T: Transport> Processor<T> {
             }
             Decision::Fail { reason } => {
                 tracing::warn!(attempt, error_type = %f.error_type, error = %f.message, %reason, "to x-sump");
-                let metric = if reason.starts_with("retries exhausted") {
-                    "retries_exhausted".to_string()
-                } else if reason.starts_with("action fail") {
-                    "action_fail".to_string()
-                } else {
-                    f.code.clone()
-                };
-                self.to_sump(&env, &reason, Some(&f), "failed", &metric)
+                let metric = failed_metric_reason(&reason, &f);
+                self.to_sump(&env, &reason.to_string(), Some(&f), "failed", metric)
             }
         }
+    }
+}
+
+/// The `reason` label of `asya_actor_messages_failed_total` when the retry rules give up:
+/// the rule's verdict, or the error's own code when no policy applied.
+fn failed_metric_reason<'a>(reason: &FailReason, f: &'a Failure) -> &'a str {
+    match reason {
+        FailReason::RetriesExhausted { .. } => "retries_exhausted",
+        FailReason::ActionFail { .. } => "action_fail",
+        FailReason::NoPolicy => &f.code,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn give_ups_are_labelled_by_kind_not_by_text() {
+        let f = Failure {
+            code: "timeout".into(),
+            error_type: "ActorTimeout".into(),
+            message: "m".into(),
+            traceback: None,
+        };
+        let exhausted = FailReason::RetriesExhausted {
+            attempt: 3,
+            max_attempts: 3,
+            policy: "default".into(),
+        };
+        assert_eq!(failed_metric_reason(&exhausted, &f), "retries_exhausted");
+        let rule = FailReason::ActionFail {
+            pattern: "retries exhausted".into(),
+        };
+        assert_eq!(failed_metric_reason(&rule, &f), "action_fail");
+        assert_eq!(failed_metric_reason(&FailReason::NoPolicy, &f), "timeout");
     }
 }

@@ -180,7 +180,43 @@ pub enum Decision {
         policy: String,
     },
     /// Give up: to x-sump.
-    Fail { reason: String },
+    Fail { reason: FailReason },
+}
+
+/// Why the rules gave up on a message. Its text (`Display`) travels in the x-sump envelope's
+/// `x-asya-error.reason` and the gateway's final report, so it is part of the contract; the
+/// sidecar labels its failure metric by the variant, never by the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailReason {
+    /// A rule with `action: fail` matched the error.
+    ActionFail { pattern: String },
+    /// No rule named a policy and there is no `default` one.
+    NoPolicy,
+    /// The policy's attempts are used up.
+    RetriesExhausted {
+        attempt: u32,
+        max_attempts: u32,
+        policy: String,
+    },
+}
+
+impl std::fmt::Display for FailReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FailReason::ActionFail { pattern } => {
+                write!(f, "action fail: rule {pattern:?} matched")
+            }
+            FailReason::NoPolicy => f.write_str("no retry policy applies"),
+            FailReason::RetriesExhausted {
+                attempt,
+                max_attempts,
+                policy,
+            } => write!(
+                f,
+                "retries exhausted: {attempt} of {max_attempts} attempts failed (policy {policy})"
+            ),
+        }
+    }
 }
 
 /// Backoff before the attempt after `attempt` (1-based) failed.
@@ -203,29 +239,35 @@ pub fn decide(plan: &Plan, failure: &Failure, attempt: u32) -> Decision {
         .rules
         .iter()
         .find(|r| failure.error_type.contains(&r.pattern) || failure.message.contains(&r.pattern));
-    let policy_name = match rule.map(|r| &r.action) {
-        Some(RuleAction::Fail) => {
+    let policy_name = match rule {
+        Some(Rule {
+            action: RuleAction::Fail,
+            pattern,
+        }) => {
             return Decision::Fail {
-                reason: format!(
-                    "action fail: rule {:?} matched",
-                    rule.map(|r| r.pattern.as_str()).unwrap_or_default()
-                ),
+                reason: FailReason::ActionFail {
+                    pattern: pattern.clone(),
+                },
             };
         }
-        Some(RuleAction::Policy(p)) => p.as_str(),
+        Some(Rule {
+            action: RuleAction::Policy(p),
+            ..
+        }) => p.as_str(),
         None => "default",
     };
     let Some(policy) = plan.policies.get(policy_name) else {
         return Decision::Fail {
-            reason: "no retry policy applies".into(),
+            reason: FailReason::NoPolicy,
         };
     };
     if attempt >= policy.max_attempts {
         return Decision::Fail {
-            reason: format!(
-                "retries exhausted: {attempt} of {} attempts failed (policy {})",
-                policy.max_attempts, policy.name
-            ),
+            reason: FailReason::RetriesExhausted {
+                attempt,
+                max_attempts: policy.max_attempts,
+                policy: policy.name.clone(),
+            },
         };
     }
     Decision::Retry {
@@ -313,7 +355,17 @@ mod tests {
             matches!(decide(&p, &f, 2), Decision::Retry { delay, .. } if delay == Duration::from_secs(2))
         );
         assert!(
-            matches!(decide(&p, &f, 3), Decision::Fail { reason } if reason.contains("retries exhausted"))
+            matches!(decide(&p, &f, 3), Decision::Fail { reason } if reason.to_string().contains("retries exhausted"))
+        );
+        assert_eq!(
+            decide(&p, &f, 3),
+            Decision::Fail {
+                reason: FailReason::RetriesExhausted {
+                    attempt: 3,
+                    max_attempts: 3,
+                    policy: "default".into()
+                }
+            }
         );
     }
 
@@ -327,13 +379,51 @@ mod tests {
             &failure("RuntimeError", "ContentPolicyViolation: nsfw"),
             1,
         );
-        assert!(matches!(by_msg, Decision::Fail { reason } if reason.contains("action fail")));
+        assert!(
+            matches!(by_msg, Decision::Fail { ref reason } if reason.to_string().contains("action fail"))
+        );
+        assert_eq!(
+            by_msg,
+            Decision::Fail {
+                reason: FailReason::ActionFail {
+                    pattern: "ContentPolicyViolation".into()
+                }
+            }
+        );
     }
 
     #[test]
     fn no_policy_means_no_retry() {
         let d = decide(&Plan::default(), &failure("E", "m"), 1);
         assert!(matches!(d, Decision::Fail { .. }));
+        assert_eq!(
+            d,
+            Decision::Fail {
+                reason: FailReason::NoPolicy
+            }
+        );
+    }
+
+    #[test]
+    fn fail_reasons_read_as_they_always_have() {
+        // The text is in x-sump envelopes and final reports that tests and users match on.
+        let exhausted = FailReason::RetriesExhausted {
+            attempt: 3,
+            max_attempts: 3,
+            policy: "default".into(),
+        };
+        assert_eq!(
+            exhausted.to_string(),
+            "retries exhausted: 3 of 3 attempts failed (policy default)"
+        );
+        let rule = FailReason::ActionFail {
+            pattern: "Content\"Policy".into(),
+        };
+        assert_eq!(
+            rule.to_string(),
+            "action fail: rule \"Content\\\"Policy\" matched"
+        );
+        assert_eq!(FailReason::NoPolicy.to_string(), "no retry policy applies");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use asya_api::amqp;
 use asya_api::config::{ClusterConfig, TRANSPORT_RABBITMQ, TRANSPORT_SQS, Transport};
 use asya_api::labels;
 use asya_api::resolved::ResolvedActor;
@@ -117,45 +118,22 @@ fn env_secret(name: &str, secret: &str, key: &str) -> EnvVar {
     }
 }
 
-/// Percent-encode a URL component (userinfo, vhost): keeps unreserved characters only.
-fn pct(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// Transport env for the sidecar, credentials as `secretKeyRef` (never inline).
 fn transport_env(name: &str, t: &Transport) -> Result<Vec<EnvVar>, InjectError> {
     let c = &t.config;
     let mut out = vec![env("ASYA_TRANSPORT", t.kind.clone())];
     match t.kind.as_str() {
         TRANSPORT_RABBITMQ => {
-            let scheme = if t.rabbitmq_tls() { "amqps" } else { "amqp" };
-            let host = c.host.clone().unwrap_or_else(|| "rabbitmq".into());
-            let port = c
-                .port
-                .unwrap_or(if scheme == "amqps" { 5671 } else { 5672 });
-            let vhost = pct(c.vhost.as_deref().unwrap_or("/"));
-            let user = pct(c.username.as_deref().unwrap_or("guest"));
             // The password stays in its Secret: Kubernetes expands $(VAR) from an earlier env
             // entry, so the URL is assembled in the pod, not in the pod spec.
-            let userinfo = match &c.password_secret_ref {
+            let password = match &c.password_secret_ref {
                 Some(s) => {
                     out.push(env_secret("ASYA_RABBITMQ_PASSWORD", &s.name, &s.key));
-                    format!("{user}:$(ASYA_RABBITMQ_PASSWORD)")
+                    amqp::Password::EnvRef("ASYA_RABBITMQ_PASSWORD")
                 }
-                None => user,
+                None => amqp::Password::None,
             };
-            out.push(env(
-                "ASYA_RABBITMQ_URL",
-                format!("{scheme}://{userinfo}@{host}:{port}/{vhost}"),
-            ));
+            out.push(env("ASYA_RABBITMQ_URL", amqp::url(c, password)));
         }
         TRANSPORT_SQS => {
             if let Some(r) = &c.region {
@@ -764,12 +742,5 @@ pub(crate) mod tests {
             run(&mut pod(), &a, &cfg, true),
             Err(InjectError::UnknownTransport(..))
         ));
-    }
-
-    #[test]
-    fn url_components_are_escaped() {
-        assert_eq!(pct("/"), "%2F");
-        assert_eq!(pct("a b@c"), "a%20b%40c");
-        assert_eq!(pct("prod-1"), "prod-1");
     }
 }

@@ -152,7 +152,7 @@ impl Management {
             let uri = format!(
                 "{}/api/queues/{}?disable_stats=true&enable_queue_totals=true&columns=name,messages_ready,messages_unacknowledged&page={page}&page_size={PAGE_SIZE}",
                 self.base,
-                crate::render::encode(&self.vhost),
+                asya_api::percent::encode(&self.vhost),
             );
             let v = self.get_json(&uri).await?;
             out.extend(depths_from_listing(&v));

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use asya_api::ResolvedActor;
+use asya_api::amqp;
 use asya_api::config::{ClusterConfig, TRANSPORT_RABBITMQ, Transport, TransportSettings};
 use asya_api::naming;
 use k8s_openapi::ByteString;
@@ -43,62 +44,25 @@ pub fn service_account(
     }
 }
 
-/// Percent-encodes a URL component (userinfo, vhost).
-pub(crate) fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// The broker host and whether it is reached over TLS (on by default but for loopback).
-fn rabbit_host(c: &TransportSettings) -> (String, bool) {
-    let host = c.host.clone().unwrap_or_else(|| "localhost".into());
-    (host, c.rabbitmq_tls())
-}
-
 /// The management API's scheme: HTTPS when AMQP uses TLS.
-fn management_scheme(tls: bool) -> &'static str {
-    if tls { "https" } else { "http" }
+fn management_scheme(c: &TransportSettings) -> &'static str {
+    if c.rabbitmq_tls() { "https" } else { "http" }
 }
 
 /// The management API's base URL when `managementPort` is configured (HTTPS when AMQP uses TLS).
 pub fn management_url(c: &TransportSettings) -> Option<String> {
     let port = c.management_port?;
-    let (host, tls) = rabbit_host(c);
-    Some(format!("{}://{host}:{port}", management_scheme(tls)))
+    Some(format!(
+        "{}://{}:{port}",
+        management_scheme(c),
+        amqp::host(c)
+    ))
 }
 
-/// The AMQP URL of a RabbitMQ transport, with TLS by `TransportSettings::rabbitmq_tls`, as
-/// the webhook renders it for the sidecar.
+/// The AMQP URL of a RabbitMQ transport: the shared builder, as the webhook renders it for
+/// the sidecar but with the password itself.
 pub fn amqp_url(c: &TransportSettings, password: Option<&str>) -> String {
-    let (host, tls) = rabbit_host(c);
-    let scheme = if tls { "amqps" } else { "amqp" };
-    let port = c.port.unwrap_or(if tls { 5671 } else { 5672 });
-    url_with_credentials(scheme, &host, port, c, password)
-}
-
-/// `scheme://user[:password]@host:port/vhost`, user, password and vhost percent-encoded (the
-/// vhost as the last path segment, `/` as `%2F`, as AMQP URLs and KEDA read it).
-fn url_with_credentials(
-    scheme: &str,
-    host: &str,
-    port: u16,
-    c: &TransportSettings,
-    password: Option<&str>,
-) -> String {
-    let user = c.username.clone().unwrap_or_else(|| "guest".into());
-    let userinfo = match password {
-        Some(p) => format!("{}:{}", encode(&user), encode(p)),
-        None => encode(&user),
-    };
-    let vhost = encode(c.vhost.as_deref().unwrap_or("/"));
-    format!("{scheme}://{userinfo}@{host}:{port}/{vhost}")
+    amqp::url(c, password.into())
 }
 
 /// How KEDA reads a RabbitMQ queue's depth. Over the management API when one is configured:
@@ -116,10 +80,7 @@ pub fn keda_rabbitmq_protocol(c: &TransportSettings) -> &'static str {
 /// The `host` KEDA's rabbitmq trigger reads the queue at, for [`keda_rabbitmq_protocol`].
 pub fn keda_rabbitmq_host(c: &TransportSettings, password: Option<&str>) -> String {
     match c.management_port {
-        Some(port) => {
-            let (host, tls) = rabbit_host(c);
-            url_with_credentials(management_scheme(tls), &host, port, c, password)
-        }
+        Some(port) => amqp::url_at(management_scheme(c), port, c, password.into()),
         None => amqp_url(c, password),
     }
 }

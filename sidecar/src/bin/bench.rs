@@ -44,6 +44,26 @@ enum Kind {
     Sqs,
 }
 
+impl Kind {
+    /// The broker, as the report names it.
+    fn broker(self) -> &'static str {
+        match self {
+            Kind::Rabbit => "RabbitMQ",
+            Kind::Sqs => "SQS (moto)",
+        }
+    }
+}
+
+/// Messages per second between the first and the last arrival.
+fn arrival_rate(arrivals: &[Instant]) -> f64 {
+    match (arrivals.first(), arrivals.last()) {
+        (Some(a), Some(b)) if arrivals.len() > 1 => {
+            (arrivals.len() - 1) as f64 / (*b - *a).as_secs_f64()
+        }
+        _ => 0.0,
+    }
+}
+
 fn env_or(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_string())
 }
@@ -377,23 +397,11 @@ async fn bench_sidecar(kind: Kind, n: usize, samples: usize, payload: &str) -> R
         c.wait()
     });
     let rss_load = sampler.await.unwrap_or(0);
-    let rate = match (arrivals.first(), arrivals.last()) {
-        (Some(a), Some(b)) if arrivals.len() > 1 => {
-            (arrivals.len() - 1) as f64 / (*b - *a).as_secs_f64()
-        }
-        _ => 0.0,
-    };
+    let rate = arrival_rate(&arrivals);
     assert_eq!(arrivals.len(), n, "not every envelope arrived");
     drop(procs);
     Report {
-        name: format!(
-            "{} via sidecar + Python runtime",
-            if kind == Kind::Rabbit {
-                "RabbitMQ"
-            } else {
-                "SQS (moto)"
-            }
-        ),
+        name: format!("{} via sidecar + Python runtime", kind.broker()),
         rate,
         cpu_per_1000: Some((cpu1 - cpu0) / n as f64 * 1000.0),
         rss_idle_kib: Some(rss_idle),
@@ -467,21 +475,9 @@ async fn bench_ceiling(kind: Kind, n: usize, samples: usize, payload: &str) -> R
     let arrivals = sink.drain(n, Duration::from_secs(600)).await;
     let _ = fill.await;
     looper.abort();
-    let rate = match (arrivals.first(), arrivals.last()) {
-        (Some(a), Some(b)) if arrivals.len() > 1 => {
-            (arrivals.len() - 1) as f64 / (*b - *a).as_secs_f64()
-        }
-        _ => 0.0,
-    };
+    let rate = arrival_rate(&arrivals);
     Report {
-        name: format!(
-            "{} ceiling: broker loop, no runtime hop",
-            if kind == Kind::Rabbit {
-                "RabbitMQ"
-            } else {
-                "SQS (moto)"
-            }
-        ),
+        name: format!("{} ceiling: broker loop, no runtime hop", kind.broker()),
         rate,
         cpu_per_1000: None,
         rss_idle_kib: None,
