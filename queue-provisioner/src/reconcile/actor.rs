@@ -115,10 +115,10 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         .collect();
 
     // 4. KEDA's HPA target.
-    if o.scaling_enabled {
-        if let Some(d) = c.hpa_desired(&resolved.namespace, &resolved.name) {
-            o.hpa_desired = Some(d);
-        }
+    if o.scaling_enabled
+        && let Some(d) = c.hpa_desired(&resolved.namespace, &resolved.name)
+    {
+        o.hpa_desired = Some(d);
     }
 
     let new = status::derive(&prev, &o, now());

@@ -17,6 +17,11 @@ pub mod objects;
 pub mod plan;
 pub mod queues;
 
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
 pub use cluster::{Answer, Cluster, Object};
 pub use memory::Memory;
 pub use plan::{FinalizerStep, Next};

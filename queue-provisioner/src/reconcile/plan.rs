@@ -162,7 +162,7 @@ pub fn base_observed(actor: &AsyncActor) -> Observed {
 pub fn resolution(
     actor: &AsyncActor,
     review: ActorReview,
-) -> Result<(ResolvedActor, Observed), Observed> {
+) -> Result<(ResolvedActor, Observed), Box<Observed>> {
     let mut o = base_observed(actor);
     o.missing_flavors = review.missing_flavors.clone();
     let resolved = match review.resolved {
@@ -177,7 +177,7 @@ pub fn resolution(
             if o.missing_flavors.is_empty() && o.invalid.is_none() {
                 o.invalid = Some("the spec could not be resolved".into());
             }
-            return Err(o);
+            return Err(Box::new(o));
         }
     };
     o.flavors = resolved.flavors.clone();
@@ -428,3 +428,7 @@ pub fn queue_deleted_event(queue: &str, delay_queues: &[String]) -> EventSpec {
 pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs((1u64 << failures.min(8)).min(300)).max(Duration::from_secs(2))
 }
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;
