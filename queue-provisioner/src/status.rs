@@ -14,7 +14,7 @@ pub const COND_WORKLOAD: &str = "WorkloadReady";
 pub const COND_SCALING: &str = "ScalingReady";
 pub const COND_FLAVORS: &str = "FlavorsResolved";
 
-/// Container waiting reasons Kubernetes keeps retrying with backoff (seed 004's FAILING).
+/// Container waiting reasons Kubernetes keeps retrying with backoff (a failing pod).
 const FAILING_REASONS: [&str; 8] = [
     "CrashLoopBackOff",
     "ImagePullBackOff",

@@ -85,7 +85,7 @@ fn classifies_failing_pods_by_container_and_reason() {
         classify_pod(&waiting("asya-runtime", "ContainerCreating")),
         PodState::Pending
     );
-    // Failed for good: not retried, not FAILING (seed 004).
+    // Failed for good: not retried, not failing.
     assert_eq!(
         classify_pod(&pod(json!({"metadata": {}, "status": {"phase": "Failed"}}))),
         PodState::Gone
