@@ -153,7 +153,7 @@ pub async fn run(
     let managed = format!("{}={}", workload::MANAGED_BY.0, workload::MANAGED_BY.1);
     let pred = PredicateConfig::default;
     // Each watch feeds a cache the reconcile reads and triggers reconciles only for changes
-    // that matter to what it renders (`work`'s fingerprints): not for the controller's own
+    // that matter to what it renders (`watch`'s fingerprints): not for the controller's own
     // status and finalizer writes, not for the controller manager's status bookkeeping.
     let (actor_store, actor_writer) = reflector::store();
     let actor_events = watcher(actors, watcher::Config::default().any_semantic())
