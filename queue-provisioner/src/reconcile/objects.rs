@@ -15,7 +15,7 @@ use crate::render::{self, keda, workload};
 use crate::status::{Observed, WorkloadObs};
 
 use super::memory::ObjectKey;
-use super::plan::{self, EventSpec, Reason, ScalingPlan};
+use super::plan::{self, EventSpec, ObjectsSeen, Reason, ScalingPlan, WorkloadPlan};
 use super::{Answer, Cluster, Object, Reconciler};
 
 /// Applies `desired` (server-side apply, with its hash in [`apply_skip::APPLIED_HASH`])
@@ -70,30 +70,24 @@ async fn apply_changed<C: Cluster>(
 }
 
 /// Applies a workload (when it changed) and returns what it says of itself: from the apply's
-/// answer, or the cache when the apply was skipped. A KEDA-scaled workload is created at its
-/// minimum ([`apply_skip::initial_replicas`]), and the count handed to the handoff manager at
-/// once, so our later applies (which leave replicas to the HPA) do not reset it.
+/// answer, or the cache when the apply was skipped. A workload created at `initial` replicas
+/// hands them to the handoff manager at once, so our later applies (which leave replicas to
+/// the HPA) do not reset them.
 async fn apply_workload<C: Cluster>(
     r: &Reconciler<C>,
-    kind: WorkloadKind,
+    wp: &WorkloadPlan,
     ns: &str,
     desired: Object,
-    o: &Observed,
+    live: Live,
 ) -> Result<WorkloadObs, kube::Error> {
     let name = desired.name();
-    let live = r.cluster.live(kind.object(), ns, &name);
-    let applied_before = r
-        .memory
-        .was_applied(&ObjectKey::new(kind.object(), ns, &name));
-    let initial =
-        apply_skip::initial_replicas(o.scaling_enabled, o.min_replicas, &live, applied_before);
-    let sent = apply_changed(r, ns, desired, live, initial).await?;
-    if let (Some(n), Some(_)) = (initial, &sent) {
-        r.cluster.claim_replicas(kind, ns, &name, n).await?;
+    let sent = apply_changed(r, ns, desired, live, wp.initial).await?;
+    if let (Some(n), Some(_)) = (wp.initial, &sent) {
+        r.cluster.claim_replicas(wp.kind, ns, &name, n).await?;
     }
     let seen = match sent {
         Some(a) => a.workload,
-        None => r.cluster.cached_workload(kind, ns, &name),
+        None => r.cluster.cached_workload(wp.kind, ns, &name),
     };
     Ok(seen.unwrap_or_default())
 }
@@ -146,10 +140,26 @@ pub async fn apply<C: Cluster>(
     );
     apply_changed(rec, ns, Object::ServiceAccount(sa), sa_live, None).await?;
 
-    // The workload; the other kind goes when the actor switched kinds.
+    // What to do with the workload and KEDA's objects, from what the caches and this
+    // process know before any of it is written.
     let name = naming::workload_name(&r.name);
+    let so_name = naming::scaled_object_name(&r.name);
+    let ta_name = naming::trigger_authentication_name(&r.name);
     let kind = WorkloadKind::of(r.workload_kind());
-    let wp = plan::workload(prev, kind, o.scaling_enabled);
+    let keda_installed = c.keda_installed();
+    let seen = ObjectsSeen {
+        keda: keda_installed,
+        so_cached: keda_installed && c.scaled_object_cached(ns, &so_name),
+        transport_known: transport.is_some(),
+        workload_live: c.live(kind.object(), ns, &name),
+        workload_applied_before: rec
+            .memory
+            .was_applied(&ObjectKey::new(kind.object(), ns, &name)),
+    };
+    let plan = plan::objects(prev, r, o, &seen);
+    let wp = &plan.workload;
+
+    // The workload; the other kind goes when the actor switched kinds.
     if wp.hand_over {
         hand_replicas_over(rec, kind, ns, &name).await?;
     }
@@ -165,7 +175,7 @@ pub async fn apply<C: Cluster>(
             Object::Deployment(workload::deployment(r, labels, owner, config))
         }
     };
-    match apply_workload(rec, kind, ns, desired, o).await {
+    match apply_workload(rec, wp, ns, desired, seen.workload_live).await {
         Ok(w) => {
             if wp.announce {
                 let note = format!("{kind} {name} created");
@@ -185,18 +195,7 @@ pub async fn apply<C: Cluster>(
     }
 
     // KEDA objects, or none when scaling is off.
-    let so_name = naming::scaled_object_name(&r.name);
-    let ta_name = naming::trigger_authentication_name(&r.name);
-    let keda = c.keda_installed();
-    let so_cached = keda && c.scaled_object_cached(ns, &so_name);
-    match plan::scaling(
-        prev,
-        r,
-        o.scaling_enabled,
-        keda,
-        so_cached,
-        transport.is_some(),
-    ) {
+    match plan.scaling {
         ScalingPlan::Unavailable(why) => o.scaling_error = Some(why),
         ScalingPlan::Nothing => {}
         ScalingPlan::Remove { note } => {

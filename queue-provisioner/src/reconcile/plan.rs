@@ -9,7 +9,7 @@ use std::time::Duration;
 use asya_api::review::ActorReview;
 use asya_api::{AsyncActor, AsyncActorStatus, ResolvedActor};
 
-use crate::apply_skip::desired_hash;
+use crate::apply_skip::{self, Live, desired_hash};
 use crate::model::{Phase, ScalingMode, WorkloadKind};
 use crate::queue::QueueError;
 use crate::status::{Observed, TransportObs};
@@ -245,6 +245,21 @@ pub fn queue_created_event(
     }
 }
 
+/// What the objects step looks at before it writes anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectsSeen {
+    /// KEDA's CRDs are installed.
+    pub keda: bool,
+    /// The cache holds the actor's ScaledObject.
+    pub so_cached: bool,
+    /// The cluster configuration has the actor's transport.
+    pub transport_known: bool,
+    /// The workload of the kind the actor wants, as its cache has it.
+    pub workload_live: Live,
+    /// This process applied that workload before.
+    pub workload_applied_before: bool,
+}
+
 /// What to do with the actor's workload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkloadPlan {
@@ -254,10 +269,48 @@ pub struct WorkloadPlan {
     pub hand_over: bool,
     /// The actor switched kinds: the workload of the kind it had goes.
     pub remove: Option<WorkloadKind>,
+    /// Create it at this many replicas and hand them to the handoff manager at once
+    /// ([`apply_skip::initial_replicas`]): a KEDA-scaled workload being created.
+    pub initial: Option<i32>,
     /// Announce `WorkloadCreated` when the apply succeeds: the status never named a kind.
     pub announce: bool,
 }
 
+/// The objects step: the workload and KEDA's objects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectsPlan {
+    pub workload: WorkloadPlan,
+    pub scaling: ScalingPlan,
+}
+
+pub fn objects(
+    prev: Option<&AsyncActorStatus>,
+    r: &ResolvedActor,
+    o: &Observed,
+    seen: &ObjectsSeen,
+) -> ObjectsPlan {
+    let kind = WorkloadKind::of(r.workload_kind());
+    let mut workload = workload(prev, kind, o.scaling_enabled);
+    workload.initial = apply_skip::initial_replicas(
+        o.scaling_enabled,
+        o.min_replicas,
+        &seen.workload_live,
+        seen.workload_applied_before,
+    );
+    ObjectsPlan {
+        workload,
+        scaling: scaling(
+            prev,
+            r,
+            o.scaling_enabled,
+            seen.keda,
+            seen.so_cached,
+            seen.transport_known,
+        ),
+    }
+}
+
+/// The workload's handoff, kind switch and announcement (its initial replicas: [`objects`]).
 pub fn workload(
     prev: Option<&AsyncActorStatus>,
     kind: WorkloadKind,
@@ -271,6 +324,7 @@ pub fn workload(
         kind,
         hand_over: scaling_enabled && was == Some(ScalingMode::Manual),
         remove: (before == Some(kind.other().as_str())).then_some(kind.other()),
+        initial: None,
         announce: before.is_none(),
     }
 }

@@ -227,3 +227,43 @@ fn a_queue_is_announced_as_recreated_once_the_status_named_it() {
     assert!(e.warning);
     assert_eq!(e.reason.as_str(), "QueueRecreated");
 }
+
+#[test]
+fn a_keda_scaled_workload_is_created_at_its_minimum_only_when_it_is_new() {
+    let a: AsyncActor = serde_json::from_value(serde_json::json!({
+        "apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+        "metadata": {"name": "a", "namespace": "n"},
+        "spec": {"image": "i", "handler": "m.f", "scaling": {"minReplicaCount": 2}}
+    }))
+    .unwrap();
+    let cfg = asya_api::config::ClusterConfig::default();
+    let review = asya_api::review::review_typed(&a, &asya_api::FlavorCatalog::new(), &cfg);
+    let (r, o) = resolution(&a, review).unwrap();
+    let seen = ObjectsSeen {
+        keda: true,
+        so_cached: false,
+        transport_known: true,
+        workload_live: Live::Missing,
+        workload_applied_before: false,
+    };
+    let p = objects(None, &r, &o, &seen);
+    assert_eq!(p.workload.initial, Some(2));
+    assert_eq!(p.workload.kind, WorkloadKind::Deployment);
+    assert_eq!(p.scaling, ScalingPlan::Apply { announce: true });
+    let present = Live::Present {
+        generation: Some(1),
+        applied: None,
+    };
+    for seen in [
+        ObjectsSeen {
+            workload_live: present,
+            ..seen
+        },
+        ObjectsSeen {
+            workload_applied_before: true,
+            ..seen
+        },
+    ] {
+        assert_eq!(objects(None, &r, &o, &seen).workload.initial, None);
+    }
+}
