@@ -480,3 +480,39 @@ async fn without_keda_a_scaled_actor_says_so_and_a_manual_one_is_fine() {
     step(&r, &mut a).await;
     assert_eq!(phase(&a), "Creating");
 }
+
+#[tokio::test]
+async fn an_actor_that_switches_to_a_stateful_set_loses_its_deployment() {
+    let r = reconciler();
+    let mut a = actor(manual(1));
+    step(&r, &mut a).await;
+    r.cluster.take_log();
+    a.spec = serde_json::from_value(json!({"scaling": {"enabled": false},
+        "workload": {"kind": "StatefulSet", "template": {"spec": {"containers": [
+            {"name": "asya-runtime", "image": "py", "env": [{"name": "ASYA_HANDLER", "value": "m.f"}]}]}}}}))
+    .unwrap();
+    a.metadata.generation = Some(2);
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(
+        at(&log, "delete Deployment n/a") < at(&log, "apply StatefulSet n/a"),
+        "{log:#?}"
+    );
+    assert!(
+        !has(&log, "event Normal WorkloadCreated"),
+        "not a new actor"
+    );
+    assert_eq!(
+        a.status.as_ref().unwrap().workload_kind.as_deref(),
+        Some("StatefulSet")
+    );
+    let w = r.cluster.world();
+    assert!(
+        !w.objects
+            .contains_key(&key(ObjectKind::Deployment, "n", "a"))
+    );
+    assert!(
+        w.objects
+            .contains_key(&key(ObjectKind::StatefulSet, "n", "a"))
+    );
+}
