@@ -1,14 +1,19 @@
 //! asya-queue-provisioner: for each AsyncActor, the queue, the workload, KEDA scaling and a
-//! truthful status (DESIGN.md §6). Decisions are pure (`render`, `status`); I/O lives in
-//! `queue` (brokers) and `controller` (Kubernetes).
+//! truthful status. Decisions are pure (`reconcile::plan`, `render`, `status`, `apply_skip`,
+//! `watch`); I/O lives behind `reconcile::Cluster` (`kube_cluster` on a real cluster), in
+//! `queue` (brokers) and `controller` (the watches).
 
+pub mod apply_skip;
 pub mod controller;
 pub mod end_queues;
 pub mod health;
+pub mod kube_cluster;
 pub mod leader;
 pub mod metrics;
+pub mod model;
 pub mod queue;
+pub mod reconcile;
 pub mod render;
 pub mod status;
 pub mod transports;
-pub mod work;
+pub mod watch;

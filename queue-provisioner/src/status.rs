@@ -1,4 +1,4 @@
-//! The actor's status (DESIGN.md §2, seed 004) derived from what the reconcile observed. Pure:
+//! The actor's status derived from what the reconcile observed. Pure:
 //! the controller gathers the observations, this decides phase, counts and conditions.
 
 use asya_api::AsyncActorStatus;
@@ -6,25 +6,15 @@ use asya_api::labels;
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use crate::model::{Phase, ScalingMode, WorkloadKind};
 use crate::queue::{QueueDepth, QueueInfo};
-
-pub const PHASE_CREATING: &str = "Creating";
-pub const PHASE_RUNNING: &str = "Running";
-pub const PHASE_NAPPING: &str = "Napping";
-pub const PHASE_DEGRADED: &str = "Degraded";
-pub const PHASE_WAITING: &str = "Waiting";
-pub const PHASE_RUNTIME_ERROR: &str = "RuntimeError";
-pub const PHASE_SIDECAR_ERROR: &str = "SidecarError";
-pub const PHASE_IMAGE_PULL_ERROR: &str = "ImagePullError";
-pub const PHASE_TRANSPORT_ERROR: &str = "TransportError";
-pub const PHASE_TERMINATING: &str = "Terminating";
 
 pub const COND_TRANSPORT: &str = "TransportReady";
 pub const COND_WORKLOAD: &str = "WorkloadReady";
 pub const COND_SCALING: &str = "ScalingReady";
 pub const COND_FLAVORS: &str = "FlavorsResolved";
 
-/// Container waiting reasons Kubernetes keeps retrying with backoff (seed 004's FAILING).
+/// Container waiting reasons Kubernetes keeps retrying with backoff (a failing pod).
 const FAILING_REASONS: [&str; 8] = [
     "CrashLoopBackOff",
     "ImagePullBackOff",
@@ -50,11 +40,11 @@ pub enum FailKind {
 }
 
 impl FailKind {
-    fn phase(self) -> &'static str {
+    fn phase(self) -> Phase {
         match self {
-            FailKind::ImagePull => PHASE_IMAGE_PULL_ERROR,
-            FailKind::Sidecar => PHASE_SIDECAR_ERROR,
-            FailKind::Runtime => PHASE_RUNTIME_ERROR,
+            FailKind::ImagePull => Phase::ImagePullError,
+            FailKind::Sidecar => Phase::SidecarError,
+            FailKind::Runtime => Phase::RuntimeError,
         }
     }
 }
@@ -199,7 +189,7 @@ pub struct Observed {
     /// The spec is invalid (admitted before a policy or flavor changed): why.
     pub invalid: Option<String>,
     pub transport: TransportObs,
-    pub workload_kind: Option<String>,
+    pub workload_kind: Option<WorkloadKind>,
     /// Workload applied and read back.
     pub workload: Option<WorkloadObs>,
     pub workload_error: Option<String>,
@@ -280,52 +270,52 @@ pub fn derive(prev: &AsyncActorStatus, o: &Observed, now: Time) -> AsyncActorSta
     let cannot_create = o.workload.as_ref().and_then(|w| w.failure.as_deref());
     let (phase, message) = if o.deleting {
         (
-            PHASE_TERMINATING,
+            Phase::Terminating,
             "deleting the queue and owned objects".to_string(),
         )
     } else if !o.missing_flavors.is_empty() {
         (
-            PHASE_WAITING,
+            Phase::Waiting,
             format!("waiting for flavors: {}", o.missing_flavors.join(", ")),
         )
     } else if let Some(why) = &o.invalid {
-        (PHASE_DEGRADED, format!("spec is invalid: {why}"))
+        (Phase::Degraded, format!("spec is invalid: {why}"))
     } else if let TransportObs::Failed { message, .. } = &o.transport {
-        (PHASE_TRANSPORT_ERROR, message.clone())
+        (Phase::TransportError, message.clone())
     } else if let Some(e) = &o.workload_error {
-        (PHASE_DEGRADED, format!("workload: {e}"))
+        (Phase::Degraded, format!("workload: {e}"))
     } else if let Some((kind, container, reason)) = failing.first() {
         let msg = format!(
             "{} pod(s) failing: container {container}: {reason}",
             failing.len()
         );
         if ready > 0 {
-            (PHASE_DEGRADED, msg)
+            (Phase::Degraded, msg)
         } else {
             (kind.phase(), msg)
         }
     } else if let Some(why) = cannot_create {
         // Not a phase of its own: the pods that exist may serve, and the cause is outside the
         // actor (an admission webhook, a quota); the message says which.
-        (PHASE_DEGRADED, format!("pods cannot be created: {why}"))
+        (Phase::Degraded, format!("pods cannot be created: {why}"))
     } else if let Some(e) = &o.scaling_error {
-        (PHASE_DEGRADED, format!("scaling: {e}"))
+        (Phase::Degraded, format!("scaling: {e}"))
     } else if o.workload.is_none() {
-        (PHASE_CREATING, "creating the workload".to_string())
+        (Phase::Creating, "creating the workload".to_string())
     } else if desired == Some(0) && ready == 0 && pending == 0 {
         (
-            PHASE_NAPPING,
+            Phase::Napping,
             "scaled to zero; waiting for messages".to_string(),
         )
     } else if ready > 0 && desired.is_none_or(|d| ready >= d) {
-        (PHASE_RUNNING, format!("{ready} replica(s) ready"))
+        (Phase::Running, format!("{ready} replica(s) ready"))
     } else if ready > 0 {
         (
-            PHASE_RUNNING,
+            Phase::Running,
             format!("{ready} of {} replica(s) ready", desired.unwrap_or(ready)),
         )
     } else {
-        (PHASE_CREATING, format!("{pending} pod(s) starting"))
+        (Phase::Creating, format!("{pending} pod(s) starting"))
     };
 
     let g = o.generation;
@@ -398,10 +388,7 @@ pub fn derive(prev: &AsyncActorStatus, o: &Observed, now: Time) -> AsyncActorSta
             (prev.queue_url.clone(), prev.queue_identifier.clone(), None)
         }
     };
-    let kind = o
-        .workload_kind
-        .clone()
-        .unwrap_or_else(|| "Deployment".into());
+    let kind = o.workload_kind.unwrap_or(WorkloadKind::Deployment);
     conditions.push(match (&o.workload_error, &o.workload, failing.is_empty()) {
         (Some(e), _, _) => condition(
             pc,
@@ -501,7 +488,7 @@ pub fn derive(prev: &AsyncActorStatus, o: &Observed, now: Time) -> AsyncActorSta
     };
 
     AsyncActorStatus {
-        phase: Some(phase.into()),
+        phase: Some(phase.as_str().into()),
         message: Some(message),
         conditions,
         queue_url,
@@ -517,13 +504,13 @@ pub fn derive(prev: &AsyncActorStatus, o: &Observed, now: Time) -> AsyncActorSta
         last_scale,
         queued_messages: depth.and_then(|d| d.queued),
         processing_messages: depth.and_then(|d| d.processing),
-        workload_kind: Some(kind),
+        workload_kind: Some(kind.as_str().into()),
         transport_status: Some(match &o.transport {
             TransportObs::Ready(..) => "Ready".into(),
             TransportObs::Failed { reason, .. } => reason.clone(),
             TransportObs::NotAttempted => "Unknown".into(),
         }),
-        scaling_mode: Some(if o.scaling_enabled { "KEDA" } else { "Manual" }.into()),
+        scaling_mode: Some(ScalingMode::of(o.scaling_enabled).as_str().into()),
         resolved_flavors: o.flavors.clone(),
         observed_generation: o.generation,
     }

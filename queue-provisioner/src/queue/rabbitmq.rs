@@ -1,5 +1,5 @@
 //! RabbitMQ queues through lapin: durable queues bound to the durable direct exchange `asya`
-//! with the queue's own name as routing key (DESIGN.md §4), declared by the
+//! with the queue's own name as routing key, declared by the
 //! sidecar's own `declare_bound_queue`, so both sides share one rule.
 //!
 //! One connection per transport, reconnected on demand. Every operation opens its own

@@ -1,4 +1,4 @@
-//! SQS queues through aws-sdk-sqs, with the attributes and tags of seed 003: visibility
+//! SQS queues through aws-sdk-sqs, with these attributes and tags: visibility
 //! timeout from `actorTimeout`, retention 4 days, long polling 20 s, tags
 //! `asya.sh/namespace` and `asya.sh/actor`.
 

@@ -32,7 +32,7 @@ fn base() -> Observed {
                 processing: None,
             }),
         ),
-        workload_kind: Some("Deployment".into()),
+        workload_kind: Some(WorkloadKind::Deployment),
         workload: Some(WorkloadObs {
             replicas: Some(1),
             ready: 0,
@@ -85,7 +85,7 @@ fn classifies_failing_pods_by_container_and_reason() {
         classify_pod(&waiting("asya-runtime", "ContainerCreating")),
         PodState::Pending
     );
-    // Failed for good: not retried, not FAILING (seed 004).
+    // Failed for good: not retried, not failing.
     assert_eq!(
         classify_pod(&pod(json!({"metadata": {}, "status": {"phase": "Failed"}}))),
         PodState::Gone
@@ -146,7 +146,7 @@ fn a_crash_loop_between_its_back_offs_is_still_failing() {
     );
     let mut o = base();
     o.pods = vec![classify_pod(&restarted("asya-sidecar", false, 1))];
-    assert_eq!(phase(&o), PHASE_SIDECAR_ERROR);
+    assert_eq!(phase(&o), Phase::SidecarError.as_str());
 
     // Just exited with an error, before the kubelet says CrashLoopBackOff.
     let exited = |code: i32| {

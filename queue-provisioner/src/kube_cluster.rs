@@ -1,0 +1,597 @@
+//! [`Cluster`] on a real cluster: reads from the controller's caches, writes through the
+//! Kubernetes API (server-side apply, field manager [`MANAGER`]) and the transports' brokers.
+
+use std::sync::Arc;
+
+use asya_api::config::ClusterConfig;
+use asya_api::flavor::{FlavorCatalog, FlavorDef};
+use asya_api::types::Resiliency;
+use asya_api::{AsyncActor, AsyncActorStatus, Flavor, labels};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tracing::warn;
+
+use crate::apply_skip::{self, Live};
+use crate::metrics::Metrics;
+use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
+use crate::reconcile::plan::EventSpec;
+use crate::reconcile::{Answer, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object};
+use crate::render::TransportCredentials;
+use crate::status::{self, WorkloadObs};
+use crate::transports::Transports;
+use crate::watch;
+
+/// The label KEDA puts on the HPA it makes for a ScaledObject: the ScaledObject's name.
+pub const KEDA_HPA_LABEL: &str = "scaledobject.keda.sh/name";
+
+fn keda_hpa_name(scaled_object: &str) -> String {
+    format!("keda-hpa-{scaled_object}")
+}
+
+fn gvk_resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+pub fn scaled_object_resource() -> ApiResource {
+    gvk_resource("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects")
+}
+pub fn trigger_auth_resource() -> ApiResource {
+    gvk_resource(
+        "keda.sh",
+        "v1alpha1",
+        "TriggerAuthentication",
+        "triggerauthentications",
+    )
+}
+
+pub struct KubeCluster {
+    pub client: Client,
+    pub config: Arc<ClusterConfig>,
+    pub transports: Arc<Transports>,
+    /// Namespaces whose actors were cleaned up: their end queues are looked after.
+    pub end_queues: crate::end_queues::Candidates,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub flavors: Store<Flavor>,
+    pub flavor_maps: Store<ConfigMap>,
+    pub env_configs: Option<Store<DynamicObject>>,
+    /// Caches of what the reconcile reads, fed by the same watches that trigger it: a
+    /// reconcile lists nothing (a list per reconcile costs the API server a scan of the
+    /// namespace, so work grows with the square of the actors).
+    pub pods: Store<Pod>,
+    pub deployments: Store<Deployment>,
+    pub stateful_sets: Store<StatefulSet>,
+    pub scaled_objects: Option<Store<DynamicObject>>,
+    /// Metadata of the ServiceAccounts and TriggerAuthentications it applies (whether they
+    /// are as it would render them).
+    pub service_accounts: Store<PartialObjectMeta<ServiceAccount>>,
+    pub trigger_auths: Option<Store<PartialObjectMeta<DynamicObject>>>,
+    /// The HPAs KEDA makes for the ScaledObjects (desired replicas).
+    pub hpas: Store<HorizontalPodAutoscaler>,
+    /// KEDA's API (ScaledObject, TriggerAuthentication), when its CRDs are installed.
+    pub keda: Option<(ApiResource, ApiResource)>,
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(MANAGER).force()
+}
+
+async fn apply_typed<K>(api: Api<K>, obj: &K) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    api.patch(&name, &apply_params(), &Patch::Apply(obj)).await
+}
+
+async fn delete_ignore_missing<K>(api: Api<K>, name: &str) -> Result<bool, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+async fn replicas_of<K>(api: Api<K>, name: &str) -> Result<Option<i32>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let Some(current) = api.get_opt(name).await? else {
+        return Ok(None);
+    };
+    let v = serde_json::to_value(&current).map_err(kube::Error::SerdeError)?;
+    Ok(v.pointer("/spec/replicas")
+        .and_then(|r| r.as_i64())
+        .and_then(|r| i32::try_from(r).ok()))
+}
+
+async fn claim<K>(api: Api<K>, name: &str, replicas: i32) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let body = json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()),
+                      "metadata": {"name": name}, "spec": {"replicas": replicas}});
+    api.patch(
+        name,
+        &PatchParams::apply(HANDOFF_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The cached object as [`apply_skip::decide_apply`] compares it.
+fn live_of(meta: Option<&ObjectMeta>) -> Live {
+    match meta {
+        Some(m) => Live::Present {
+            generation: m.generation,
+            applied: apply_skip::applied_hash(&m.annotations),
+        },
+        None => Live::Missing,
+    }
+}
+
+fn live_in<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>, ns: &str, name: &str) -> Live {
+    live_of(
+        store
+            .get(&ObjectRef::new(name).within(ns))
+            .as_deref()
+            .map(Resource::meta),
+    )
+}
+
+fn deployment_obs(d: &Deployment) -> WorkloadObs {
+    let (replicas, ready) = watch::deployment_counts(d);
+    WorkloadObs {
+        replicas,
+        ready: ready.unwrap_or(0),
+        failure: watch::deployment_failure(d),
+    }
+}
+
+fn stateful_set_obs(s: &StatefulSet) -> WorkloadObs {
+    let (replicas, ready) = watch::stateful_set_counts(s);
+    // The StatefulSet controller reports refused pod creates only as events.
+    WorkloadObs {
+        replicas,
+        ready: ready.unwrap_or(0),
+        failure: None,
+    }
+}
+
+impl KubeCluster {
+    fn dynamic(&self, ns: &str, ar: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, ar)
+    }
+
+    fn backend_op<T>(&self, kind: &str, op: &str, res: &Result<T, QueueError>) {
+        self.metrics.queue_op(kind, op, res.is_ok());
+    }
+}
+
+impl Cluster for KubeCluster {
+    async fn caches_ready(&self) -> Result<(), Error> {
+        let stopped = |what| move |_| Error::Cache(what);
+        self.pods.wait_until_ready().await.map_err(stopped("pod"))?;
+        self.hpas.wait_until_ready().await.map_err(stopped("HPA"))?;
+        self.service_accounts
+            .wait_until_ready()
+            .await
+            .map_err(stopped("ServiceAccount"))?;
+        if let Some(s) = &self.trigger_auths {
+            s.wait_until_ready()
+                .await
+                .map_err(stopped("TriggerAuthentication"))?;
+        }
+        self.deployments
+            .wait_until_ready()
+            .await
+            .map_err(stopped("Deployment"))?;
+        self.stateful_sets
+            .wait_until_ready()
+            .await
+            .map_err(stopped("StatefulSet"))?;
+        if let Some(s) = &self.scaled_objects {
+            s.wait_until_ready()
+                .await
+                .map_err(stopped("ScaledObject"))?;
+        }
+        Ok(())
+    }
+
+    fn catalog(&self) -> FlavorCatalog {
+        let mut c = FlavorCatalog::new();
+        for f in self.flavors.state() {
+            c.insert(FlavorDef::from_flavor(&f));
+        }
+        for cm in self.flavor_maps.state() {
+            if let Some(d) = FlavorDef::from_config_map(&cm) {
+                c.insert(d);
+            }
+        }
+        if let Some(s) = &self.env_configs {
+            for e in s.state() {
+                if let Some(d) = serde_json::to_value(e.as_ref())
+                    .ok()
+                    .and_then(|v| FlavorDef::from_environment_config(&v))
+                {
+                    c.insert(d);
+                }
+            }
+        }
+        c
+    }
+
+    fn keda_installed(&self) -> bool {
+        self.keda.is_some()
+    }
+
+    fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live {
+        match kind {
+            ObjectKind::ServiceAccount => live_in(&self.service_accounts, ns, name),
+            ObjectKind::Deployment => live_in(&self.deployments, ns, name),
+            ObjectKind::StatefulSet => live_in(&self.stateful_sets, ns, name),
+            ObjectKind::ScaledObject => match (&self.scaled_objects, &self.keda) {
+                (Some(s), Some((so, _))) => live_of(
+                    s.get(&ObjectRef::new_with(name, so.clone()).within(ns))
+                        .as_deref()
+                        .map(Resource::meta),
+                ),
+                _ => Live::NotCached,
+            },
+            ObjectKind::TriggerAuthentication => match (&self.trigger_auths, &self.keda) {
+                (Some(s), Some((_, ta))) => live_of(
+                    s.get(&ObjectRef::new_with(name, ta.clone()).within(ns))
+                        .as_deref()
+                        .map(Resource::meta),
+                ),
+                _ => Live::NotCached,
+            },
+            ObjectKind::Secret | ObjectKind::Pod => Live::NotCached,
+        }
+    }
+
+    fn cached_workload(&self, kind: WorkloadKind, ns: &str, name: &str) -> Option<WorkloadObs> {
+        match kind {
+            WorkloadKind::Deployment => self
+                .deployments
+                .get(&ObjectRef::new(name).within(ns))
+                .map(|d| deployment_obs(&d)),
+            WorkloadKind::StatefulSet => self
+                .stateful_sets
+                .get(&ObjectRef::new(name).within(ns))
+                .map(|s| stateful_set_obs(&s)),
+        }
+    }
+
+    fn scaled_object_cached(&self, ns: &str, name: &str) -> bool {
+        match (&self.scaled_objects, &self.keda) {
+            (Some(s), Some((so, _))) => s
+                .get(&ObjectRef::new_with(name, so.clone()).within(ns))
+                .is_some(),
+            _ => false,
+        }
+    }
+
+    fn pods(&self, ns: &str, actor: &str) -> Vec<Arc<Pod>> {
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| {
+                p.metadata.namespace.as_deref() == Some(ns)
+                    && watch::label(&p.metadata.labels, labels::ACTOR) == Some(actor)
+            })
+            .collect()
+    }
+
+    fn hpa_desired(&self, ns: &str, actor: &str) -> Option<i32> {
+        let hpa = self
+            .hpas
+            .get(&ObjectRef::new(&keda_hpa_name(actor)).within(ns))?;
+        hpa.status.as_ref().map(|s| s.desired_replicas)
+    }
+
+    async fn transport(&self, transport: &str) -> Result<TransportCredentials, QueueError> {
+        Ok(self.transports.get(transport).await?.1)
+    }
+
+    async fn queue_ensure(
+        &self,
+        transport: &str,
+        spec: &QueueSpec,
+    ) -> Result<QueueInfo, QueueError> {
+        let (backend, _) = self.transports.get(transport).await?;
+        let res = backend.ensure(spec).await;
+        self.backend_op(backend.kind(), "ensure", &res);
+        res
+    }
+
+    async fn queue_exists(&self, transport: &str, queue: &str) -> Result<bool, QueueError> {
+        let (backend, _) = self.transports.get(transport).await?;
+        let res = backend.exists(queue).await;
+        self.backend_op(backend.kind(), "exists", &res);
+        res
+    }
+
+    async fn queue_depth(
+        &self,
+        transport: &str,
+        queue: &str,
+    ) -> Result<Option<QueueDepth>, QueueError> {
+        let (backend, _) = self.transports.get(transport).await?;
+        backend.counted_depth(&self.metrics, queue).await
+    }
+
+    async fn queue_delete(
+        &self,
+        transport: &str,
+        queue: &str,
+        resiliency: Option<&Resiliency>,
+    ) -> Result<Vec<String>, QueueError> {
+        let (backend, _) = self.transports.get(transport).await?;
+        let res = backend.delete_actor_queue(queue, resiliency).await;
+        self.backend_op(backend.kind(), "delete", &res);
+        res
+    }
+
+    fn end_queues_candidate(&self, transport: &str, ns: &str) {
+        self.end_queues.add(transport, ns);
+    }
+
+    async fn apply(&self, ns: &str, obj: &Object) -> Result<Answer, kube::Error> {
+        let c = || self.client.clone();
+        let generation = |m: &ObjectMeta| m.generation;
+        Ok(match obj {
+            Object::Secret(s) => {
+                let out = apply_typed(Api::<Secret>::namespaced(c(), ns), s).await?;
+                Answer {
+                    generation: generation(&out.metadata),
+                    workload: None,
+                }
+            }
+            Object::ServiceAccount(s) => {
+                let out = apply_typed(Api::<ServiceAccount>::namespaced(c(), ns), s).await?;
+                Answer {
+                    generation: generation(&out.metadata),
+                    workload: None,
+                }
+            }
+            Object::Deployment(d) => {
+                let out = apply_typed(Api::<Deployment>::namespaced(c(), ns), d).await?;
+                Answer {
+                    generation: generation(&out.metadata),
+                    workload: Some(deployment_obs(&out)),
+                }
+            }
+            Object::StatefulSet(s) => {
+                let out = apply_typed(Api::<StatefulSet>::namespaced(c(), ns), s).await?;
+                Answer {
+                    generation: generation(&out.metadata),
+                    workload: Some(stateful_set_obs(&out)),
+                }
+            }
+            Object::ScaledObject(o) | Object::TriggerAuthentication(o) => {
+                let Some((so, ta)) = &self.keda else {
+                    // Never planned without KEDA: nothing to apply it to.
+                    return Ok(Answer::default());
+                };
+                let ar = if matches!(obj, Object::ScaledObject(_)) {
+                    so
+                } else {
+                    ta
+                };
+                let name = o.metadata.name.clone().unwrap_or_default();
+                let out = self
+                    .dynamic(ns, ar)
+                    .patch(&name, &apply_params(), &Patch::Apply(o))
+                    .await?;
+                Answer {
+                    generation: generation(&out.metadata),
+                    workload: None,
+                }
+            }
+        })
+    }
+
+    async fn replicas(
+        &self,
+        kind: WorkloadKind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<i32>, kube::Error> {
+        let c = self.client.clone();
+        match kind {
+            WorkloadKind::Deployment => {
+                replicas_of(Api::<Deployment>::namespaced(c, ns), name).await
+            }
+            WorkloadKind::StatefulSet => {
+                replicas_of(Api::<StatefulSet>::namespaced(c, ns), name).await
+            }
+        }
+    }
+
+    async fn claim_replicas(
+        &self,
+        kind: WorkloadKind,
+        ns: &str,
+        name: &str,
+        n: i32,
+    ) -> Result<(), kube::Error> {
+        let c = self.client.clone();
+        match kind {
+            WorkloadKind::Deployment => claim(Api::<Deployment>::namespaced(c, ns), name, n).await,
+            WorkloadKind::StatefulSet => {
+                claim(Api::<StatefulSet>::namespaced(c, ns), name, n).await
+            }
+        }
+    }
+
+    async fn delete(&self, kind: ObjectKind, ns: &str, name: &str) -> Result<bool, kube::Error> {
+        let c = self.client.clone();
+        match kind {
+            ObjectKind::Secret => {
+                delete_ignore_missing(Api::<Secret>::namespaced(c, ns), name).await
+            }
+            ObjectKind::ServiceAccount => {
+                delete_ignore_missing(Api::<ServiceAccount>::namespaced(c, ns), name).await
+            }
+            ObjectKind::Deployment => {
+                delete_ignore_missing(Api::<Deployment>::namespaced(c, ns), name).await
+            }
+            ObjectKind::StatefulSet => {
+                delete_ignore_missing(Api::<StatefulSet>::namespaced(c, ns), name).await
+            }
+            ObjectKind::Pod => delete_ignore_missing(Api::<Pod>::namespaced(c, ns), name).await,
+            ObjectKind::ScaledObject | ObjectKind::TriggerAuthentication => {
+                let Some((so, ta)) = &self.keda else {
+                    return Ok(false);
+                };
+                let ar = if kind == ObjectKind::ScaledObject {
+                    so
+                } else {
+                    ta
+                };
+                delete_ignore_missing(self.dynamic(ns, ar), name).await
+            }
+        }
+    }
+
+    /// A server-side dry run of creating a copy of `pod` (nothing is stored) comes back with
+    /// the sidecar. A refusal (webhook down with failurePolicy Fail) counts as not working,
+    /// and so does a probe it may not make: it needs RBAC `create` on pods (a dry run is
+    /// authorized like a create).
+    async fn injection_works(&self, pod: &Pod) -> bool {
+        let api: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let mut spec = pod.spec.clone().unwrap_or_default();
+        // Set by the scheduler and the priority admission on the original; not for a new pod.
+        spec.node_name = None;
+        spec.priority = None;
+        let probe = Pod {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}-probe-", pod.name_any())),
+                labels: pod.metadata.labels.clone(),
+                annotations: pod.metadata.annotations.clone(),
+                ..Default::default()
+            },
+            spec: Some(spec),
+            status: None,
+        };
+        let pp = PostParams {
+            dry_run: true,
+            field_manager: Some(MANAGER.into()),
+        };
+        match api.create(&pp, &probe).await {
+            Ok(created) => !status::needs_replacing(&created),
+            // Without RBAC `create` on pods the dry run is refused before admission. Unchecked
+            // replacement would loop delete/recreate while the webhook is down, so keep the pod
+            // (its PodWithoutSidecar event stays) and say what is missing.
+            Err(kube::Error::Api(s)) if s.code == 403 && !s.message.contains("webhook") => {
+                warn!(error = %s.message, "no RBAC create on pods for the injection probe (the chart grants it); pods without the sidecar are kept, not replaced");
+                false
+            }
+            Err(e) => {
+                warn!(pod = %pod.name_any(), error = %e, "injection probe (dry-run pod create) failed");
+                false
+            }
+        }
+    }
+
+    async fn event(&self, actor: &AsyncActor, ev: EventSpec) {
+        let ev = Event {
+            type_: if ev.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: ev.reason.as_str().into(),
+            note: Some(ev.note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &actor.object_ref(&())).await {
+            warn!(error = %e, "publishing event failed");
+        }
+    }
+
+    async fn patch_status(
+        &self,
+        actor: &AsyncActor,
+        status: &AsyncActorStatus,
+    ) -> Result<(), kube::Error> {
+        let api: Api<AsyncActor> =
+            Api::namespaced(self.client.clone(), &actor.namespace().unwrap_or_default());
+        let body =
+            json!({"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor", "status": status});
+        api.patch_status(&actor.name_any(), &apply_params(), &Patch::Apply(&body))
+            .await?;
+        Ok(())
+    }
+
+    /// A JSON patch that tests the list first, so a concurrent writer is not overwritten.
+    async fn add_finalizer(&self, a: &AsyncActor) -> Result<AsyncActor, Error> {
+        let api: Api<AsyncActor> =
+            Api::namespaced(self.client.clone(), &a.namespace().unwrap_or_default());
+        let ops = match a.metadata.finalizers.as_deref() {
+            None | Some([]) => json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": a.metadata.finalizers},
+                {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
+            ]),
+            Some(list) => json!([
+                {"op": "test", "path": "/metadata/finalizers", "value": list},
+                {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}
+            ]),
+        };
+        let patch = serde_json::from_value(ops).map_err(|e| Error::Finalizer(e.to_string()))?;
+        Ok(api
+            .patch(
+                &a.name_any(),
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await?)
+    }
+
+    async fn remove_finalizer(&self, a: &AsyncActor) -> Result<(), Error> {
+        let Some(i) = a.finalizers().iter().position(|f| f == FINALIZER) else {
+            return Ok(());
+        };
+        let api: Api<AsyncActor> =
+            Api::namespaced(self.client.clone(), &a.namespace().unwrap_or_default());
+        let path = format!("/metadata/finalizers/{i}");
+        let ops = json!([
+            {"op": "test", "path": path, "value": FINALIZER},
+            {"op": "remove", "path": path}
+        ]);
+        let patch = serde_json::from_value(ops).map_err(|e| Error::Finalizer(e.to_string()))?;
+        match api
+            .patch(
+                &a.name_any(),
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Already gone: the API server removed the object once the last finalizer went.
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The reconcile of a live actor, step by step: resolve, queues, objects, pods without the
+//! sidecar, KEDA's target, status. Each step asks [`plan`] and does what it says.
+
+use std::sync::Arc;
+
+use asya_api::{AsyncActor, AsyncActorStatus};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{Resource, ResourceExt};
+
+use crate::model::ObjectKind;
+use crate::status::{self, TransportObs};
+
+use super::plan::{self, Next, PodStep, Retry};
+use super::{Cluster, Error, Reconciler, actor_key, objects, queues};
+
+pub fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Writes the status only when it changed, announcing a phase change first.
+pub async fn write_status<C: Cluster>(
+    c: &C,
+    actor: &AsyncActor,
+    new: AsyncActorStatus,
+) -> Result<(), kube::Error> {
+    let old = actor.status.clone().unwrap_or_default();
+    let Some(event) = plan::status_write(&old, &new) else {
+        return Ok(());
+    };
+    if let Some(ev) = event {
+        c.event(actor, ev).await;
+    }
+    c.patch_status(actor, &new).await
+}
+
+pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<Next, Error> {
+    let c = &rec.cluster;
+    let key = actor_key(actor);
+    let prev = actor.status.clone().unwrap_or_default();
+    let review = asya_api::review::review_typed(actor, &c.catalog(), &rec.config);
+    let (resolved, mut o) = match plan::resolution(actor, review) {
+        Ok(r) => r,
+        Err(o) => {
+            write_status(c, actor, status::derive(&prev, &o, now())).await?;
+            return Ok(Next::After(plan::UNRESOLVED_RETRY));
+        }
+    };
+
+    // 1. Queues: the namespace's end queues, then the actor's.
+    o.transport = match queues::ensure(rec, actor, &resolved).await {
+        Ok(t) => t,
+        Err(e) => {
+            let (obs, retry) = plan::transport_failure(&e);
+            let wait = match retry {
+                Retry::After(d) => d,
+                Retry::Backoff { at_least } => rec.memory.backoff(&key, true).max(at_least),
+            };
+            o.transport = obs;
+            write_status(c, actor, status::derive(&prev, &o, now())).await?;
+            return Ok(Next::After(wait));
+        }
+    };
+
+    // 2. Kubernetes objects.
+    let labels = actor.labels().clone();
+    let owner = actor
+        .controller_owner_ref(&())
+        .ok_or(Error::Finalizer("actor has no uid".into()))?;
+    let queue_url = match &o.transport {
+        TransportObs::Ready(info, _) => Some(info.url.clone()),
+        _ => None,
+    };
+    let res = objects::apply(
+        rec,
+        actor,
+        &resolved,
+        &labels,
+        &owner,
+        &mut o,
+        queue_url.as_deref(),
+    )
+    .await;
+    if let Err(e) = res {
+        o.workload_error.get_or_insert_with(|| e.to_string());
+    }
+
+    // 3. Pods that escaped injection.
+    let pods: Vec<Arc<Pod>> = c.pods(&resolved.namespace, &resolved.name);
+    let bare: Vec<&Pod> = pods
+        .iter()
+        .map(Arc::as_ref)
+        .filter(|p| status::needs_replacing(p))
+        .collect();
+    // Replaced only once injection works again: deleting while the webhook is still down
+    // would only bring another pod without the sidecar, in a loop.
+    let injection_down = match bare.first() {
+        Some(p) => !c.injection_works(p).await,
+        None => false,
+    };
+    for p in &bare {
+        let pn = p.name_any();
+        match plan::bare_pod(&pn, injection_down) {
+            PodStep::Keep(ev) => c.event(actor, ev).await,
+            PodStep::Replace(ev) => {
+                c.delete(ObjectKind::Pod, &resolved.namespace, &pn).await?;
+                c.event(actor, ev).await;
+            }
+        }
+    }
+    o.pods = pods
+        .iter()
+        .filter(|p| !status::needs_replacing(p))
+        .map(|p| status::classify_pod(p))
+        .collect();
+
+    // 4. KEDA's HPA target.
+    if o.scaling_enabled
+        && let Some(d) = c.hpa_desired(&resolved.namespace, &resolved.name)
+    {
+        o.hpa_desired = Some(d);
+    }
+
+    let new = status::derive(&prev, &o, now());
+    let failed = o.workload_error.is_some() || o.scaling_error.is_some();
+    write_status(c, actor, new).await?;
+    let backoff = rec.memory.backoff(&key, failed);
+    Ok(plan::next(
+        &key,
+        failed,
+        backoff,
+        injection_down,
+        o.has_messages(),
+    ))
+}

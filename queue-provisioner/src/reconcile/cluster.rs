@@ -1,0 +1,203 @@
+//! What the reconcile reads from and writes to the world, as one trait: the Kubernetes API
+//! (through the controller's caches for reads), the brokers, the event recorder. The
+//! production implementation is [`crate::kube_cluster::KubeCluster`]; the tests run every
+//! reconcile scenario against an in-memory one.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use asya_api::flavor::FlavorCatalog;
+use asya_api::types::Resiliency;
+use asya_api::{AsyncActor, AsyncActorStatus};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::DynamicObject;
+
+use crate::apply_skip::Live;
+use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
+use crate::render::TransportCredentials;
+use crate::status::WorkloadObs;
+
+use super::Error;
+use super::plan::EventSpec;
+
+/// An object the controller applies (server-side apply, its field manager, forced).
+#[derive(Clone, Debug)]
+pub enum Object {
+    Secret(Secret),
+    ServiceAccount(ServiceAccount),
+    Deployment(Deployment),
+    StatefulSet(StatefulSet),
+    ScaledObject(DynamicObject),
+    TriggerAuthentication(DynamicObject),
+}
+
+impl Object {
+    pub fn kind(&self) -> ObjectKind {
+        match self {
+            Object::Secret(_) => ObjectKind::Secret,
+            Object::ServiceAccount(_) => ObjectKind::ServiceAccount,
+            Object::Deployment(_) => ObjectKind::Deployment,
+            Object::StatefulSet(_) => ObjectKind::StatefulSet,
+            Object::ScaledObject(_) => ObjectKind::ScaledObject,
+            Object::TriggerAuthentication(_) => ObjectKind::TriggerAuthentication,
+        }
+    }
+
+    pub fn meta(&self) -> &ObjectMeta {
+        match self {
+            Object::Secret(o) => &o.metadata,
+            Object::ServiceAccount(o) => &o.metadata,
+            Object::Deployment(o) => &o.metadata,
+            Object::StatefulSet(o) => &o.metadata,
+            Object::ScaledObject(o) | Object::TriggerAuthentication(o) => &o.metadata,
+        }
+    }
+
+    pub fn meta_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Object::Secret(o) => &mut o.metadata,
+            Object::ServiceAccount(o) => &mut o.metadata,
+            Object::Deployment(o) => &mut o.metadata,
+            Object::StatefulSet(o) => &mut o.metadata,
+            Object::ScaledObject(o) | Object::TriggerAuthentication(o) => &mut o.metadata,
+        }
+    }
+
+    pub fn name(&self) -> String {
+        self.meta().name.clone().unwrap_or_default()
+    }
+
+    /// Hash of what would be sent (see [`crate::apply_skip::desired_hash`]).
+    pub fn hash(&self) -> u64 {
+        use crate::apply_skip::desired_hash;
+        match self {
+            Object::Secret(o) => desired_hash(o),
+            Object::ServiceAccount(o) => desired_hash(o),
+            Object::Deployment(o) => desired_hash(o),
+            Object::StatefulSet(o) => desired_hash(o),
+            Object::ScaledObject(o) | Object::TriggerAuthentication(o) => desired_hash(o),
+        }
+    }
+
+    /// Sets `spec.replicas` of a workload; other kinds have none.
+    pub fn set_replicas(&mut self, n: i32) {
+        match self {
+            Object::Deployment(d) => d.spec.get_or_insert_default().replicas = Some(n),
+            Object::StatefulSet(s) => s.spec.get_or_insert_default().replicas = Some(n),
+            _ => {}
+        }
+    }
+}
+
+/// What the API server answered to an apply.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Answer {
+    /// `metadata.generation` of the object as stored.
+    pub generation: Option<i64>,
+    /// What a workload says of itself (replicas, ready, why pods cannot be created).
+    pub workload: Option<WorkloadObs>,
+}
+
+/// The reconcile's I/O. Reads that come from caches are plain methods; the rest are futures.
+pub trait Cluster: Send + Sync {
+    /// Waits until every cache the reconcile reads has listed once: a status derived from an
+    /// empty pod cache would be false.
+    fn caches_ready(&self) -> impl Future<Output = Result<(), Error>> + Send;
+    /// The flavors known now.
+    fn catalog(&self) -> FlavorCatalog;
+    /// Whether KEDA's CRDs are installed.
+    fn keda_installed(&self) -> bool;
+    /// The cached object as [`crate::apply_skip::decide_apply`] compares it.
+    fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live;
+    /// What the cached workload says of itself.
+    fn cached_workload(&self, kind: WorkloadKind, ns: &str, name: &str) -> Option<WorkloadObs>;
+    /// Whether the ScaledObject cache holds this one.
+    fn scaled_object_cached(&self, ns: &str, name: &str) -> bool;
+    /// The cached pods labelled as the actor's.
+    fn pods(&self, ns: &str, actor: &str) -> Vec<Arc<Pod>>;
+    /// `status.desiredReplicas` of the HPA KEDA made for the actor's ScaledObject.
+    fn hpa_desired(&self, ns: &str, actor: &str) -> Option<i32>;
+
+    /// The transport's credentials (its client is built on first use): an error when the
+    /// transport is not enabled or its secrets are missing.
+    fn transport(
+        &self,
+        transport: &str,
+    ) -> impl Future<Output = Result<TransportCredentials, QueueError>> + Send;
+    fn queue_ensure(
+        &self,
+        transport: &str,
+        spec: &QueueSpec,
+    ) -> impl Future<Output = Result<QueueInfo, QueueError>> + Send;
+    fn queue_exists(
+        &self,
+        transport: &str,
+        queue: &str,
+    ) -> impl Future<Output = Result<bool, QueueError>> + Send;
+    /// `None`: the queue does not exist.
+    fn queue_depth(
+        &self,
+        transport: &str,
+        queue: &str,
+    ) -> impl Future<Output = Result<Option<QueueDepth>, QueueError>> + Send;
+    /// Deletes an actor's queue and its retry delay queues; returns those delay queues.
+    fn queue_delete(
+        &self,
+        transport: &str,
+        queue: &str,
+        resiliency: Option<&Resiliency>,
+    ) -> impl Future<Output = Result<Vec<String>, QueueError>> + Send;
+    /// The namespace's end queues are to be looked after (its actors were cleaned up).
+    fn end_queues_candidate(&self, transport: &str, ns: &str);
+
+    /// Server-side apply.
+    fn apply(
+        &self,
+        ns: &str,
+        obj: &Object,
+    ) -> impl Future<Output = Result<Answer, kube::Error>> + Send;
+    /// The live workload's `spec.replicas` (read from the API server, not the cache).
+    fn replicas(
+        &self,
+        kind: WorkloadKind,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<i32>, kube::Error>> + Send;
+    /// The replica handoff manager takes `spec.replicas` at `n`.
+    fn claim_replicas(
+        &self,
+        kind: WorkloadKind,
+        ns: &str,
+        name: &str,
+        n: i32,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// Deletes an object; `false` when it was not there.
+    fn delete(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
+    /// Whether the injection webhook works now (a dry-run create of a copy of `pod`).
+    fn injection_works(&self, pod: &Pod) -> impl Future<Output = bool> + Send;
+
+    /// Publishes an event about the actor (a failure is logged, not returned).
+    fn event(&self, actor: &AsyncActor, ev: EventSpec) -> impl Future<Output = ()> + Send;
+    fn patch_status(
+        &self,
+        actor: &AsyncActor,
+        status: &AsyncActorStatus,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// Adds our finalizer; the actor as patched.
+    fn add_finalizer(
+        &self,
+        actor: &AsyncActor,
+    ) -> impl Future<Output = Result<AsyncActor, Error>> + Send;
+    fn remove_finalizer(
+        &self,
+        actor: &AsyncActor,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+}

@@ -1,0 +1,384 @@
+//! An in-memory [`Cluster`] for the reconcile's unit tests: an API server that stores what is
+//! applied, caches that hold what carries the managed-by label, a broker of named queues,
+//! and a log of every write in the order it was made.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use asya_api::flavor::FlavorCatalog;
+use asya_api::types::Resiliency;
+use asya_api::{AsyncActor, AsyncActorStatus, labels};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
+
+use crate::apply_skip::{self, Live};
+use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
+use crate::reconcile::plan::EventSpec;
+use crate::reconcile::{Answer, Cluster, Error, FINALIZER, Object};
+use crate::render::TransportCredentials;
+use crate::render::workload::MANAGED_BY;
+use crate::status::WorkloadObs;
+
+/// How the broker answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broker {
+    Up,
+    Unavailable,
+    Cooldown,
+    Rejected,
+}
+
+/// One object as the fake API server stores it.
+#[derive(Clone, Debug)]
+pub struct Stored {
+    pub body: Value,
+    pub generation: i64,
+    /// Whether the caches see it (they watch objects with the managed-by label).
+    pub managed: bool,
+    /// For workloads: readyReplicas.
+    pub ready: i32,
+}
+
+impl Stored {
+    pub fn replicas(&self) -> Option<i32> {
+        self.body
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .map(|n| n as i32)
+    }
+}
+
+pub type Key = (ObjectKind, String, String);
+
+pub fn key(kind: ObjectKind, ns: &str, name: &str) -> Key {
+    (kind, ns.to_string(), name.to_string())
+}
+
+pub struct World {
+    pub catalog: FlavorCatalog,
+    pub keda: bool,
+    pub broker: Broker,
+    pub objects: BTreeMap<Key, Stored>,
+    pub pods: Vec<Arc<Pod>>,
+    /// desiredReplicas of KEDA's HPA, by actor.
+    pub hpa: BTreeMap<String, i32>,
+    pub queues: BTreeMap<String, QueueDepth>,
+    /// What deleting an actor's queue reports as its delay queues.
+    pub delay_queues: Vec<String>,
+    pub injection_works: bool,
+    /// Kinds whose applies the API server refuses.
+    pub refuse: BTreeSet<ObjectKind>,
+    pub end_queue_candidates: BTreeSet<(String, String)>,
+    /// Every write, in order: `apply Deployment n/a`, `event Warning QueueRecreated: …`.
+    pub log: Vec<String>,
+    pub events: Vec<EventSpec>,
+    pub status: Option<AsyncActorStatus>,
+}
+
+impl Default for World {
+    fn default() -> Self {
+        World {
+            catalog: FlavorCatalog::new(),
+            keda: true,
+            broker: Broker::Up,
+            objects: BTreeMap::new(),
+            pods: vec![],
+            hpa: BTreeMap::new(),
+            queues: BTreeMap::new(),
+            delay_queues: vec![],
+            injection_works: true,
+            refuse: BTreeSet::new(),
+            end_queue_candidates: BTreeSet::new(),
+            log: vec![],
+            events: vec![],
+            status: None,
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Fake(Mutex<World>);
+
+impl Fake {
+    pub fn world(&self) -> MutexGuard<'_, World> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The log since the last call, emptied.
+    pub fn take_log(&self) -> Vec<String> {
+        std::mem::take(&mut self.world().log)
+    }
+
+    fn broker(&self) -> Result<(), QueueError> {
+        match self.world().broker {
+            Broker::Up => Ok(()),
+            Broker::Unavailable => Err(QueueError::Unavailable("connection refused".into())),
+            Broker::Cooldown => Err(QueueError::RecreateCooldown("q".into())),
+            Broker::Rejected => Err(QueueError::Rejected("access denied".into())),
+        }
+    }
+}
+
+fn refused(what: &str) -> kube::Error {
+    kube::Error::Api(Box::new(
+        kube::core::Status::failure(&format!("{what} refused"), "Forbidden").with_code(403),
+    ))
+}
+
+impl Cluster for Fake {
+    async fn caches_ready(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn catalog(&self) -> FlavorCatalog {
+        self.world().catalog.clone()
+    }
+
+    fn keda_installed(&self) -> bool {
+        self.world().keda
+    }
+
+    fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live {
+        let w = self.world();
+        match kind {
+            ObjectKind::Secret | ObjectKind::Pod => return Live::NotCached,
+            ObjectKind::ScaledObject | ObjectKind::TriggerAuthentication if !w.keda => {
+                return Live::NotCached;
+            }
+            _ => {}
+        }
+        match w.objects.get(&key(kind, ns, name)).filter(|s| s.managed) {
+            Some(s) => {
+                let meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta =
+                    serde_json::from_value(s.body["metadata"].clone()).unwrap_or_default();
+                Live::Present {
+                    generation: Some(s.generation),
+                    applied: apply_skip::applied_hash(&meta.annotations),
+                }
+            }
+            None => Live::Missing,
+        }
+    }
+
+    fn cached_workload(&self, kind: WorkloadKind, ns: &str, name: &str) -> Option<WorkloadObs> {
+        let w = self.world();
+        let s = w
+            .objects
+            .get(&key(kind.object(), ns, name))
+            .filter(|s| s.managed)?;
+        Some(WorkloadObs {
+            replicas: s.replicas(),
+            ready: s.ready,
+            failure: None,
+        })
+    }
+
+    fn scaled_object_cached(&self, ns: &str, name: &str) -> bool {
+        let w = self.world();
+        w.objects
+            .get(&key(ObjectKind::ScaledObject, ns, name))
+            .is_some_and(|s| s.managed)
+    }
+
+    fn pods(&self, ns: &str, actor: &str) -> Vec<Arc<Pod>> {
+        self.world()
+            .pods
+            .iter()
+            .filter(|p| {
+                p.metadata.namespace.as_deref() == Some(ns)
+                    && crate::watch::label(&p.metadata.labels, labels::ACTOR) == Some(actor)
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn hpa_desired(&self, _ns: &str, actor: &str) -> Option<i32> {
+        self.world().hpa.get(actor).copied()
+    }
+
+    async fn transport(&self, _transport: &str) -> Result<TransportCredentials, QueueError> {
+        Ok(TransportCredentials {
+            password: Some("pw".into()),
+            ..Default::default()
+        })
+    }
+
+    async fn queue_ensure(&self, _t: &str, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
+        self.broker()?;
+        let mut w = self.world();
+        let created = !w.queues.contains_key(&spec.name);
+        if created {
+            w.queues.insert(spec.name.clone(), QueueDepth::default());
+            w.log.push(format!("create queue {}", spec.name));
+        }
+        Ok(QueueInfo {
+            url: format!("amqp://rabbitmq:5672/%2F/{}", spec.name),
+            identifier: spec.name.clone(),
+            created,
+        })
+    }
+
+    async fn queue_exists(&self, _t: &str, queue: &str) -> Result<bool, QueueError> {
+        self.broker()?;
+        Ok(self.world().queues.contains_key(queue))
+    }
+
+    async fn queue_depth(&self, _t: &str, queue: &str) -> Result<Option<QueueDepth>, QueueError> {
+        self.broker()?;
+        Ok(self.world().queues.get(queue).copied())
+    }
+
+    async fn queue_delete(
+        &self,
+        _t: &str,
+        queue: &str,
+        _resiliency: Option<&Resiliency>,
+    ) -> Result<Vec<String>, QueueError> {
+        self.broker()?;
+        let mut w = self.world();
+        w.queues.remove(queue);
+        w.log.push(format!("delete queue {queue}"));
+        Ok(w.delay_queues.clone())
+    }
+
+    fn end_queues_candidate(&self, transport: &str, ns: &str) {
+        let mut w = self.world();
+        w.end_queue_candidates.insert((transport.into(), ns.into()));
+    }
+
+    async fn apply(&self, ns: &str, obj: &Object) -> Result<Answer, kube::Error> {
+        let mut w = self.world();
+        let kind = obj.kind();
+        let name = obj.name();
+        w.log.push(format!("apply {kind} {ns}/{name}"));
+        if w.refuse.contains(&kind) {
+            return Err(refused(kind.as_str()));
+        }
+        let mut body = match obj {
+            Object::Secret(o) => serde_json::to_value(o),
+            Object::ServiceAccount(o) => serde_json::to_value(o),
+            Object::Deployment(o) => serde_json::to_value(o),
+            Object::StatefulSet(o) => serde_json::to_value(o),
+            Object::ScaledObject(o) | Object::TriggerAuthentication(o) => serde_json::to_value(o),
+        }
+        .map_err(kube::Error::SerdeError)?;
+        let managed = obj
+            .meta()
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1));
+        let k = key(kind, ns, &name);
+        let before = w.objects.get(&k).cloned();
+        // Server-side apply keeps a field the apply leaves out while another manager (the
+        // replica handoff) owns it; the fake keeps any replicas the apply leaves out.
+        let kept = before.as_ref().and_then(Stored::replicas);
+        if body.pointer("/spec/replicas").is_none()
+            && let (Some(n), Some(spec)) = (kept, body.get_mut("spec"))
+        {
+            spec["replicas"] = n.into();
+        }
+        let generation = match &before {
+            Some(b) if b.body["spec"] == body["spec"] => b.generation,
+            Some(b) => b.generation + 1,
+            None => 1,
+        };
+        let ready = before.as_ref().map_or(0, |b| b.ready);
+        let stored = Stored {
+            body,
+            generation,
+            managed,
+            ready,
+        };
+        let workload =
+            matches!(kind, ObjectKind::Deployment | ObjectKind::StatefulSet).then(|| WorkloadObs {
+                replicas: stored.replicas().or(Some(1)),
+                ready,
+                failure: None,
+            });
+        w.objects.insert(k, stored);
+        Ok(Answer {
+            generation: Some(generation),
+            workload,
+        })
+    }
+
+    async fn replicas(
+        &self,
+        kind: WorkloadKind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<i32>, kube::Error> {
+        let w = self.world();
+        Ok(w.objects
+            .get(&key(kind.object(), ns, name))
+            .and_then(Stored::replicas))
+    }
+
+    async fn claim_replicas(
+        &self,
+        kind: WorkloadKind,
+        ns: &str,
+        name: &str,
+        n: i32,
+    ) -> Result<(), kube::Error> {
+        let mut w = self.world();
+        w.log.push(format!("claim replicas {kind} {ns}/{name} {n}"));
+        if let Some(s) = w.objects.get_mut(&key(kind.object(), ns, name)) {
+            s.body["spec"]["replicas"] = n.into();
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, kind: ObjectKind, ns: &str, name: &str) -> Result<bool, kube::Error> {
+        let mut w = self.world();
+        w.log.push(format!("delete {kind} {ns}/{name}"));
+        if kind == ObjectKind::Pod {
+            let before = w.pods.len();
+            w.pods.retain(|p| p.metadata.name.as_deref() != Some(name));
+            return Ok(w.pods.len() < before);
+        }
+        Ok(w.objects.remove(&key(kind, ns, name)).is_some())
+    }
+
+    async fn injection_works(&self, _pod: &Pod) -> bool {
+        self.world().injection_works
+    }
+
+    async fn event(&self, _actor: &AsyncActor, ev: EventSpec) {
+        let mut w = self.world();
+        let ty = if ev.warning { "Warning" } else { "Normal" };
+        w.log
+            .push(format!("event {ty} {}: {}", ev.reason.as_str(), ev.note));
+        w.events.push(ev);
+    }
+
+    async fn patch_status(
+        &self,
+        _actor: &AsyncActor,
+        status: &AsyncActorStatus,
+    ) -> Result<(), kube::Error> {
+        let mut w = self.world();
+        w.log.push(format!(
+            "status {}",
+            status.phase.as_deref().unwrap_or_default()
+        ));
+        w.status = Some(status.clone());
+        Ok(())
+    }
+
+    async fn add_finalizer(&self, actor: &AsyncActor) -> Result<AsyncActor, Error> {
+        self.world().log.push("add finalizer".into());
+        let mut a = actor.clone();
+        a.metadata
+            .finalizers
+            .get_or_insert_default()
+            .push(FINALIZER.into());
+        Ok(a)
+    }
+
+    async fn remove_finalizer(&self, _actor: &AsyncActor) -> Result<(), Error> {
+        self.world().log.push("remove finalizer".into());
+        Ok(())
+    }
+}

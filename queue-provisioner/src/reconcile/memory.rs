@@ -1,0 +1,147 @@
+//! What the controller remembers between reconciles, in this process only: failures per
+//! actor (backoff), queues ensured recently, and what it applied last per object. Keys are
+//! typed, so a lookup cannot mix up kinds, namespaces and names.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::apply_skip::Applied;
+use crate::model::ObjectKind;
+use crate::queue::{QueueInfo, QueueSpec};
+
+use super::plan;
+
+/// How long a queue's existence is trusted: checked once per interval, not per reconcile.
+/// Below [`plan::PERIOD`], so each periodic reconcile checks.
+pub const RECHECK: Duration = Duration::from_secs(55);
+
+/// One object the controller applies.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ObjectKey {
+    pub kind: ObjectKind,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(kind: ObjectKind, namespace: &str, name: &str) -> Self {
+        ObjectKey {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+/// One queue on one transport.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct QueueKey {
+    pub transport: String,
+    pub queue: String,
+}
+
+impl QueueKey {
+    pub fn new(transport: &str, queue: &str) -> Self {
+        QueueKey {
+            transport: transport.into(),
+            queue: queue.into(),
+        }
+    }
+}
+
+/// A queue ensured or checked at `at`, with the spec it was ensured with.
+#[derive(Clone, Debug)]
+struct Ensured {
+    at: Instant,
+    spec: QueueSpec,
+    info: QueueInfo,
+}
+
+#[derive(Default)]
+pub struct Memory {
+    /// Consecutive failures per actor (`namespace/name`), for exponential backoff.
+    failures: Mutex<HashMap<String, u32>>,
+    /// Within [`RECHECK`] a reconcile trusts these queues without asking the broker.
+    ensured: Mutex<HashMap<QueueKey, Ensured>>,
+    /// To skip applies that would not change anything.
+    applied: Mutex<HashMap<ObjectKey, Applied>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Memory {
+    /// The next wait after a failure of actor `key` (counted), or zero after a success (the
+    /// count starts again).
+    pub fn backoff(&self, key: &str, failed: bool) -> Duration {
+        let mut m = lock(&self.failures);
+        if !failed {
+            m.remove(key);
+            return Duration::ZERO;
+        }
+        let n = m.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        plan::backoff(*n)
+    }
+
+    /// A queue ensured with `spec`: its info, and whether it is still within [`RECHECK`].
+    pub fn ensured(&self, key: &QueueKey, spec: &QueueSpec) -> Option<(bool, QueueInfo)> {
+        lock(&self.ensured)
+            .get(key)
+            .filter(|e| e.spec == *spec)
+            .map(|e| (e.at.elapsed() < RECHECK, e.info.clone()))
+    }
+
+    pub fn ensured_now(&self, key: QueueKey, spec: QueueSpec, info: QueueInfo) {
+        lock(&self.ensured).insert(
+            key,
+            Ensured {
+                at: Instant::now(),
+                spec,
+                info,
+            },
+        );
+    }
+
+    pub fn forget_queue(&self, key: &QueueKey) {
+        lock(&self.ensured).remove(key);
+    }
+
+    pub fn applied(&self, key: &ObjectKey) -> Option<Applied> {
+        lock(&self.applied).get(key).cloned()
+    }
+
+    pub fn was_applied(&self, key: &ObjectKey) -> bool {
+        lock(&self.applied).contains_key(key)
+    }
+
+    pub fn record_applied(&self, key: ObjectKey, applied: Applied) {
+        lock(&self.applied).insert(key, applied);
+    }
+
+    pub fn forget_applied(&self, kind: ObjectKind, ns: &str, name: &str) {
+        lock(&self.applied).remove(&ObjectKey::new(kind, ns, name));
+    }
+
+    /// Forgets every object of `kind` in `ns`.
+    pub fn forget_kind_in(&self, kind: ObjectKind, ns: &str) {
+        lock(&self.applied).retain(|k, _| !(k.kind == kind && k.namespace == ns));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_per_failure_up_to_five_minutes_and_a_success_resets_it() {
+        let m = Memory::default();
+        let waits: Vec<u64> = (0..10).map(|_| m.backoff("n/a", true).as_secs()).collect();
+        assert_eq!(waits, [2, 4, 8, 16, 32, 64, 128, 256, 256, 256]);
+        assert_eq!(m.backoff("n/a", false), Duration::ZERO);
+        assert_eq!(m.backoff("n/a", true).as_secs(), 2);
+        assert_eq!(m.backoff("n/b", true).as_secs(), 2, "per actor");
+    }
+}

@@ -1,0 +1,113 @@
+//! One reconcile of one AsyncActor, as plan and apply: [`plan`] decides (pure), the drivers
+//! [`actor`] and [`cleanup`] gather what it needs and carry out its answers through a
+//! [`Cluster`] (the Kubernetes API and the brokers in production, memory in the tests).
+
+use std::sync::Arc;
+
+use asya_api::AsyncActor;
+use asya_api::config::ClusterConfig;
+
+use crate::queue::QueueError;
+
+pub mod actor;
+pub mod cleanup;
+pub mod cluster;
+pub mod memory;
+pub mod objects;
+pub mod plan;
+pub mod queues;
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
+pub use cluster::{Answer, Cluster, Object};
+pub use memory::Memory;
+pub use plan::{FinalizerStep, Next};
+
+/// The field manager of everything the controller applies, and its event reporter.
+pub const MANAGER: &str = "asya-queue-provisioner";
+pub const FINALIZER: &str = "asya.sh/queue-provisioner";
+/// Field manager that keeps `spec.replicas` while KEDA's HPA takes it over.
+pub const HANDOFF_MANAGER: &str = "asya-queue-provisioner-handoff";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("transport: {0}")]
+    Queue(#[from] QueueError),
+    #[error("finalizer {FINALIZER}: {0}")]
+    Finalizer(String),
+    #[error("object has no namespace")]
+    NoNamespace,
+    /// A cache's watch ended (the process is shutting down).
+    #[error("the {0} cache stopped")]
+    Cache(&'static str),
+}
+
+impl Error {
+    /// The `kind` label of the error metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::Queue(_) => "transport",
+            Error::Finalizer(_) => "finalizer",
+            Error::NoNamespace => "invalid",
+            Error::Cache(_) => "cache",
+        }
+    }
+}
+
+/// What a reconcile works with: the world, the cluster configuration, and what this process
+/// remembers between reconciles.
+pub struct Reconciler<C> {
+    pub cluster: C,
+    pub config: Arc<ClusterConfig>,
+    pub memory: Memory,
+}
+
+impl<C: Cluster> Reconciler<C> {
+    pub fn new(cluster: C, config: Arc<ClusterConfig>) -> Self {
+        Reconciler {
+            cluster,
+            config,
+            memory: Memory::default(),
+        }
+    }
+
+    /// One reconcile: the finalizer's step, then cleanup or the actor's reconcile.
+    pub async fn reconcile(&self, actor: &AsyncActor) -> Result<Next, Error> {
+        actor
+            .metadata
+            .namespace
+            .as_ref()
+            .ok_or(Error::NoNamespace)?;
+        self.cluster.caches_ready().await?;
+        match plan::finalizer_step(actor) {
+            FinalizerStep::Done => Ok(Next::AwaitChange),
+            FinalizerStep::CleanUp => {
+                let next = cleanup::run(self, actor).await?;
+                self.cluster.remove_finalizer(actor).await?;
+                Ok(next)
+            }
+            FinalizerStep::AddThenReconcile => {
+                let actor = self.cluster.add_finalizer(actor).await?;
+                actor::run(self, &actor).await
+            }
+            FinalizerStep::Reconcile => actor::run(self, actor).await,
+        }
+    }
+
+    /// After a failed reconcile: the actor's next backoff (counted).
+    pub fn backoff_after_error(&self, actor: &AsyncActor) -> std::time::Duration {
+        self.memory.backoff(&actor_key(actor), true)
+    }
+}
+
+/// `namespace/name`: the actor's key in [`Memory`]'s backoff and the spread of its requeues.
+pub fn actor_key(a: &AsyncActor) -> String {
+    use kube::ResourceExt;
+    format!("{}/{}", a.namespace().unwrap_or_default(), a.name_any())
+}

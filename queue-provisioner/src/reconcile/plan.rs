@@ -1,0 +1,488 @@
+//! The reconcile's decisions, pure: from the actor, its resolved spec and what was observed,
+//! what to create, update, delete and hand over, which events to publish, what status to
+//! write and when to look again. The driver ([`super::actor`], [`super::cleanup`]) gathers
+//! the observations, asks these functions, and carries out the answers through
+//! [`super::Cluster`].
+
+use std::time::Duration;
+
+use asya_api::review::ActorReview;
+use asya_api::{AsyncActor, AsyncActorStatus, ResolvedActor};
+
+use crate::apply_skip::{self, Live, desired_hash};
+use crate::model::{Phase, ScalingMode, WorkloadKind};
+use crate::queue::QueueError;
+use crate::status::{Observed, TransportObs};
+
+use super::FINALIZER;
+
+/// The periodic reconcile (queue check, queue depth), spread over [`PERIOD`] + up to
+/// [`SPREAD`] by actor so that actors applied together do not come back together.
+pub const PERIOD: Duration = Duration::from_secs(60);
+pub const SPREAD: Duration = Duration::from_secs(15);
+/// An actor with messages queued or in process is looked at this often instead (+ up to
+/// [`BUSY_SPREAD`]), so that QUEUED and PROCESSING follow its queue as it drains rather than
+/// show the last busy sample for a minute. Idle actors, the many, stay at [`PERIOD`].
+pub const BUSY_PERIOD: Duration = Duration::from_secs(15);
+pub const BUSY_SPREAD: Duration = Duration::from_secs(5);
+/// An actor waiting for its flavors: flavor watches re-trigger too, but may run before the
+/// catalog cache has the flavor.
+pub const UNRESOLVED_RETRY: Duration = Duration::from_secs(10);
+/// Pods without the sidecar while injection still fails: looked at again this soon.
+pub const INJECTION_RETRY: Duration = Duration::from_secs(10);
+
+/// When to reconcile the actor again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    After(Duration),
+    /// Only on a change of the actor or what it owns.
+    AwaitChange,
+}
+
+/// The reason an event is published with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    QueueCreated,
+    QueueRecreated,
+    QueueDeleted,
+    QueueDeleteFailed,
+    WorkloadCreated,
+    WorkloadFailed,
+    ScaledObjectCreated,
+    ScaledObjectDeleted,
+    ScaledObjectFailed,
+    PodWithoutSidecar,
+    PodWithoutSidecarReplaced,
+    /// The actor entered this phase.
+    Phase(Phase),
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::QueueCreated => "QueueCreated",
+            Reason::QueueRecreated => "QueueRecreated",
+            Reason::QueueDeleted => "QueueDeleted",
+            Reason::QueueDeleteFailed => "QueueDeleteFailed",
+            Reason::WorkloadCreated => "WorkloadCreated",
+            Reason::WorkloadFailed => "WorkloadFailed",
+            Reason::ScaledObjectCreated => "ScaledObjectCreated",
+            Reason::ScaledObjectDeleted => "ScaledObjectDeleted",
+            Reason::ScaledObjectFailed => "ScaledObjectFailed",
+            Reason::PodWithoutSidecar => "PodWithoutSidecar",
+            Reason::PodWithoutSidecarReplaced => "PodWithoutSidecarReplaced",
+            Reason::Phase(p) => p.as_str(),
+        }
+    }
+}
+
+/// One event about the actor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventSpec {
+    pub warning: bool,
+    pub reason: Reason,
+    pub note: String,
+}
+
+impl EventSpec {
+    pub fn normal(reason: Reason, note: String) -> Self {
+        EventSpec {
+            warning: false,
+            reason,
+            note,
+        }
+    }
+    pub fn warning(reason: Reason, note: String) -> Self {
+        EventSpec {
+            warning: true,
+            reason,
+            note,
+        }
+    }
+}
+
+/// What the finalizer asks of this reconcile.
+///
+/// Not `kube::runtime::finalizer`: that helper adds the finalizer and ends the reconcile,
+/// counting on the patch's watch event for the next one, but the actor watch's predicate
+/// ([`crate::watch::actor_fingerprint`]) drops the controller's own finalizer writes, so that
+/// event never comes. Here the reconcile goes on with the patched object instead; and
+/// cleanup writes the `Terminating` status first, which the helper has no step for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinalizerStep {
+    /// Being deleted, and our cleanup is done (or was never ours): nothing to do.
+    Done,
+    /// Being deleted: clean up, then remove the finalizer.
+    CleanUp,
+    /// Add the finalizer, then reconcile the patched actor.
+    AddThenReconcile,
+    Reconcile,
+}
+
+pub fn has_finalizer(a: &AsyncActor) -> bool {
+    a.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == FINALIZER)
+}
+
+pub fn finalizer_step(a: &AsyncActor) -> FinalizerStep {
+    match (a.metadata.deletion_timestamp.is_some(), has_finalizer(a)) {
+        (true, false) => FinalizerStep::Done,
+        (true, true) => FinalizerStep::CleanUp,
+        (false, false) => FinalizerStep::AddThenReconcile,
+        (false, true) => FinalizerStep::Reconcile,
+    }
+}
+
+/// What a reconcile knows of an actor before it looks at anything else.
+pub fn base_observed(actor: &AsyncActor) -> Observed {
+    Observed {
+        generation: actor.metadata.generation,
+        deleting: actor.metadata.deletion_timestamp.is_some(),
+        flavors: vec![],
+        missing_flavors: vec![],
+        invalid: None,
+        transport: TransportObs::NotAttempted,
+        workload_kind: None,
+        workload: None,
+        workload_error: None,
+        pods: vec![],
+        scaling_enabled: true,
+        scaling_error: None,
+        hpa_desired: None,
+        min_replicas: None,
+        max_replicas: None,
+    }
+}
+
+/// The review's outcome: the resolved actor with what the status says of its spec, or (flavors
+/// missing, spec invalid) only the observations, for a status that says why.
+pub fn resolution(
+    actor: &AsyncActor,
+    review: ActorReview,
+) -> Result<(ResolvedActor, Observed), Box<Observed>> {
+    let mut o = base_observed(actor);
+    o.missing_flavors = review.missing_flavors.clone();
+    let resolved = match review.resolved {
+        Some(r) if review.errors.is_empty() && r.missing_flavors.is_empty() => r,
+        r => {
+            if let Some(r) = r {
+                o.flavors = r.flavors.clone();
+            }
+            if !review.errors.is_empty() {
+                o.invalid = Some(review.errors.to_string());
+            }
+            if o.missing_flavors.is_empty() && o.invalid.is_none() {
+                o.invalid = Some("the spec could not be resolved".into());
+            }
+            return Err(Box::new(o));
+        }
+    };
+    o.flavors = resolved.flavors.clone();
+    o.scaling_enabled = resolved.scaling_enabled();
+    o.workload_kind = Some(WorkloadKind::of(resolved.workload_kind()));
+    let s = resolved.scaling();
+    (o.min_replicas, o.max_replicas) = if o.scaling_enabled {
+        (s.min_replica_count, s.max_replica_count)
+    } else {
+        (
+            Some(resolved.fixed_replicas()),
+            Some(resolved.fixed_replicas()),
+        )
+    };
+    Ok((resolved, o))
+}
+
+/// How to retry after the queue step failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// After exactly this (SQS's recreate cooldown: the backoff is not advanced).
+    After(Duration),
+    /// After the actor's next backoff, but not sooner than this.
+    Backoff { at_least: Duration },
+}
+
+/// The status's view of a failed queue step, and when to try again.
+pub fn transport_failure(e: &QueueError) -> (TransportObs, Retry) {
+    let retry = match e {
+        QueueError::RecreateCooldown(_) => Retry::After(e.retry_after()),
+        _ => Retry::Backoff {
+            at_least: e.retry_after().min(Duration::from_secs(5)),
+        },
+    };
+    let reason = match e {
+        QueueError::Unavailable(_) => "Unavailable",
+        QueueError::RecreateCooldown(_) => "RecreateCooldown",
+        QueueError::Rejected(_) => "Rejected",
+    };
+    let obs = TransportObs::Failed {
+        reason: reason.into(),
+        message: e.to_string(),
+    };
+    (obs, retry)
+}
+
+/// The event for a queue this reconcile created: a first creation, or (the status already
+/// names a queue) the recreation of one that vanished.
+pub fn queue_created_event(
+    prev: Option<&AsyncActorStatus>,
+    queue: &str,
+    transport: &str,
+) -> EventSpec {
+    let again = prev.and_then(|s| s.queue_identifier.as_ref()).is_some();
+    if again {
+        EventSpec::warning(
+            Reason::QueueRecreated,
+            format!("queue {queue} had disappeared from {transport}; recreated"),
+        )
+    } else {
+        EventSpec::normal(
+            Reason::QueueCreated,
+            format!("queue {queue} created on {transport}"),
+        )
+    }
+}
+
+/// What the objects step looks at before it writes anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectsSeen {
+    /// KEDA's CRDs are installed.
+    pub keda: bool,
+    /// The cache holds the actor's ScaledObject.
+    pub so_cached: bool,
+    /// The cluster configuration has the actor's transport.
+    pub transport_known: bool,
+    /// The workload of the kind the actor wants, as its cache has it.
+    pub workload_live: Live,
+    /// This process applied that workload before.
+    pub workload_applied_before: bool,
+}
+
+/// What to do with the actor's workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadPlan {
+    pub kind: WorkloadKind,
+    /// Switching from fixed replicas to KEDA: hand `spec.replicas` to the handoff manager
+    /// before our apply stops setting it (see [`super::objects`]).
+    pub hand_over: bool,
+    /// The actor switched kinds: the workload of the kind it had goes.
+    pub remove: Option<WorkloadKind>,
+    /// Create it at this many replicas and hand them to the handoff manager at once
+    /// ([`apply_skip::initial_replicas`]): a KEDA-scaled workload being created.
+    pub initial: Option<i32>,
+    /// Announce `WorkloadCreated` when the apply succeeds: the status never named a kind.
+    pub announce: bool,
+}
+
+/// The objects step: the workload and KEDA's objects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectsPlan {
+    pub workload: WorkloadPlan,
+    pub scaling: ScalingPlan,
+}
+
+pub fn objects(
+    prev: Option<&AsyncActorStatus>,
+    r: &ResolvedActor,
+    o: &Observed,
+    seen: &ObjectsSeen,
+) -> ObjectsPlan {
+    let kind = WorkloadKind::of(r.workload_kind());
+    let mut workload = workload(prev, kind, o.scaling_enabled);
+    workload.initial = apply_skip::initial_replicas(
+        o.scaling_enabled,
+        o.min_replicas,
+        &seen.workload_live,
+        seen.workload_applied_before,
+    );
+    ObjectsPlan {
+        workload,
+        scaling: scaling(
+            prev,
+            r,
+            o.scaling_enabled,
+            seen.keda,
+            seen.so_cached,
+            seen.transport_known,
+        ),
+    }
+}
+
+/// The workload's handoff, kind switch and announcement (its initial replicas: [`objects`]).
+pub fn workload(
+    prev: Option<&AsyncActorStatus>,
+    kind: WorkloadKind,
+    scaling_enabled: bool,
+) -> WorkloadPlan {
+    let before = prev.and_then(|s| s.workload_kind.as_deref());
+    let was = prev
+        .and_then(|s| s.scaling_mode.as_deref())
+        .and_then(ScalingMode::parse);
+    WorkloadPlan {
+        kind,
+        hand_over: scaling_enabled && was == Some(ScalingMode::Manual),
+        remove: (before == Some(kind.other().as_str())).then_some(kind.other()),
+        initial: None,
+        announce: before.is_none(),
+    }
+}
+
+/// What to do with the actor's KEDA objects (ScaledObject and TriggerAuthentication).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScalingPlan {
+    /// Scaling is on but KEDA is not installed: the status says so.
+    Unavailable(String),
+    /// Nothing to apply or remove.
+    Nothing,
+    /// Scaling is off: remove them, announcing the removal with this note if there was one.
+    Remove { note: String },
+    /// Apply them; announce `ScaledObjectCreated` when the status did not say KEDA before.
+    Apply { announce: bool },
+}
+
+/// `keda`: KEDA's CRDs are installed; `so_cached`: the cache holds the actor's ScaledObject;
+/// `transport_known`: the cluster configuration has the actor's transport.
+pub fn scaling(
+    prev: Option<&AsyncActorStatus>,
+    r: &ResolvedActor,
+    scaling_enabled: bool,
+    keda: bool,
+    so_cached: bool,
+    transport_known: bool,
+) -> ScalingPlan {
+    let was = prev.and_then(|s| s.scaling_mode.as_deref());
+    if !keda {
+        return if scaling_enabled {
+            ScalingPlan::Unavailable("KEDA's CRDs are not installed in the cluster".into())
+        } else {
+            ScalingPlan::Nothing
+        };
+    }
+    if !scaling_enabled {
+        // Only when there is something to remove: not two DELETEs on every reconcile.
+        let was_keda = was != Some(ScalingMode::Manual.as_str());
+        if !so_cached && !was_keda {
+            return ScalingPlan::Nothing;
+        }
+        return ScalingPlan::Remove {
+            note: format!(
+                "scaling disabled: ScaledObject removed, {} fixed replica(s)",
+                r.fixed_replicas()
+            ),
+        };
+    }
+    if !transport_known {
+        return ScalingPlan::Nothing;
+    }
+    ScalingPlan::Apply {
+        announce: was != Some(ScalingMode::Keda.as_str()),
+    }
+}
+
+/// What to do with one pod that carries no sidecar.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodStep {
+    /// Keep it, and say why (deleting it while injection fails brings another bare pod).
+    Keep(EventSpec),
+    /// Delete it (its controller recreates it with the sidecar), then say so.
+    Replace(EventSpec),
+}
+
+pub fn bare_pod(name: &str, injection_down: bool) -> PodStep {
+    if injection_down {
+        PodStep::Keep(EventSpec::warning(
+            Reason::PodWithoutSidecar,
+            format!(
+                "pod {name} carries no asya-sidecar and injection still fails (the webhook is unavailable); it is replaced once injection works"
+            ),
+        ))
+    } else {
+        PodStep::Replace(EventSpec::warning(
+            Reason::PodWithoutSidecarReplaced,
+            format!(
+                "pod {name} carries no asya-sidecar (created while the injection webhook was unavailable); deleted so its controller recreates it with the sidecar"
+            ),
+        ))
+    }
+}
+
+/// The status to write and the event announcing a phase change; `None`: the status is as
+/// it was (writing it anyway would start an endless loop of reconciles).
+pub fn status_write(old: &AsyncActorStatus, new: &AsyncActorStatus) -> Option<Option<EventSpec>> {
+    if old == new {
+        return None;
+    }
+    if old.phase == new.phase {
+        return Some(None);
+    }
+    // `derive` writes only phases it knows: a phase it does not know is not announced.
+    let Some(phase) = new.phase.as_deref().and_then(Phase::parse) else {
+        return Some(None);
+    };
+    let note = format!(
+        "phase {} -> {phase}: {}",
+        old.phase.as_deref().unwrap_or("none"),
+        new.message.as_deref().unwrap_or_default()
+    );
+    Some(Some(EventSpec {
+        warning: phase.is_warning(),
+        reason: Reason::Phase(phase),
+        note,
+    }))
+}
+
+/// The periodic requeue of a settled actor, spread by actor; sooner while it has messages.
+pub fn periodic(key: &str, busy: bool) -> Duration {
+    let (base, spread) = if busy {
+        (BUSY_PERIOD, BUSY_SPREAD)
+    } else {
+        (PERIOD, SPREAD)
+    };
+    base + Duration::from_millis(desired_hash(&key) % spread.as_millis() as u64)
+}
+
+/// When to look at a reconciled actor again. `backoff`: its next backoff when `failed`.
+/// The periodic requeue is also the check that the queue still exists. Pods and the
+/// workload report through their watches: an unsettled actor needs no faster poll.
+pub fn next(key: &str, failed: bool, backoff: Duration, injection_down: bool, busy: bool) -> Next {
+    Next::After(if failed {
+        backoff
+    } else if injection_down {
+        INJECTION_RETRY
+    } else {
+        periodic(key, busy)
+    })
+}
+
+/// The event closing a deleted actor's cleanup.
+pub fn queue_deleted_event(queue: &str, delay_queues: &[String]) -> EventSpec {
+    EventSpec::normal(
+        Reason::QueueDeleted,
+        if delay_queues.is_empty() {
+            format!("queue {queue} deleted")
+        } else {
+            // An event note holds 1 kB: name a few.
+            let more = delay_queues.len().saturating_sub(4);
+            format!(
+                "queue {queue} deleted, with its retry delay queues {}{}",
+                delay_queues[..delay_queues.len() - more].join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )
+        },
+    )
+}
+
+/// Exponential backoff after `failures` consecutive failures: 2 s, 4 s, … capped at 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    Duration::from_secs((1u64 << failures.min(8)).min(300)).max(Duration::from_secs(2))
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,269 @@
+use super::*;
+use crate::queue::QueueError;
+
+fn actor(v: serde_json::Value) -> AsyncActor {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+        "metadata": v, "spec": {"image": "i", "handler": "m.f"}
+    }))
+    .unwrap()
+}
+
+fn prev(kind: Option<&str>, mode: Option<&str>) -> AsyncActorStatus {
+    AsyncActorStatus {
+        workload_kind: kind.map(Into::into),
+        scaling_mode: mode.map(Into::into),
+        ..Default::default()
+    }
+}
+
+fn resolved(spec: serde_json::Value) -> ResolvedActor {
+    let a: AsyncActor = serde_json::from_value(serde_json::json!({
+        "apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+        "metadata": {"name": "a", "namespace": "n"}, "spec": spec
+    }))
+    .unwrap();
+    let cfg = asya_api::config::ClusterConfig::default();
+    asya_api::review::review_typed(&a, &asya_api::FlavorCatalog::new(), &cfg)
+        .resolved
+        .unwrap()
+}
+
+#[test]
+fn actors_with_messages_are_looked_at_sooner_and_every_actor_is_spread() {
+    let keys = ["ns-a/one", "ns-a/two", "ns-b/one"];
+    for k in keys {
+        let idle = periodic(k, false);
+        assert!(idle >= PERIOD && idle < PERIOD + SPREAD, "{k}: {idle:?}");
+        let busy = periodic(k, true);
+        assert!(
+            busy >= BUSY_PERIOD && busy < BUSY_PERIOD + BUSY_SPREAD,
+            "{k}: {busy:?}"
+        );
+    }
+    let idle: std::collections::HashSet<_> = keys.iter().map(|k| periodic(k, false)).collect();
+    assert_eq!(
+        idle.len(),
+        keys.len(),
+        "actors come back at different times"
+    );
+}
+
+#[test]
+fn a_failure_backs_off_and_pods_waiting_for_injection_come_back_soon() {
+    let b = Duration::from_secs(8);
+    assert_eq!(next("n/a", true, b, true, true), Next::After(b));
+    assert_eq!(
+        next("n/a", false, b, true, true),
+        Next::After(INJECTION_RETRY)
+    );
+    assert_eq!(
+        next("n/a", false, b, false, true),
+        Next::After(periodic("n/a", true))
+    );
+}
+
+#[test]
+fn the_finalizer_step_follows_deletion_and_our_finalizer() {
+    let live = actor(serde_json::json!({"name": "a"}));
+    let ours = actor(serde_json::json!({"name": "a", "finalizers": ["other", FINALIZER]}));
+    let gone = actor(
+        serde_json::json!({"name": "a", "deletionTimestamp": "2026-01-01T00:00:00Z",
+                                        "finalizers": ["other"]}),
+    );
+    let deleting = actor(
+        serde_json::json!({"name": "a", "deletionTimestamp": "2026-01-01T00:00:00Z",
+                                            "finalizers": [FINALIZER]}),
+    );
+    assert_eq!(finalizer_step(&live), FinalizerStep::AddThenReconcile);
+    assert_eq!(finalizer_step(&ours), FinalizerStep::Reconcile);
+    assert_eq!(finalizer_step(&gone), FinalizerStep::Done);
+    assert_eq!(finalizer_step(&deleting), FinalizerStep::CleanUp);
+}
+
+#[test]
+fn replicas_are_handed_over_only_from_manual_to_keda_and_a_kind_switch_removes_the_old() {
+    use WorkloadKind::*;
+    let p = prev(Some("Deployment"), Some("Manual"));
+    let w = workload(Some(&p), Deployment, true);
+    assert!(w.hand_over && w.remove.is_none() && !w.announce);
+    assert!(!workload(Some(&p), Deployment, false).hand_over);
+    let keda = prev(Some("Deployment"), Some("KEDA"));
+    assert!(!workload(Some(&keda), Deployment, true).hand_over);
+    assert_eq!(
+        workload(Some(&keda), StatefulSet, true).remove,
+        Some(Deployment)
+    );
+    let new = workload(None, Deployment, true);
+    assert!(new.announce && !new.hand_over && new.remove.is_none());
+}
+
+#[test]
+fn keda_objects_are_applied_removed_or_left_as_scaling_and_history_say() {
+    let r = resolved(serde_json::json!({"image": "i", "handler": "m.f", "replicas": 2}));
+    let manual = prev(None, Some("Manual"));
+    let keda = prev(None, Some("KEDA"));
+    let removed = ScalingPlan::Remove {
+        note: "scaling disabled: ScaledObject removed, 2 fixed replica(s)".into(),
+    };
+    // Without KEDA: an error only for an actor that wants it.
+    assert!(matches!(
+        scaling(None, &r, true, false, false, true),
+        ScalingPlan::Unavailable(_)
+    ));
+    assert_eq!(
+        scaling(None, &r, false, false, true, true),
+        ScalingPlan::Nothing
+    );
+    // Scaling off: removed when it was KEDA (or unknown) or is still cached.
+    assert_eq!(scaling(Some(&keda), &r, false, true, false, true), removed);
+    assert_eq!(scaling(None, &r, false, true, false, true), removed);
+    assert_eq!(scaling(Some(&manual), &r, false, true, true, true), removed);
+    assert_eq!(
+        scaling(Some(&manual), &r, false, true, false, true),
+        ScalingPlan::Nothing
+    );
+    // Scaling on: applied, announced when new; nothing without a known transport.
+    assert_eq!(
+        scaling(Some(&manual), &r, true, true, false, true),
+        ScalingPlan::Apply { announce: true }
+    );
+    assert_eq!(
+        scaling(Some(&keda), &r, true, true, true, true),
+        ScalingPlan::Apply { announce: false }
+    );
+    assert_eq!(
+        scaling(Some(&keda), &r, true, true, true, false),
+        ScalingPlan::Nothing
+    );
+}
+
+#[test]
+fn an_unchanged_status_is_not_written_and_a_new_phase_is_announced() {
+    let old = AsyncActorStatus {
+        phase: Some("Creating".into()),
+        message: Some("creating the workload".into()),
+        ..Default::default()
+    };
+    assert_eq!(status_write(&old, &old), None);
+    let mut counts = old.clone();
+    counts.ready_replicas = Some(1);
+    assert_eq!(status_write(&old, &counts), Some(None));
+    let mut failing = old.clone();
+    failing.phase = Some("RuntimeError".into());
+    failing.message = Some("1 pod(s) failing".into());
+    assert_eq!(
+        status_write(&old, &failing),
+        Some(Some(EventSpec::warning(
+            Reason::Phase(Phase::RuntimeError),
+            "phase Creating -> RuntimeError: 1 pod(s) failing".into()
+        )))
+    );
+    let mut running = old.clone();
+    running.phase = Some("Running".into());
+    running.message = Some("1 replica(s) ready".into());
+    let ev = status_write(&AsyncActorStatus::default(), &running)
+        .unwrap()
+        .unwrap();
+    assert!(!ev.warning);
+    assert_eq!(ev.note, "phase none -> Running: 1 replica(s) ready");
+}
+
+#[test]
+fn transport_failures_name_their_reason_and_wait() {
+    let (o, r) = transport_failure(&QueueError::RecreateCooldown("q".into()));
+    assert_eq!(r, Retry::After(Duration::from_secs(65)));
+    assert!(matches!(o, TransportObs::Failed { reason, .. } if reason == "RecreateCooldown"));
+    let (o, r) = transport_failure(&QueueError::Rejected("no".into()));
+    assert_eq!(
+        r,
+        Retry::Backoff {
+            at_least: Duration::from_secs(5)
+        }
+    );
+    assert!(
+        matches!(o, TransportObs::Failed { reason, message } if reason == "Rejected"
+        && message == "transport rejected the request: no")
+    );
+    let (_, r) = transport_failure(&QueueError::Unavailable("down".into()));
+    assert_eq!(
+        r,
+        Retry::Backoff {
+            at_least: Duration::from_secs(5)
+        }
+    );
+}
+
+#[test]
+fn the_deletion_event_names_a_few_delay_queues() {
+    assert_eq!(queue_deleted_event("q", &[]).note, "queue q deleted");
+    let three: Vec<String> = (1..=3).map(|i| format!("d{i}")).collect();
+    assert_eq!(
+        queue_deleted_event("q", &three).note,
+        "queue q deleted, with its retry delay queues d1, d2, d3"
+    );
+    let six: Vec<String> = (1..=6).map(|i| format!("d{i}")).collect();
+    assert_eq!(
+        queue_deleted_event("q", &six).note,
+        "queue q deleted, with its retry delay queues d1, d2, d3, d4 and 2 more"
+    );
+}
+
+#[test]
+fn a_queue_is_announced_as_recreated_once_the_status_named_it() {
+    let e = queue_created_event(None, "asya-n-a", "rabbitmq");
+    assert_eq!(
+        e,
+        EventSpec::normal(
+            Reason::QueueCreated,
+            "queue asya-n-a created on rabbitmq".into()
+        )
+    );
+    let named = AsyncActorStatus {
+        queue_identifier: Some("asya-n-a".into()),
+        ..Default::default()
+    };
+    let e = queue_created_event(Some(&named), "asya-n-a", "rabbitmq");
+    assert!(e.warning);
+    assert_eq!(e.reason.as_str(), "QueueRecreated");
+}
+
+#[test]
+fn a_keda_scaled_workload_is_created_at_its_minimum_only_when_it_is_new() {
+    let a: AsyncActor = serde_json::from_value(serde_json::json!({
+        "apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+        "metadata": {"name": "a", "namespace": "n"},
+        "spec": {"image": "i", "handler": "m.f", "scaling": {"minReplicaCount": 2}}
+    }))
+    .unwrap();
+    let cfg = asya_api::config::ClusterConfig::default();
+    let review = asya_api::review::review_typed(&a, &asya_api::FlavorCatalog::new(), &cfg);
+    let (r, o) = resolution(&a, review).unwrap();
+    let seen = ObjectsSeen {
+        keda: true,
+        so_cached: false,
+        transport_known: true,
+        workload_live: Live::Missing,
+        workload_applied_before: false,
+    };
+    let p = objects(None, &r, &o, &seen);
+    assert_eq!(p.workload.initial, Some(2));
+    assert_eq!(p.workload.kind, WorkloadKind::Deployment);
+    assert_eq!(p.scaling, ScalingPlan::Apply { announce: true });
+    let present = Live::Present {
+        generation: Some(1),
+        applied: None,
+    };
+    for seen in [
+        ObjectsSeen {
+            workload_live: present,
+            ..seen
+        },
+        ObjectsSeen {
+            workload_applied_before: true,
+            ..seen
+        },
+    ] {
+        assert_eq!(objects(None, &r, &o, &seen).workload.initial, None);
+    }
+}

@@ -1,0 +1,80 @@
+//! The queue step: the namespace's end queues and the actor's own queue, ensured through a
+//! short-lived memory so that each queue costs the broker one call per interval, not one per
+//! reconcile.
+
+use std::time::Duration;
+
+use asya_api::{AsyncActor, ResolvedActor, naming};
+
+use crate::queue::{QueueError, QueueInfo, QueueSpec};
+use crate::status::TransportObs;
+
+use super::memory::QueueKey;
+use super::{Cluster, Reconciler, plan};
+
+/// Visibility timeout of the end queues: theirs, not the timeout of whichever actor of the
+/// namespace ensures them (actors with different timeouts would rewrite it in turn).
+pub const END_QUEUE_VISIBILITY: Duration = Duration::from_secs(300);
+
+pub fn queue_spec(ns: &str, actor: &str, timeout: Duration) -> QueueSpec {
+    QueueSpec {
+        name: naming::actor_queue(ns, actor),
+        namespace: ns.into(),
+        actor: actor.into(),
+        visibility_timeout: timeout,
+    }
+}
+
+/// Ensures one queue. Within [`super::memory::RECHECK`] of the last ensure or check with the same spec it
+/// is trusted without a broker call; after that one existence check (a vanished queue is
+/// recreated at once), so a namespace's end queues are checked once for all its actors.
+async fn ensure_cached<C: Cluster>(
+    r: &Reconciler<C>,
+    transport: &str,
+    spec: QueueSpec,
+) -> Result<QueueInfo, QueueError> {
+    let key = QueueKey::new(transport, &spec.name);
+    if let Some((fresh, mut info)) = r.memory.ensured(&key, &spec) {
+        info.created = false;
+        if fresh {
+            return Ok(info);
+        }
+        if r.cluster.queue_exists(transport, &spec.name).await? {
+            r.memory.ensured_now(key, spec, info.clone());
+            return Ok(info);
+        }
+    }
+    let info = r.cluster.queue_ensure(transport, &spec).await?;
+    r.memory.ensured_now(key, spec, info.clone());
+    Ok(info)
+}
+
+/// The queue step of a reconcile: what the status says of the transport.
+pub async fn ensure<C: Cluster>(
+    rec: &Reconciler<C>,
+    actor: &AsyncActor,
+    r: &ResolvedActor,
+) -> Result<TransportObs, QueueError> {
+    rec.cluster.transport(&r.transport).await?;
+    for end in [naming::SINK_ACTOR, naming::SUMP_ACTOR] {
+        let spec = queue_spec(&r.namespace, end, END_QUEUE_VISIBILITY);
+        ensure_cached(rec, &r.transport, spec).await?;
+    }
+    let spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout);
+    let mut info = ensure_cached(rec, &r.transport, spec.clone()).await?;
+    let mut depth = rec.cluster.queue_depth(&r.transport, &r.queue).await;
+    if !info.created && matches!(depth, Ok(None)) {
+        // Gone although ensured before (deleted behind our back): every look at the depth
+        // is also a check, so it is back now rather than at the next periodic existence check.
+        rec.memory
+            .forget_queue(&QueueKey::new(&r.transport, &spec.name));
+        info = ensure_cached(rec, &r.transport, spec).await?;
+        depth = rec.cluster.queue_depth(&r.transport, &r.queue).await;
+    }
+    if info.created {
+        // Both a first creation and the recreation of a vanished queue land here.
+        let ev = plan::queue_created_event(actor.status.as_ref(), &r.queue, &r.transport);
+        rec.cluster.event(actor, ev).await;
+    }
+    Ok(TransportObs::Ready(info, depth.ok().flatten()))
+}

@@ -1,0 +1,518 @@
+//! Each reconcile scenario against the in-memory [`Fake`]: what is written, in which order,
+//! which events and status come of it, and when the actor is looked at again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use asya_api::config::ClusterConfig;
+use asya_api::flavor::FlavorDef;
+use asya_api::{AsyncActor, Flavor};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::{Value, json};
+
+use super::fake::{Broker, Fake, Stored, key};
+use super::plan::{self, Next};
+use super::{FINALIZER, Reconciler};
+use crate::model::ObjectKind;
+
+fn actor(spec: Value) -> AsyncActor {
+    serde_json::from_value(json!({
+        "apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+        "metadata": {"name": "a", "namespace": "n", "uid": "uid-1", "generation": 1},
+        "spec": spec
+    }))
+    .expect("actor fixture")
+}
+
+fn plain() -> Value {
+    json!({"image": "py:3.12", "handler": "m.f"})
+}
+
+fn manual(replicas: i32) -> Value {
+    json!({"image": "py:3.12", "handler": "m.f", "scaling": {"enabled": false}, "replicas": replicas})
+}
+
+fn reconciler() -> Reconciler<Fake> {
+    Reconciler::new(Fake::default(), Arc::new(ClusterConfig::default()))
+}
+
+/// One reconcile, then the actor as the API server would hand it to the next: with the
+/// status written and the finalizer added.
+async fn step(r: &Reconciler<Fake>, a: &mut AsyncActor) -> Next {
+    let next = r.reconcile(a).await.expect("reconcile");
+    let w = r.cluster.world();
+    if w.log.iter().any(|l| l == "add finalizer") && !plan::has_finalizer(a) {
+        a.metadata
+            .finalizers
+            .get_or_insert_default()
+            .push(FINALIZER.into());
+    }
+    a.status = w.status.clone();
+    next
+}
+
+fn phase(a: &AsyncActor) -> &str {
+    a.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or_default()
+}
+
+fn message(a: &AsyncActor) -> &str {
+    a.status
+        .as_ref()
+        .and_then(|s| s.message.as_deref())
+        .unwrap_or_default()
+}
+
+/// Index of the first log line starting with `prefix` (panics when there is none).
+fn at(log: &[String], prefix: &str) -> usize {
+    log.iter()
+        .position(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} in {log:#?}"))
+}
+
+fn has(log: &[String], prefix: &str) -> bool {
+    log.iter().any(|l| l.starts_with(prefix))
+}
+
+fn pod(name: &str, ready: bool, runtime_state: Value, injected: bool) -> Arc<Pod> {
+    let sidecar = json!({"name": "asya-sidecar", "image": "s", "restartPolicy": "Always"});
+    let annotations = if injected {
+        json!({"asya.sh/injected": "s"})
+    } else {
+        json!({})
+    };
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "n",
+                     "labels": {"asya.sh/inject": "true", "asya.sh/actor": "a"},
+                     "annotations": annotations},
+        "spec": {"initContainers": if injected { json!([sidecar]) } else { json!([]) },
+                 "containers": [{"name": "asya-runtime", "image": "py:3.12"}]},
+        "status": {"phase": "Running",
+                   "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
+                   "containerStatuses": [{"name": "asya-runtime", "ready": ready, "restartCount": 4,
+                                          "image": "py:3.12", "imageID": "", "state": runtime_state}]}
+    }))
+    .expect("pod fixture");
+    Arc::new(p)
+}
+
+fn running() -> Value {
+    json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+}
+
+#[tokio::test]
+async fn a_new_actor_gets_its_finalizer_queues_objects_and_status_in_one_reconcile() {
+    let r = reconciler();
+    let mut a = actor(plain());
+    let next = step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert_eq!(log[0], "add finalizer", "{log:#?}");
+    // End queues first, then the actor's; announced once.
+    assert!(at(&log, "create queue asya-n-x-sink") < at(&log, "create queue asya-n-a"));
+    assert!(has(&log, "create queue asya-n-x-sump"));
+    assert!(has(
+        &log,
+        "event Normal QueueCreated: queue asya-n-a created on rabbitmq"
+    ));
+    // Credentials, ServiceAccount, workload, then KEDA's objects.
+    let order = [
+        "apply Secret n/",
+        "apply ServiceAccount n/asya-a",
+        "apply Deployment n/a",
+        "claim replicas Deployment n/a 0",
+        "event Normal WorkloadCreated: Deployment a created",
+        "apply TriggerAuthentication n/a",
+        "apply ScaledObject n/a",
+        "event Normal ScaledObjectCreated: KEDA ScaledObject successfully created",
+        "status ",
+    ];
+    let idx: Vec<usize> = order.iter().map(|p| at(&log, p)).collect();
+    assert!(idx.windows(2).all(|w| w[0] < w[1]), "{log:#?}");
+    // Created at its minimum (0): nothing to run until messages come.
+    let d = r.cluster.world().objects[&key(ObjectKind::Deployment, "n", "a")].clone();
+    assert_eq!(d.replicas(), Some(0));
+    assert!(d.managed);
+    assert!(
+        d.body["metadata"]["annotations"][crate::apply_skip::APPLIED_HASH].is_string(),
+        "the applied hash rides on the object"
+    );
+    assert_eq!(phase(&a), "Napping");
+    let s = a.status.as_ref().unwrap();
+    assert_eq!(s.scaling_mode.as_deref(), Some("KEDA"));
+    assert_eq!(s.workload_kind.as_deref(), Some("Deployment"));
+    assert_eq!(s.queue_identifier.as_deref(), Some("asya-n-a"));
+    assert_eq!(next, Next::After(plan::periodic("n/a", false)));
+
+    // The next reconcile of an unchanged actor writes nothing at all.
+    let again = step(&r, &mut a).await;
+    assert_eq!(r.cluster.take_log(), Vec::<String>::new());
+    assert_eq!(again, next);
+}
+
+#[tokio::test]
+async fn replicas_are_handed_to_keda_before_the_apply_stops_setting_them_and_taken_back() {
+    let r = reconciler();
+    let mut a = actor(manual(3));
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert_eq!(
+        a.status.as_ref().unwrap().scaling_mode.as_deref(),
+        Some("Manual")
+    );
+    assert!(!has(&log, "claim replicas"), "{log:#?}");
+    // A new actor without scaling: nothing of KEDA's to keep, whatever is there goes.
+    assert!(has(&log, "delete ScaledObject n/a"));
+    assert!(!has(&log, "event Normal ScaledObjectDeleted"));
+    let replicas = |r: &Reconciler<Fake>| {
+        r.cluster.world().objects[&key(ObjectKind::Deployment, "n", "a")].replicas()
+    };
+    assert_eq!(replicas(&r), Some(3));
+
+    // To KEDA: the handoff manager claims the 3 replicas before our apply leaves them out.
+    a.spec = serde_json::from_value(plain()).unwrap();
+    a.metadata.generation = Some(2);
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(
+        at(&log, "claim replicas Deployment n/a 3") < at(&log, "apply Deployment n/a"),
+        "{log:#?}"
+    );
+    assert_eq!(replicas(&r), Some(3), "a busy actor is not scaled in");
+    assert!(has(&log, "apply ScaledObject n/a"));
+    assert!(has(&log, "event Normal ScaledObjectCreated"));
+    assert_eq!(
+        a.status.as_ref().unwrap().scaling_mode.as_deref(),
+        Some("KEDA")
+    );
+
+    // And back: the ScaledObject goes, the fixed count is set again.
+    a.spec = serde_json::from_value(manual(2)).unwrap();
+    a.metadata.generation = Some(3);
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(has(&log, "delete ScaledObject n/a"));
+    assert!(has(&log, "delete TriggerAuthentication n/a"));
+    assert!(has(
+        &log,
+        "event Normal ScaledObjectDeleted: scaling disabled: ScaledObject removed, 2 fixed replica(s)"
+    ));
+    assert!(!has(&log, "claim replicas"));
+    assert_eq!(replicas(&r), Some(2));
+    let w = r.cluster.world();
+    assert!(
+        !w.objects
+            .contains_key(&key(ObjectKind::ScaledObject, "n", "a"))
+    );
+}
+
+#[tokio::test]
+async fn an_actor_whose_flavor_is_missing_waits_and_looks_again_soon() {
+    let r = reconciler();
+    let mut a = actor(json!({"image": "py:3.12", "handler": "m.f", "flavors": ["gpu"]}));
+    let next = step(&r, &mut a).await;
+    assert_eq!(next, Next::After(Duration::from_secs(10)));
+    assert_eq!(phase(&a), "Waiting");
+    assert_eq!(message(&a), "waiting for flavors: gpu");
+    let log = r.cluster.take_log();
+    assert!(
+        !has(&log, "create queue") && !has(&log, "apply "),
+        "{log:#?}"
+    );
+    assert!(has(
+        &log,
+        "event Warning Waiting: phase none -> Waiting: waiting for flavors: gpu"
+    ));
+
+    // Once the flavor exists the actor goes ahead.
+    let flavor: Flavor = serde_json::from_value(json!({
+        "apiVersion": "asya.sh/v1alpha1", "kind": "Flavor",
+        "metadata": {"name": "gpu"}, "spec": {"nodeSelector": {"gpu": "t4"}}
+    }))
+    .unwrap();
+    r.cluster
+        .world()
+        .catalog
+        .insert(FlavorDef::from_flavor(&flavor));
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(has(&log, "apply Deployment n/a"));
+    assert_ne!(phase(&a), "Waiting");
+    assert_eq!(a.status.as_ref().unwrap().resolved_flavors, ["gpu"]);
+}
+
+#[tokio::test]
+async fn a_crash_loop_is_a_runtime_error_and_with_a_ready_pod_degraded() {
+    let r = reconciler();
+    let mut a = actor(manual(2));
+    step(&r, &mut a).await;
+    r.cluster.take_log();
+    let crash = json!({"waiting": {"reason": "CrashLoopBackOff"}});
+    r.cluster.world().pods = vec![pod("a-1", false, crash.clone(), true)];
+    step(&r, &mut a).await;
+    assert_eq!(phase(&a), "RuntimeError");
+    assert_eq!(
+        message(&a),
+        "1 pod(s) failing: container asya-runtime: CrashLoopBackOff"
+    );
+    let log = r.cluster.take_log();
+    assert!(
+        has(
+            &log,
+            "event Warning RuntimeError: phase Creating -> RuntimeError"
+        ),
+        "{log:#?}"
+    );
+    assert!(!has(&log, "delete Pod"), "an injected pod is not replaced");
+
+    r.cluster.world().pods = vec![
+        pod("a-1", false, crash, true),
+        pod("a-2", true, running(), true),
+    ];
+    step(&r, &mut a).await;
+    assert_eq!(phase(&a), "Degraded");
+    assert_eq!(a.status.as_ref().unwrap().failing_replicas, Some(1));
+    assert_eq!(a.status.as_ref().unwrap().ready_replicas, Some(1));
+}
+
+#[tokio::test]
+async fn a_deleted_actor_is_cleaned_up_and_then_its_finalizer_goes() {
+    let r = reconciler();
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    r.cluster.take_log();
+    r.cluster.world().delay_queues = (1..=6).map(|i| format!("asya-n-a-delay-{i}")).collect();
+    a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    let next = step(&r, &mut a).await;
+    assert_eq!(next, Next::AwaitChange);
+    let log = r.cluster.take_log();
+    let order = [
+        "status Terminating",
+        "delete queue asya-n-a",
+        "delete Deployment n/a",
+        "delete StatefulSet n/a",
+        "delete ScaledObject n/a",
+        "delete TriggerAuthentication n/a",
+        "event Normal QueueDeleted: queue asya-n-a deleted, with its retry delay queues asya-n-a-delay-1, asya-n-a-delay-2, asya-n-a-delay-3, asya-n-a-delay-4 and 2 more",
+        "remove finalizer",
+    ];
+    let idx: Vec<usize> = order.iter().map(|p| at(&log, p)).collect();
+    assert!(idx.windows(2).all(|w| w[0] < w[1]), "{log:#?}");
+    assert!(
+        has(
+            &log,
+            "event Normal Terminating: phase Napping -> Terminating: deleting the queue and owned objects"
+        ),
+        "{log:#?}"
+    );
+    {
+        let w = r.cluster.world();
+        assert!(
+            w.end_queue_candidates
+                .contains(&("rabbitmq".to_string(), "n".to_string()))
+        );
+        assert!(!w.queues.contains_key("asya-n-a"));
+        assert!(
+            w.queues.contains_key("asya-n-x-sink"),
+            "end queues outlive the actor"
+        );
+    }
+
+    // Deleted once our finalizer is gone: nothing more to do.
+    a.metadata.finalizers = Some(vec![]);
+    assert_eq!(step(&r, &mut a).await, Next::AwaitChange);
+    assert_eq!(r.cluster.take_log(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_queue_that_cannot_be_deleted_keeps_the_finalizer() {
+    let r = reconciler();
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    r.cluster.take_log();
+    r.cluster.world().broker = Broker::Unavailable;
+    a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    let err = r.reconcile(&a).await.expect_err("cleanup fails");
+    assert_eq!(err.kind(), "transport");
+    let log = r.cluster.take_log();
+    assert!(has(
+        &log,
+        "event Warning QueueDeleteFailed: deleting queue asya-n-a: transport unavailable: connection refused; retrying"
+    ));
+    assert!(!has(&log, "remove finalizer") && !has(&log, "delete Deployment"));
+}
+
+#[tokio::test]
+async fn a_foreign_object_with_our_name_is_taken_over_by_the_forced_apply() {
+    // What the controller does today, documented: a Deployment someone else created under
+    // the actor's name (not managed by us, so not in the caches) counts as missing and is
+    // applied over with force, becoming ours, created at the KEDA minimum.
+    let r = reconciler();
+    let foreign = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "a", "namespace": "n", "labels": {"team": "other"}},
+        "spec": {"replicas": 5, "template": {"spec": {"containers": [{"name": "web", "image": "nginx"}]}}}});
+    r.cluster.world().objects.insert(
+        key(ObjectKind::Deployment, "n", "a"),
+        Stored {
+            body: foreign,
+            generation: 7,
+            managed: false,
+            ready: 5,
+        },
+    );
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(
+        at(&log, "apply Deployment n/a") < at(&log, "claim replicas Deployment n/a 0"),
+        "{log:#?}"
+    );
+    let w = r.cluster.world();
+    let d = &w.objects[&key(ObjectKind::Deployment, "n", "a")];
+    assert!(d.managed, "it carries our labels now");
+    assert_eq!(d.replicas(), Some(0));
+    assert_eq!(
+        d.body["spec"]["template"]["spec"]["containers"][0]["name"],
+        "asya-runtime"
+    );
+}
+
+#[tokio::test]
+async fn a_broker_failure_is_a_transport_error_retried_as_the_error_says() {
+    let r = reconciler();
+    let mut a = actor(plain());
+    r.cluster.world().broker = Broker::Unavailable;
+    // Backoff 2 s, but a broker that is down is not asked again within 5 s.
+    assert_eq!(step(&r, &mut a).await, Next::After(Duration::from_secs(5)));
+    assert_eq!(phase(&a), "TransportError");
+    assert_eq!(
+        a.status.as_ref().unwrap().transport_status.as_deref(),
+        Some("Unavailable")
+    );
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "apply "), "no objects without a queue: {log:#?}");
+    r.cluster.world().broker = Broker::Cooldown;
+    assert_eq!(step(&r, &mut a).await, Next::After(Duration::from_secs(65)));
+    r.cluster.world().broker = Broker::Rejected;
+    step(&r, &mut a).await;
+    assert_eq!(
+        a.status.as_ref().unwrap().transport_status.as_deref(),
+        Some("Rejected")
+    );
+}
+
+#[tokio::test]
+async fn a_queue_deleted_behind_our_back_is_recreated_and_announced_as_such() {
+    let r = reconciler();
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    r.cluster.take_log();
+    r.cluster.world().queues.remove("asya-n-a");
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(has(&log, "create queue asya-n-a"), "{log:#?}");
+    assert!(has(
+        &log,
+        "event Warning QueueRecreated: queue asya-n-a had disappeared from rabbitmq; recreated"
+    ));
+}
+
+#[tokio::test]
+async fn pods_without_the_sidecar_are_replaced_only_once_injection_works() {
+    let r = reconciler();
+    let mut a = actor(manual(1));
+    step(&r, &mut a).await;
+    r.cluster.take_log();
+    {
+        let mut w = r.cluster.world();
+        w.pods = vec![pod("bare", true, running(), false)];
+        w.injection_works = false;
+    }
+    assert_eq!(step(&r, &mut a).await, Next::After(Duration::from_secs(10)));
+    let log = r.cluster.take_log();
+    assert!(has(
+        &log,
+        "event Warning PodWithoutSidecar: pod bare carries no asya-sidecar and injection still fails"
+    ));
+    assert!(!has(&log, "delete Pod"));
+
+    r.cluster.world().injection_works = true;
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(
+        at(&log, "delete Pod n/bare")
+            < at(&log, "event Warning PodWithoutSidecarReplaced: pod bare"),
+        "{log:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_workload_is_degraded_announced_and_retried_with_backoff() {
+    let r = reconciler();
+    r.cluster.world().refuse.insert(ObjectKind::Deployment);
+    let mut a = actor(manual(1));
+    assert_eq!(step(&r, &mut a).await, Next::After(Duration::from_secs(2)));
+    assert_eq!(phase(&a), "Degraded");
+    assert!(message(&a).starts_with("workload: "), "{}", message(&a));
+    assert!(has(&r.cluster.take_log(), "event Warning WorkloadFailed: "));
+    assert_eq!(step(&r, &mut a).await, Next::After(Duration::from_secs(4)));
+}
+
+#[tokio::test]
+async fn without_keda_a_scaled_actor_says_so_and_a_manual_one_is_fine() {
+    let r = reconciler();
+    r.cluster.world().keda = false;
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    assert_eq!(phase(&a), "Degraded");
+    assert_eq!(
+        message(&a),
+        "scaling: KEDA's CRDs are not installed in the cluster"
+    );
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "apply ScaledObject") && !has(&log, "delete ScaledObject"));
+
+    let r = reconciler();
+    r.cluster.world().keda = false;
+    let mut a = actor(manual(1));
+    step(&r, &mut a).await;
+    assert_eq!(phase(&a), "Creating");
+}
+
+#[tokio::test]
+async fn an_actor_that_switches_to_a_stateful_set_loses_its_deployment() {
+    let r = reconciler();
+    let mut a = actor(manual(1));
+    step(&r, &mut a).await;
+    r.cluster.take_log();
+    a.spec = serde_json::from_value(json!({"scaling": {"enabled": false},
+        "workload": {"kind": "StatefulSet", "template": {"spec": {"containers": [
+            {"name": "asya-runtime", "image": "py", "env": [{"name": "ASYA_HANDLER", "value": "m.f"}]}]}}}}))
+    .unwrap();
+    a.metadata.generation = Some(2);
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(
+        at(&log, "delete Deployment n/a") < at(&log, "apply StatefulSet n/a"),
+        "{log:#?}"
+    );
+    assert!(
+        !has(&log, "event Normal WorkloadCreated"),
+        "not a new actor"
+    );
+    assert_eq!(
+        a.status.as_ref().unwrap().workload_kind.as_deref(),
+        Some("StatefulSet")
+    );
+    let w = r.cluster.world();
+    assert!(
+        !w.objects
+            .contains_key(&key(ObjectKind::Deployment, "n", "a"))
+    );
+    assert!(
+        w.objects
+            .contains_key(&key(ObjectKind::StatefulSet, "n", "a"))
+    );
+}
