@@ -10,10 +10,65 @@ use std::collections::HashMap;
 use asya_api::config::ClusterConfig;
 use asya_api::flavor::{FlavorCatalog, FlavorDef, FlavorSource};
 use asya_webhook::admission::{
-    ActorLookup, Ctx, Endpoint, SettingsMemo, encode_review, encode_review_reference, handle,
-    handle_actor_validation, handle_pod_create, handle_reference,
+    ActorLookup, Ctx, Endpoint, SettingsMemo, encode_review, handle, handle_actor_validation,
+    handle_pod_create, handle_reference,
 };
+use kube::core::DynamicObject;
+use kube::core::admission::AdmissionReview;
 use serde_json::{Value, json};
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireResponse<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'a kube::core::Status>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<&'a Vec<String>>,
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    audit_annotations: &'a HashMap<String, String>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireReview<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    response: WireResponse<'a>,
+}
+
+/// [`encode_review`] through serde: the reference its hand-written bytes are tested against.
+fn encode_review_reference(
+    review: &AdmissionReview<DynamicObject>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    use base64::Engine;
+    let Some(r) = review.response.as_ref() else {
+        return serde_json::to_vec(review);
+    };
+    let patch = r
+        .patch
+        .as_ref()
+        .map(|p| base64::engine::general_purpose::STANDARD.encode(p));
+    let wire = WireReview {
+        api_version: "admission.k8s.io/v1",
+        kind: "AdmissionReview",
+        response: WireResponse {
+            uid: &r.uid,
+            allowed: r.allowed,
+            status: (!r.allowed).then_some(&r.result),
+            patch_type: patch.as_ref().map(|_| "JSONPatch"),
+            patch,
+            warnings: r.warnings.as_ref(),
+            audit_annotations: &r.audit_annotations,
+        },
+    };
+    serde_json::to_vec(&wire)
+}
 
 struct Env {
     config: ClusterConfig,
@@ -360,7 +415,7 @@ fn examples() -> (FlavorCatalog, Vec<Value>) {
         .parent()
         .expect("the webhook crate lives in the workspace")
         .to_path_buf();
-    let docs = asya_webhook::validate_cmd::read_documents(&[
+    let docs = asya_webhook::cmd::validate::read_documents(&[
         root.join("deploy/examples"),
         root.join("tests/fixtures/invalid"),
     ])
