@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use asya_webhook::cmd::validate as validate_cmd;
+use asya_webhook::cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -27,7 +27,7 @@ enum Command {
     /// Print workloads with the sidecar injected (Pod, Deployment, StatefulSet, ReplicaSet, Job, CronJob).
     Inject(asya_webhook::cmd::inject::InjectArgs),
     /// Check AsyncActor files: every rejection and warning, exit 1 if anything is rejected.
-    Validate(validate_cmd::ValidateArgs),
+    Validate(cmd::validate::ValidateArgs),
     /// Certificate tools.
     #[command(subcommand)]
     Certs(CertsCommand),
@@ -107,7 +107,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Inject(args) => asya_webhook::cmd::inject::run(args),
-        Command::Validate(args) => validate_cmd::run(args),
+        Command::Validate(args) => cmd::validate::run(args),
         Command::Certs(CertsCommand::Generate {
             out,
             dns,

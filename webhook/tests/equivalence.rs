@@ -1,7 +1,8 @@
-//! The fast paths (a pod to inject; an AsyncActor to validate) answer exactly as the
-//! reference path (kube's `AdmissionReview` parse, the object as a JSON `Value`, whole-pod
-//! clone and diff, serde-encoded response): same response bytes, same outcome, same
-//! errors, over varied corpora (the seed examples among them) and over fuzzed bodies.
+//! The text parse of the common requests (a pod to inject; an AsyncActor to validate)
+//! answers exactly as the general parse (kube's `AdmissionReview`, the object as a JSON
+//! `Value`), and the hand-written response encoding gives the bytes of a serde encoding
+//! (a test-only reference, below): same response bytes, same outcome, same errors, over
+//! varied corpora (the examples among them) and over fuzzed bodies.
 
 mod common;
 
@@ -11,7 +12,7 @@ use asya_api::config::ClusterConfig;
 use asya_api::flavor::{FlavorCatalog, FlavorDef, FlavorSource};
 use asya_webhook::admission::{
     ActorLookup, Ctx, Endpoint, SettingsMemo, encode_review, handle, handle_actor_validation,
-    handle_pod_create, handle_reference,
+    handle_general, handle_pod_create,
 };
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
@@ -217,7 +218,7 @@ fn same(env: &Env, body: &[u8]) -> Took {
             Endpoint::MutateActors,
         ] {
             let got = answer(|| handle(ep, body, &ctx));
-            let want = answer(|| handle_reference(ep, body, &ctx));
+            let want = answer(|| handle_general(ep, body, &ctx));
             assert_eq!(
                 got,
                 want,

@@ -23,13 +23,7 @@ fn resolve_reference(
     let part = flavor_part(&spec.flavors, namespace, catalog, policy);
     let merged = part.merged.as_ref().map_err(Clone::clone)?;
     let (effective, origins) = overlay_json(merged, spec)?;
-    Ok(Resolution {
-        spec: effective,
-        flavors: part.flavors.clone(),
-        missing: part.missing.clone(),
-        warnings: part.warnings.clone(),
-        origins,
-    })
+    Ok(part.resolution(effective, origins))
 }
 
 /// Flavor names listed by actors; `omega` never exists, `zz` is too short but still resolves.

@@ -45,13 +45,7 @@ pub fn resolve(
         // A field the typed path cannot take exactly: the whole-spec path, with its error.
         None => overlay_json(merged, spec)?,
     };
-    Ok(Resolution {
-        spec: effective,
-        flavors: part.flavors.clone(),
-        missing: part.missing.clone(),
-        warnings: part.warnings.clone(),
-        origins,
-    })
+    Ok(part.resolution(effective, origins))
 }
 
 /// Everything [`resolve`] derives from the flavor list, the catalog and the policy alone.
@@ -68,6 +62,17 @@ pub(super) struct FlavorPart {
 }
 
 impl FlavorPart {
+    /// The resolution of an actor whose effective spec is `spec`.
+    pub(super) fn resolution(&self, spec: AsyncActorSpec, origins: Origins) -> Resolution {
+        Resolution {
+            spec,
+            flavors: self.flavors.clone(),
+            missing: self.missing.clone(),
+            warnings: self.warnings.clone(),
+            origins,
+        }
+    }
+
     pub(super) fn fits(&self, policy: &Policy) -> bool {
         self.policy_fields
             .as_ref()

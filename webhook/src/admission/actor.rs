@@ -15,9 +15,9 @@ use super::response::{
 use super::{ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, op_name, wire};
 
 /// The common validation (an AsyncActor CREATE or UPDATE whose spec has no unknown field)
-/// through the cheaper parse of [`crate::wire`]: the spec is parsed from the request's
+/// through the cheaper parse of [`super::wire`]: the spec is parsed from the request's
 /// text, not through a JSON `Value`. `None` whenever that parse cannot vouch for the same
-/// answer as [`handle_reference`], which then answers. Public for the equivalence tests.
+/// answer as [`super::handle_general`], which then answers. Public for the equivalence tests.
 #[doc(hidden)]
 pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
     let (types, req) = wire::request(body)?;

@@ -13,8 +13,8 @@ use crate::inject::{ActorSettings, InjectedPod, inject, is_injected, wants_injec
 use crate::patch::injection_patch;
 
 /// The common pod request (a CREATE of a plain pod) through the cheaper parse of
-/// [`crate::wire`]; `None` whenever that parse cannot vouch for the same answer as
-/// [`handle_reference`], which then answers. Public for the equivalence tests.
+/// [`super::wire`]; `None` whenever that parse cannot vouch for the same answer as
+/// [`super::handle_general`], which then answers. Public for the equivalence tests.
 #[doc(hidden)]
 pub fn handle_pod_create(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
     let (types, req) = wire::request(body)?;
