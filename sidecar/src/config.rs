@@ -358,4 +358,50 @@ mod tests {
             matches!(c.transport, TransportConfig::Sqs { ref endpoint, .. } if endpoint.is_some())
         );
     }
+
+    /// What the webhook renders (the shared contract) is what this config reads.
+    #[test]
+    fn injected_settings_are_read_as_rendered() {
+        use asya_api::sidecar_settings::{GatewaySettings, SidecarSettings};
+        let settings = SidecarSettings {
+            actor: "echo".into(),
+            namespace: Sourced::Value("team-a".into()),
+            transport: TransportSettings::Sqs {
+                region: Some("eu-west-1".into()),
+                endpoint: Some("http://127.0.0.1:4566".into()),
+                credentials: None,
+            },
+            socket_dir: "/run/x".into(),
+            runtime_timeout: Some("90s".into()),
+            resiliency_json: Some(r#"{"actorTimeout":"5m"}"#.into()),
+            handler_mode: Some("envelope".into()),
+            metrics_addr: Some("0.0.0.0:9090".into()),
+            gateway: Some(GatewaySettings {
+                url: "http://gateway:8080".into(),
+                token: Some(Sourced::Value("t".into())),
+            }),
+        };
+        let env: Vec<(String, String)> = settings
+            .to_env()
+            .into_iter()
+            .map(|e| (e.name, e.value.unwrap_or_default()))
+            .collect();
+        let map: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let c = Config::from_map(&map).unwrap();
+        assert_eq!((c.actor.as_str(), c.namespace.as_str()), ("echo", "team-a"));
+        assert!(matches!(
+            &c.transport,
+            TransportConfig::Sqs { region, endpoint: Some(e), .. }
+                if region == "eu-west-1" && e == "http://127.0.0.1:4566"
+        ));
+        assert_eq!(c.socket_path, PathBuf::from("/run/x/asya-runtime.sock"));
+        assert_eq!(c.runtime_timeout, Duration::from_secs(90));
+        assert_eq!(c.handler_mode, HandlerMode::Envelope);
+        assert_eq!(c.metrics_addr.port(), 9090);
+        let g = c.gateway.unwrap();
+        assert_eq!(
+            (g.url.as_str(), g.token.as_deref()),
+            ("http://gateway:8080", Some("t"))
+        );
+    }
 }

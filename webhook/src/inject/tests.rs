@@ -375,3 +375,38 @@ fn url_components_are_escaped() {
     assert_eq!(pct("a b@c"), "a%20b%40c");
     assert_eq!(pct("prod-1"), "prod-1");
 }
+
+/// The sidecar container's environment, as the kubelet resolves it, parses back into the
+/// settings the sidecar reads: the injected values arrive under the contract's names.
+#[test]
+fn the_injected_env_parses_back_as_the_sidecars_settings() {
+    use asya_api::sidecar_settings::{SidecarSettings, Sourced, TransportSettings};
+    for native in [true, false] {
+        let mut p = pod();
+        run(&mut p, &settings(), &ClusterConfig::default(), native).unwrap();
+        let env = sidecar_of(&p).env.clone().unwrap_or_default();
+        let get = |name: &str| {
+            let e = env.iter().find(|e| e.name == name)?;
+            match (&e.value, &e.value_from) {
+                (Some(v), _) => Some(v.clone()),
+                // The pod's namespace, or a Secret's key.
+                (None, Some(src)) if src.field_ref.is_some() => Some("team-a".into()),
+                (None, Some(_)) => Some("from-a-secret".into()),
+                (None, None) => None,
+            }
+        };
+        let s = SidecarSettings::from_vars(&get).unwrap();
+        assert_eq!(s.actor, "echo");
+        assert_eq!(s.namespace, Sourced::Value("team-a".into()));
+        assert!(matches!(s.transport, TransportSettings::RabbitMq { .. }));
+        assert_eq!(s.socket_dir, SOCKET_DIR);
+        assert_eq!(s.runtime_timeout.as_deref(), Some("300s"));
+        assert_eq!(
+            s.resiliency_json.as_deref(),
+            Some(r#"{"actorTimeout":"5m"}"#)
+        );
+        assert_eq!(s.handler_mode.as_deref(), Some("payload"));
+        assert_eq!(s.metrics_addr.as_deref(), Some("0.0.0.0:8080"));
+        assert_eq!(s.gateway, None);
+    }
+}
