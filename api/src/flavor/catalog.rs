@@ -2,7 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use super::*;
+use super::resolve::{FlavorPart, flavor_part};
+use super::{FlavorDef, FlavorSource, MAX_FLAVORS};
 use crate::config::Policy;
 
 /// Every known flavor: cluster-scoped ones by name, namespaced ones by namespace and name.

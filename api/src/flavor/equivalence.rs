@@ -7,7 +7,9 @@
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use super::*;
+use super::catalog::*;
+use super::definition::*;
+use super::resolve::*;
 use crate::config::Policy;
 use crate::error::FieldErrors;
 use crate::types::AsyncActorSpec;

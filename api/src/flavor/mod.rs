@@ -34,15 +34,6 @@ pub use catalog::FlavorCatalog;
 pub use definition::{FlavorDef, FlavorSource};
 pub use merge::{Origins, merge_flavors, overlay_inline};
 pub use resolve::{Resolution, ResolvedFlavor, resolve};
-// For the submodules and the tests, which see the whole module.
-#[allow(unused_imports)]
-use catalog::*;
-#[allow(unused_imports)]
-use definition::*;
-#[allow(unused_imports)]
-use merge::*;
-#[allow(unused_imports)]
-use resolve::*;
 
 #[cfg(test)]
 mod equivalence;

@@ -1,5 +1,9 @@
 //! Flavor sources, merge, overlay and resolution.
 
+use super::catalog::*;
+use super::definition::*;
+use super::merge::*;
+use super::resolve::*;
 use super::*;
 use crate::config::Policy;
 use crate::types::AsyncActorSpec;
