@@ -16,6 +16,7 @@ pub mod naming;
 pub mod normalize;
 pub mod percent;
 pub mod schema;
+pub mod sidecar_settings;
 pub mod types;
 
 pub use config::ClusterConfig;

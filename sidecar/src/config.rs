@@ -1,4 +1,5 @@
-//! Settings from the environment (DESIGN.md §5 gives these to the sidecar). Every bad or
+//! Settings from the environment: what the webhook injected, parsed by the contract both
+//! share (`asya_api::sidecar_settings`), and the sidecar's own tunables. Every bad or
 //! missing setting stops the sidecar at start with a message naming the variable.
 
 use std::collections::HashMap;
@@ -8,6 +9,9 @@ use std::time::Duration;
 
 use crate::gateway_client::GatewayConfig;
 use crate::routing::HandlerMode;
+use asya_api::sidecar_settings::{
+    DEFAULT_NAMESPACE, SettingsError, SidecarSettings, Sourced, TransportSettings, env,
+};
 use asya_transport::resiliency::{Plan, parse_duration};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -78,10 +82,6 @@ impl Vars<'_> {
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
     }
-    fn required(&self, var: &'static str, what: &str) -> Result<String, ConfigError> {
-        self.get(var)
-            .ok_or_else(|| err(var, format!("is required ({what})")))
-    }
     fn duration(&self, var: &'static str, default: Duration) -> Result<Duration, ConfigError> {
         match self.get(var) {
             None => Ok(default),
@@ -117,15 +117,6 @@ impl Vars<'_> {
     }
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 impl Config {
     pub fn from_env() -> Result<Config, ConfigError> {
         let lookup = |k: &str| std::env::var(k).ok();
@@ -138,144 +129,124 @@ impl Config {
     }
 
     pub fn from_vars(v: &Vars) -> Result<Config, ConfigError> {
-        let actor = v.required("ASYA_ACTOR_NAME", "the actor this sidecar serves")?;
-        if !is_dns_label(&actor) {
-            return Err(err(
-                "ASYA_ACTOR_NAME",
-                format!("{actor:?} is not a DNS label (lowercase letters, digits, '-')"),
-            ));
-        }
-        let namespace = v.get("ASYA_NAMESPACE").unwrap_or_else(|| "default".into());
-        if !is_dns_label(&namespace) {
-            return Err(err(
-                "ASYA_NAMESPACE",
-                format!("{namespace:?} is not a DNS label"),
-            ));
-        }
-        let resiliency = match v.get("ASYA_RESILIENCY") {
+        // What the webhook injected ([`SidecarSettings`]); the rest are the sidecar's tunables.
+        let get = |k: &str| v.get(k);
+        let settings = SidecarSettings::from_vars(&get)?;
+        let resiliency = match &settings.resiliency_json {
             None => Plan::default(),
-            Some(json) => {
-                Plan::from_json(&json).map_err(|e| err("ASYA_RESILIENCY", e.to_string()))?
-            }
+            Some(json) => Plan::from_json(json).map_err(|e| err(env::RESILIENCY, e.to_string()))?,
         };
         // An explicit ASYA_RUNTIME_TIMEOUT wins; else the resiliency's actorTimeout; else 5m.
-        let runtime_timeout = match v.get("ASYA_RUNTIME_TIMEOUT") {
-            Some(_) => v.duration("ASYA_RUNTIME_TIMEOUT", Duration::from_secs(300))?,
+        let runtime_timeout = match &settings.runtime_timeout {
+            Some(_) => v.duration(env::RUNTIME_TIMEOUT, Duration::from_secs(300))?,
             None => resiliency.actor_timeout.unwrap_or(Duration::from_secs(300)),
         };
         if runtime_timeout.is_zero() {
-            return Err(err("ASYA_RUNTIME_TIMEOUT", "must be greater than zero"));
+            return Err(err(env::RUNTIME_TIMEOUT, "must be greater than zero"));
         }
-        let transport = match v.required("ASYA_TRANSPORT", "rabbitmq or sqs")?.as_str() {
-            "rabbitmq" => TransportConfig::RabbitMq {
-                url: asya_api::amqp::normalize_url(
-                    &v.required("ASYA_RABBITMQ_URL", "amqp://user:pass@host:5672/vhost")?,
-                )
-                .into_owned(),
+        let transport = match settings.transport {
+            TransportSettings::RabbitMq { url, .. } => TransportConfig::RabbitMq {
+                url: asya_api::amqp::normalize_url(&url).into_owned(),
                 exchange: v
-                    .get("ASYA_RABBITMQ_EXCHANGE")
+                    .get(env::RABBITMQ_EXCHANGE)
                     .unwrap_or_else(|| asya_api::naming::RABBITMQ_EXCHANGE.into()),
-                prefetch: v.number("ASYA_RABBITMQ_PREFETCH", 64u16, 1, 10_000)?,
+                prefetch: v.number(env::RABBITMQ_PREFETCH, 64u16, 1, 10_000)?,
             },
-            "sqs" => TransportConfig::Sqs {
-                region: v
-                    .get("ASYA_SQS_REGION")
-                    .or_else(|| v.get("AWS_REGION"))
-                    .or_else(|| v.get("AWS_DEFAULT_REGION"))
-                    .ok_or_else(|| err("ASYA_SQS_REGION", "is required for the sqs transport"))?,
-                endpoint: v.get("ASYA_SQS_ENDPOINT"),
-                wait_seconds: v.number("ASYA_SQS_WAIT_SECONDS", 20i32, 0, 20)?,
+            TransportSettings::Sqs {
+                region, endpoint, ..
+            } => TransportConfig::Sqs {
+                // Present: the settings require one.
+                region: region.unwrap_or_default(),
+                endpoint,
+                wait_seconds: v.number(env::SQS_WAIT_SECONDS, 20i32, 0, 20)?,
                 visibility_timeout: v.duration(
-                    "ASYA_SQS_VISIBILITY_TIMEOUT",
+                    env::SQS_VISIBILITY_TIMEOUT,
                     runtime_timeout + Duration::from_secs(30),
                 )?,
                 // SQS's limit since 2025 (and moto's); older deployments may need 262144.
                 max_message_bytes: v.number(
-                    "ASYA_SQS_MAX_MESSAGE_BYTES",
+                    env::SQS_MAX_MESSAGE_BYTES,
                     1_048_576usize,
                     1024,
                     1_048_576,
                 )?,
             },
-            other => {
-                return Err(err(
-                    "ASYA_TRANSPORT",
-                    format!("{other:?} is not a transport (rabbitmq or sqs)"),
-                ));
-            }
         };
-        let handler_mode = match v.get("ASYA_HANDLER_MODE").as_deref() {
+        let handler_mode = match settings.handler_mode.as_deref() {
             None | Some("payload") => HandlerMode::Payload,
             Some("envelope") => HandlerMode::Envelope,
             Some(other) => {
                 return Err(err(
-                    "ASYA_HANDLER_MODE",
+                    env::HANDLER_MODE,
                     format!("{other:?} is not payload or envelope"),
                 ));
             }
         };
-        let metrics_addr = v
-            .get("ASYA_METRICS_ADDR")
+        let metrics_addr = settings
+            .metrics_addr
             .unwrap_or_else(|| "0.0.0.0:8080".into());
         let metrics_addr: SocketAddr = metrics_addr.parse().map_err(|_| {
             err(
-                "ASYA_METRICS_ADDR",
+                env::METRICS_ADDR,
                 format!("{metrics_addr:?} is not host:port"),
             )
         })?;
-        let socket_dir = v
-            .get("ASYA_SOCKET_DIR")
-            .unwrap_or_else(|| "/var/run/asya".into());
-        let log_json = match v.get("ASYA_LOG_FORMAT").as_deref() {
+        let log_json = match v.get(env::LOG_FORMAT).as_deref() {
             None | Some("json") => true,
             Some("text") => false,
             Some(other) => {
                 return Err(err(
-                    "ASYA_LOG_FORMAT",
+                    env::LOG_FORMAT,
                     format!("{other:?} is not json or text"),
                 ));
             }
         };
-        let gateway = match v.get("ASYA_GATEWAY_URL") {
+        let gateway = match settings.gateway {
             None => None,
-            Some(url) => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(err(
-                        "ASYA_GATEWAY_URL",
-                        format!("{url:?} is not an http:// or https:// URL"),
-                    ));
-                }
-                Some(GatewayConfig {
-                    url,
-                    token: v.get("ASYA_GATEWAY_TOKEN"),
-                    timeout: v.duration("ASYA_GATEWAY_TIMEOUT", Duration::from_secs(2))?,
-                    attempts: v.number("ASYA_GATEWAY_ATTEMPTS", 4u32, 1, 10)?,
-                    queue: v.number("ASYA_GATEWAY_QUEUE", 1024usize, 1, 1_000_000)?,
-                })
-            }
+            Some(g) => Some(GatewayConfig {
+                url: g.url,
+                token: g.token.and_then(Sourced::into_value),
+                timeout: v.duration(env::GATEWAY_TIMEOUT, Duration::from_secs(2))?,
+                attempts: v.number(env::GATEWAY_ATTEMPTS, 4u32, 1, 10)?,
+                queue: v.number(env::GATEWAY_QUEUE, 1024usize, 1, 1_000_000)?,
+            }),
         };
+        let actor = settings.actor;
+        let namespace = settings
+            .namespace
+            .into_value()
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.into());
         Ok(Config {
             gateway,
-            is_end_actor: v.boolean("ASYA_IS_END_ACTOR", asya_api::naming::is_end_actor(&actor))?,
+            is_end_actor: v.boolean(env::IS_END_ACTOR, asya_api::naming::is_end_actor(&actor))?,
             actor,
             namespace,
             transport,
-            socket_path: PathBuf::from(socket_dir).join("asya-runtime.sock"),
+            socket_path: PathBuf::from(settings.socket_dir).join("asya-runtime.sock"),
             runtime_timeout,
-            runtime_wait: v.duration("ASYA_RUNTIME_WAIT", Duration::from_secs(30))?,
-            runtime_pipeline: v.number("ASYA_RUNTIME_PIPELINE", 4usize, 1, 64)?,
+            runtime_wait: v.duration(env::RUNTIME_WAIT, Duration::from_secs(30))?,
+            runtime_pipeline: v.number(env::RUNTIME_PIPELINE, 4usize, 1, 64)?,
             handler_mode,
             resiliency,
-            queue_auto_create: v.boolean("ASYA_QUEUE_AUTO_CREATE", false)?,
+            queue_auto_create: v.boolean(env::QUEUE_AUTO_CREATE, false)?,
             metrics_addr,
-            max_redeliveries: v.number("ASYA_MAX_REDELIVERIES", 5u32, 0, 1_000)?,
-            shutdown_timeout: v.duration("ASYA_SHUTDOWN_TIMEOUT", Duration::from_secs(25))?,
+            max_redeliveries: v.number(env::MAX_REDELIVERIES, 5u32, 0, 1_000)?,
+            shutdown_timeout: v.duration(env::SHUTDOWN_TIMEOUT, Duration::from_secs(25))?,
             transport_startup_timeout: Some(
-                v.duration("ASYA_TRANSPORT_STARTUP_TIMEOUT", Duration::from_secs(60))?,
+                v.duration(env::TRANSPORT_STARTUP_TIMEOUT, Duration::from_secs(60))?,
             )
             .filter(|d| !d.is_zero()),
             log_json,
         })
+    }
+}
+
+impl From<SettingsError> for ConfigError {
+    fn from(e: SettingsError) -> Self {
+        ConfigError {
+            var: e.var,
+            message: e.message,
+        }
     }
 }
 
@@ -385,6 +356,52 @@ mod tests {
         assert!(c.is_end_actor);
         assert!(
             matches!(c.transport, TransportConfig::Sqs { ref endpoint, .. } if endpoint.is_some())
+        );
+    }
+
+    /// What the webhook renders (the shared contract) is what this config reads.
+    #[test]
+    fn injected_settings_are_read_as_rendered() {
+        use asya_api::sidecar_settings::{GatewaySettings, SidecarSettings};
+        let settings = SidecarSettings {
+            actor: "echo".into(),
+            namespace: Sourced::Value("team-a".into()),
+            transport: TransportSettings::Sqs {
+                region: Some("eu-west-1".into()),
+                endpoint: Some("http://127.0.0.1:4566".into()),
+                credentials: None,
+            },
+            socket_dir: "/run/x".into(),
+            runtime_timeout: Some("90s".into()),
+            resiliency_json: Some(r#"{"actorTimeout":"5m"}"#.into()),
+            handler_mode: Some("envelope".into()),
+            metrics_addr: Some("0.0.0.0:9090".into()),
+            gateway: Some(GatewaySettings {
+                url: "http://gateway:8080".into(),
+                token: Some(Sourced::Value("t".into())),
+            }),
+        };
+        let env: Vec<(String, String)> = settings
+            .to_env()
+            .into_iter()
+            .map(|e| (e.name, e.value.unwrap_or_default()))
+            .collect();
+        let map: HashMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let c = Config::from_map(&map).unwrap();
+        assert_eq!((c.actor.as_str(), c.namespace.as_str()), ("echo", "team-a"));
+        assert!(matches!(
+            &c.transport,
+            TransportConfig::Sqs { region, endpoint: Some(e), .. }
+                if region == "eu-west-1" && e == "http://127.0.0.1:4566"
+        ));
+        assert_eq!(c.socket_path, PathBuf::from("/run/x/asya-runtime.sock"));
+        assert_eq!(c.runtime_timeout, Duration::from_secs(90));
+        assert_eq!(c.handler_mode, HandlerMode::Envelope);
+        assert_eq!(c.metrics_addr.port(), 9090);
+        let g = c.gateway.unwrap();
+        assert_eq!(
+            (g.url.as_str(), g.token.as_deref()),
+            ("http://gateway:8080", Some("t"))
         );
     }
 }

@@ -4,11 +4,8 @@
 pub mod admission;
 pub mod cache;
 pub mod client;
+pub mod cmd;
 pub mod inject;
-pub mod inject_cmd;
 pub mod patch;
-pub mod serve;
 pub mod server;
 pub mod telemetry;
-pub mod validate_cmd;
-mod wire;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use asya_webhook::validate_cmd;
+use asya_webhook::cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -23,11 +23,11 @@ struct Cli {
 enum Command {
     /// Run the admission webhook server.
     // Boxed: the server's flags dwarf the other subcommands' (clippy::large_enum_variant).
-    Serve(Box<asya_webhook::serve::ServeArgs>),
+    Serve(Box<asya_webhook::cmd::serve::ServeArgs>),
     /// Print workloads with the sidecar injected (Pod, Deployment, StatefulSet, ReplicaSet, Job, CronJob).
-    Inject(asya_webhook::inject_cmd::InjectArgs),
+    Inject(asya_webhook::cmd::inject::InjectArgs),
     /// Check AsyncActor files: every rejection and warning, exit 1 if anything is rejected.
-    Validate(validate_cmd::ValidateArgs),
+    Validate(cmd::validate::ValidateArgs),
     /// Certificate tools.
     #[command(subcommand)]
     Certs(CertsCommand),
@@ -97,7 +97,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(asya_webhook::serve::run(*args)) {
+            match rt.block_on(asya_webhook::cmd::serve::run(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = format!("{e:#}"), "webhook stopped");
@@ -106,8 +106,8 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Inject(args) => asya_webhook::inject_cmd::run(args),
-        Command::Validate(args) => validate_cmd::run(args),
+        Command::Inject(args) => asya_webhook::cmd::inject::run(args),
+        Command::Validate(args) => cmd::validate::run(args),
         Command::Certs(CertsCommand::Generate {
             out,
             dns,

@@ -1,64 +1,25 @@
-//! The JSONPatch of an injection, computed from the typed pod before and after.
+//! The JSONPatch of an injection, computed from the injected parts of the pod before and
+//! after ([`InjectedPod`]).
 //!
-//! The result is the same as `json_patch::diff` of the two pods serialized whole (the
-//! tests check it op for op), but only the parts injection touches are serialized and
-//! compared: `metadata.annotations`, `spec.volumes`, `spec.initContainers` and
-//! `spec.containers`, element by element. If anything else differs, it falls back to the
-//! whole-pod diff. Diffing typed-before against typed-after means fields this k8s-openapi
-//! does not know are neither touched nor removed. Values go straight from the typed
-//! objects to JSON text (no `Value` tree in between), and the patch is returned as the
-//! bytes of the response's `patch`.
+//! The result has the ops of `json_patch::diff` of the two pods serialized whole (the tests
+//! check it op for op, and that it turns the one pod into the other), since nothing outside
+//! an [`InjectedPod`] can change. Only those parts are serialized and compared:
+//! `metadata.annotations`, `spec.volumes`, `spec.initContainers` and `spec.containers`,
+//! element by element, changed items as JSON text ([`raw_ops`]). Diffing typed-before
+//! against typed-after means fields this k8s-openapi does not know are neither touched nor
+//! removed. Values go straight from the typed objects to JSON text (no `Value` tree in
+//! between), and the patch is returned as the bytes of the response's `patch`.
 
 use std::collections::BTreeMap;
 
+use json_patch::PatchOperation;
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{Patch, PatchOperation};
-use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+use k8s_openapi::api::core::v1::{Container, Volume};
 use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::{RawValue, to_raw_value};
 
-/// The parts of a pod injection may change, taken out of it (or copied).
-#[derive(Default)]
-pub struct Touched {
-    annotations: Option<BTreeMap<String, String>>,
-    volumes: Option<Vec<Volume>>,
-    init_containers: Option<Vec<Container>>,
-    containers: Vec<Container>,
-}
-
-impl Touched {
-    /// Copies of the parts (a pod without a spec has only its annotations).
-    pub fn cloned(pod: &Pod) -> Self {
-        let spec = pod.spec.as_ref();
-        Touched {
-            annotations: pod.metadata.annotations.clone(),
-            volumes: spec.and_then(|s| s.volumes.clone()),
-            init_containers: spec.and_then(|s| s.init_containers.clone()),
-            containers: spec.map(|s| s.containers.clone()).unwrap_or_default(),
-        }
-    }
-
-    /// Takes the parts out, or `None` (nothing taken) when the pod has no spec.
-    fn take(pod: &mut Pod) -> Option<Self> {
-        let spec = pod.spec.as_mut()?;
-        Some(Touched {
-            annotations: pod.metadata.annotations.take(),
-            volumes: spec.volumes.take(),
-            init_containers: spec.init_containers.take(),
-            containers: std::mem::take(&mut spec.containers),
-        })
-    }
-
-    fn put_back(self, pod: &mut Pod) {
-        pod.metadata.annotations = self.annotations;
-        if let Some(spec) = pod.spec.as_mut() {
-            spec.volumes = self.volumes;
-            spec.init_containers = self.init_containers;
-            spec.containers = self.containers;
-        }
-    }
-}
+use crate::inject::InjectedPod;
 
 /// One JSONPatch operation, its value already JSON text.
 #[derive(Serialize)]
@@ -107,75 +68,43 @@ fn ptr(tokens: &[&str]) -> PointerBuf {
     PointerBuf::from_tokens(tokens.iter().copied())
 }
 
-/// The whole-pod diff, the reference the fast path must equal.
-pub fn full_diff(before: &Pod, after: &Pod) -> Result<Patch, serde_json::Error> {
-    Ok(json_patch::diff(
-        &serde_json::to_value(before)?,
-        &serde_json::to_value(after)?,
-    ))
-}
-
-/// The patch turning `before` into `after`, as JSON text (see the module doc).
-pub fn pod_patch(mut before: Pod, mut after: Pod) -> Result<Vec<u8>, serde_json::Error> {
-    let (Some(b), Some(a)) = (Touched::take(&mut before), Touched::take(&mut after)) else {
-        return serde_json::to_vec(&full_diff(&before, &after)?);
-    };
-    if before != after {
-        b.put_back(&mut before);
-        a.put_back(&mut after);
-        return serde_json::to_vec(&full_diff(&before, &after)?);
-    }
-    touched_ops(&b, &a.as_ref(), ItemDiff::Whole)
-}
-
-/// The patch of an injection, from copies of the parts it changes ([`Touched::cloned`],
-/// taken before) and the injected pod. The same bytes as [`pod_patch`] of the whole pods,
-/// given that the rest of the pod is unchanged, as [`crate::inject::inject_pod`] leaves it:
-/// no whole-pod copy and compare, and changed list items are diffed as JSON text ([`raw_ops`]).
-/// `cache`: where added containers are rendered once.
-pub fn injected_patch(
-    before: &Touched,
-    after: &Pod,
+/// The patch of an injection: from the parts before ([`InjectedPod::cloned`]) to the parts
+/// injected. `cache`: where added containers are rendered once.
+pub fn injection_patch(
+    before: &InjectedPod,
+    after: &InjectedPod,
     cache: Option<&RenderCache>,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    let Some(spec) = after.spec.as_ref() else {
-        return Err(serde::ser::Error::custom("the injected pod has no spec"));
-    };
-    let a = TouchedRef {
-        annotations: after.metadata.annotations.as_ref(),
-        volumes: spec.volumes.as_ref(),
-        init_containers: spec.init_containers.as_ref(),
-        containers: &spec.containers,
-    };
-    touched_ops(before, &a, ItemDiff::ByField(cache))
-}
-
-/// [`Touched`] borrowed.
-struct TouchedRef<'a> {
-    annotations: Option<&'a BTreeMap<String, String>>,
-    volumes: Option<&'a Vec<Volume>>,
-    init_containers: Option<&'a Vec<Container>>,
-    containers: &'a Vec<Container>,
-}
-
-impl Touched {
-    fn as_ref(&self) -> TouchedRef<'_> {
-        TouchedRef {
-            annotations: self.annotations.as_ref(),
-            volumes: self.volumes.as_ref(),
-            init_containers: self.init_containers.as_ref(),
-            containers: &self.containers,
-        }
-    }
-}
-
-/// How a list item present before and after, but changed, is diffed.
-#[derive(Clone, Copy)]
-enum ItemDiff<'a> {
-    /// Both whole items as `Value`s (the reference).
-    Whole,
-    /// As text (see [`item_ops`]); added containers through the cache, when given.
-    ByField(Option<&'a RenderCache>),
+    let mut ops = Vec::new();
+    map_ops(
+        ptr(&["metadata", "annotations"]),
+        before.annotations.as_ref(),
+        after.annotations.as_ref(),
+        &mut ops,
+    )?;
+    // In the order `json_patch::diff` visits them (object keys sorted).
+    list_ops(
+        ptr(&["spec", "containers"]),
+        Some(&before.containers),
+        Some(&after.containers),
+        cache,
+        &mut ops,
+    )?;
+    list_ops(
+        ptr(&["spec", "initContainers"]),
+        before.init_containers.as_ref(),
+        after.init_containers.as_ref(),
+        cache,
+        &mut ops,
+    )?;
+    list_ops(
+        ptr(&["spec", "volumes"]),
+        before.volumes.as_ref(),
+        after.volumes.as_ref(),
+        cache,
+        &mut ops,
+    )?;
+    serde_json::to_vec(&ops)
 }
 
 /// Containers injection adds, as JSON text, looked up by value: the installer and the
@@ -253,44 +182,6 @@ impl Render for Container {
     }
 }
 
-fn touched_ops(
-    b: &Touched,
-    a: &TouchedRef<'_>,
-    how: ItemDiff<'_>,
-) -> Result<Vec<u8>, serde_json::Error> {
-    let b = b.as_ref();
-    let mut ops = Vec::new();
-    map_ops(
-        ptr(&["metadata", "annotations"]),
-        b.annotations,
-        a.annotations,
-        &mut ops,
-    )?;
-    // In the order `json_patch::diff` visits them (object keys sorted).
-    list_ops(
-        ptr(&["spec", "containers"]),
-        Some(b.containers),
-        Some(a.containers),
-        how,
-        &mut ops,
-    )?;
-    list_ops(
-        ptr(&["spec", "initContainers"]),
-        b.init_containers,
-        a.init_containers,
-        how,
-        &mut ops,
-    )?;
-    list_ops(
-        ptr(&["spec", "volumes"]),
-        b.volumes,
-        a.volumes,
-        how,
-        &mut ops,
-    )?;
-    serde_json::to_vec(&ops)
-}
-
 /// A field absent before and present after (or the reverse) as one op, as the diff does.
 /// True when that settles it (or both are equal).
 fn whole<T: Serialize + PartialEq>(
@@ -345,13 +236,9 @@ fn list_ops<T: Render>(
     path: PointerBuf,
     before: Option<&Vec<T>>,
     after: Option<&Vec<T>>,
-    how: ItemDiff<'_>,
+    cache: Option<&RenderCache>,
     ops: &mut Vec<Op>,
 ) -> Result<(), serde_json::Error> {
-    let cache = match how {
-        ItemDiff::ByField(c) => c,
-        ItemDiff::Whole => None,
-    };
     if let (None, Some(a)) = (before, after) {
         ops.push(Op::add_raw(&path, T::render_list(a, cache)?));
         return Ok(());
@@ -364,19 +251,7 @@ fn list_ops<T: Render>(
     };
     for i in 0..b.len().max(a.len()) {
         match (b.get(i), a.get(i)) {
-            (Some(x), Some(y)) if x != y => {
-                let item = path.with_trailing_token(i);
-                match how {
-                    ItemDiff::Whole => {
-                        let d =
-                            json_patch::diff(&serde_json::to_value(x)?, &serde_json::to_value(y)?);
-                        for op in d.0 {
-                            ops.push(prefixed(&item, op)?);
-                        }
-                    }
-                    ItemDiff::ByField(_) => item_ops(&item, x, y, ops)?,
-                }
-            }
+            (Some(x), Some(y)) if x != y => item_ops(&path.with_trailing_token(i), x, y, ops)?,
             (Some(_), Some(_)) => {}
             (None, Some(y)) => ops.push(Op::add_raw(
                 &path.with_trailing_token(i),
@@ -479,13 +354,41 @@ fn prefixed(prefix: &PointerBuf, op: PatchOperation) -> Result<Op, serde_json::E
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inject::inject_pod;
+    use crate::inject::inject;
     use crate::inject::tests::settings;
     use asya_api::config::ClusterConfig;
+    use json_patch::Patch;
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::{Value, json};
 
     fn parsed(bytes: &[u8]) -> Patch {
         serde_json::from_slice(bytes).unwrap()
+    }
+
+    /// The oracle: `json_patch::diff` of the whole pods as `Value`s.
+    fn full_diff(before: &Pod, after: &Pod) -> Patch {
+        json_patch::diff(
+            &serde_json::to_value(before).unwrap(),
+            &serde_json::to_value(after).unwrap(),
+        )
+    }
+
+    /// The pod injected, its parts before and after, and the patch between them.
+    fn injected(v: Value, native: bool, cache: Option<&RenderCache>) -> (Pod, Pod, Vec<u8>) {
+        let before: Pod = serde_json::from_value(v).unwrap();
+        let parts = InjectedPod::cloned(&before).unwrap();
+        let mut after = before.clone();
+        let mut injected = InjectedPod::take(&mut after).unwrap();
+        inject(
+            &mut injected,
+            &settings(),
+            &ClusterConfig::default(),
+            native,
+        )
+        .unwrap();
+        let patch = injection_patch(&parts, &injected, cache).unwrap();
+        injected.put_back(&mut after);
+        (before, after, patch)
     }
 
     fn pods() -> Vec<Value> {
@@ -507,42 +410,30 @@ mod tests {
 
     #[test]
     fn same_ops_as_the_whole_pod_diff() {
-        let cfg = ClusterConfig::default();
-        for native in [true, false] {
+        let cache = RenderCache::default();
+        // Twice with the cache: renderings made, then reused.
+        for (native, cache) in [
+            (true, None),
+            (false, None),
+            (true, Some(&cache)),
+            (false, Some(&cache)),
+            (true, Some(&cache)),
+            (false, Some(&cache)),
+        ] {
             for v in pods() {
-                let before: Pod = serde_json::from_value(v).unwrap();
-                let mut after = before.clone();
-                let spec = after.spec.as_mut().unwrap();
-                inject_pod(&mut after.metadata, spec, &settings(), &cfg, native).unwrap();
-                let want = full_diff(&before, &after).unwrap();
-                let got = parsed(&pod_patch(before.clone(), after.clone()).unwrap());
+                let (before, after, bytes) = injected(v.clone(), native, cache);
+                let got = parsed(&bytes);
                 assert_eq!(
                     serde_json::to_value(&got).unwrap(),
-                    serde_json::to_value(&want).unwrap()
+                    serde_json::to_value(full_diff(&before, &after)).unwrap()
                 );
                 let mut applied = serde_json::to_value(&before).unwrap();
                 json_patch::patch(&mut applied, &got).unwrap();
                 assert_eq!(applied, serde_json::to_value(&after).unwrap());
-            }
-        }
-    }
-
-    #[test]
-    fn injected_patch_is_byte_for_byte_pod_patch() {
-        let cfg = ClusterConfig::default();
-        let cache = RenderCache::default();
-        // Twice: renderings made, then reused.
-        for native in [true, false, true, false] {
-            for v in pods() {
-                let before: Pod = serde_json::from_value(v).unwrap();
-                let parts = Touched::cloned(&before);
-                let mut after = before.clone();
-                let spec = after.spec.as_mut().unwrap();
-                inject_pod(&mut after.metadata, spec, &settings(), &cfg, native).unwrap();
+                // The cache changes nothing in the bytes.
                 assert_eq!(
-                    String::from_utf8(injected_patch(&parts, &after, Some(&cache)).unwrap())
-                        .unwrap(),
-                    String::from_utf8(pod_patch(before, after).unwrap()).unwrap()
+                    String::from_utf8(bytes).unwrap(),
+                    String::from_utf8(injected(v, native, None).2).unwrap()
                 );
             }
         }
@@ -582,16 +473,5 @@ mod tests {
                 serde_json::to_string(&want).unwrap()
             );
         }
-    }
-
-    #[test]
-    fn other_changes_fall_back_to_the_whole_diff() {
-        let before: Pod = serde_json::from_value(pods().remove(1)).unwrap();
-        let mut after = before.clone();
-        after.metadata.labels = None;
-        after.spec.as_mut().unwrap().node_name = Some("n".into());
-        after.spec.as_mut().unwrap().containers.pop();
-        let got = parsed(&pod_patch(before.clone(), after.clone()).unwrap());
-        assert_eq!(got, full_diff(&before, &after).unwrap());
     }
 }

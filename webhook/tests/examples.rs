@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use asya_api::ClusterConfig;
-use asya_webhook::validate_cmd::{ObjectReport, read_documents, render, validate_documents};
+use asya_webhook::cmd::validate::{ObjectReport, read_documents, render, validate_documents};
 use serde::Deserialize;
 
 fn root() -> PathBuf {

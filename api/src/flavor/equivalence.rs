@@ -1,99 +1,31 @@
-//! The oracle for [`resolve`]: a verbatim copy of the implementation before it was memoised
-//! and made typed, and a property test that the two agree exactly on varied catalogs and
-//! inline specs (Ok and Err, origins, warnings, error order), also when the memo answers.
+//! [`resolve`] against a reference that takes neither shortcut: the flavor part worked out
+//! afresh (never from the catalog's memo) and the inline spec laid over the merge as JSON
+//! and the whole result parsed ([`overlay_json`], not the typed overlay). A property test
+//! checks that the two agree exactly on varied catalogs and inline specs (Ok and Err,
+//! origins, warnings, error order), also when the memo answers.
 
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use super::*;
+use super::catalog::*;
+use super::definition::*;
+use super::resolve::*;
+use crate::config::Policy;
+use crate::error::FieldErrors;
+use crate::types::AsyncActorSpec;
+use k8s_openapi::api::core::v1::ConfigMap;
 
-/// `resolve` as it was: merge every flavor, lay the inline spec over the merge as JSON,
-/// parse the whole result.
+/// [`resolve`] the slow way: no memo, no typed overlay.
 fn resolve_reference(
     spec: &AsyncActorSpec,
     namespace: &str,
     catalog: &FlavorCatalog,
     policy: &Policy,
 ) -> Result<Resolution, FieldErrors> {
-    let mut errs = FieldErrors::default();
-    let mut res = Resolution::default();
-    let mut layers: Vec<(&str, &Map<String, Value>)> = Vec::new();
-
-    let mut seen = std::collections::BTreeSet::new();
-    for (i, name) in spec.flavors.iter().enumerate() {
-        if !seen.insert(name) {
-            continue;
-        }
-        let path = format!("spec.flavors[{i}]");
-        let Some(def) = catalog.get(namespace, name) else {
-            res.missing.push(name.clone());
-            continue;
-        };
-        if let Some(problem) = &def.problem {
-            errs.push(FieldError::invalid(
-                path.clone(),
-                name.as_str(),
-                format!("flavor from {} is unusable: {problem}", def.source),
-            ));
-            continue;
-        }
-        for f in ACTOR_ONLY_FIELDS {
-            if def.data.contains_key(f) {
-                errs.push(FieldError::invalid(
-                    path.clone(),
-                    name.as_str(),
-                    format!("flavor sets {f}, which only the actor may set"),
-                ));
-            }
-        }
-        if let FlavorSource::ConfigMap { .. } = &def.source {
-            errs.extend(check_namespaced_flavor(def, &path, namespace, policy));
-        }
-        if let Some(msg) = &def.deprecated {
-            let tail = if msg.is_empty() {
-                String::new()
-            } else {
-                format!(": {msg}")
-            };
-            res.warnings
-                .push(format!("flavor {name:?} is deprecated{tail}"));
-        }
-        res.warnings.extend(def.warnings.iter().cloned());
-        res.flavors.push(ResolvedFlavor {
-            name: name.clone(),
-            source: def.source.clone(),
-        });
-        layers.push((name.as_str(), &def.data));
-    }
-    if !res.missing.is_empty() {
-        let list: Vec<String> = res.missing.iter().map(|m| format!("{m:?}")).collect();
-        res.warnings.push(format!(
-            "flavor {} not found: the actor waits in phase Waiting until it exists",
-            list.join(", ")
-        ));
-    }
-    if !errs.is_empty() {
-        return Err(errs);
-    }
-
-    let (mut merged, mut origins) = merge_flavors(&layers)?;
-    for f in ACTOR_ONLY_FIELDS {
-        merged.remove(f);
-    }
-    let inline = match serde_json::to_value(spec) {
-        Ok(Value::Object(m)) => m,
-        _ => Map::new(),
-    };
-    overlay_inline(&mut merged, &inline, &mut origins);
-    res.spec = serde_json::from_value(Value::Object(merged)).map_err(|e| {
-        FieldErrors(vec![FieldError::invalid(
-            "spec.flavors",
-            serde_json::to_value(&spec.flavors).unwrap_or_default(),
-            format!("merged spec does not parse: {e}"),
-        )])
-    })?;
-    res.origins = origins;
-    Ok(res)
+    let part = flavor_part(&spec.flavors, namespace, catalog, policy);
+    let merged = part.merged.as_ref().map_err(Clone::clone)?;
+    let (effective, origins) = overlay_json(merged, spec)?;
+    Ok(part.resolution(effective, origins))
 }
 
 /// Flavor names listed by actors; `omega` never exists, `zz` is too short but still resolves.

@@ -1,6 +1,6 @@
 //! Laying the inline spec over the merged flavors field by field, without the JSON round
 //! trip of the whole spec: a top-level field only one side sets is taken as it is. A field
-//! both set is overlaid typed where [`both`] mirrors the JSON overlay for its type (scaling,
+//! both set is overlaid typed where [`set_by_both`] mirrors the JSON overlay for its type (scaling,
 //! resiliency, resources, nodeSelector, env, tolerations: what flavors typically share with
 //! actors), otherwise it alone goes through JSON; either way with the same result and
 //! origins as the whole-spec path in [`super::overlay_json`]. Where that cannot be exact (a
@@ -13,11 +13,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::{MergedFlavors, Origins, overlay_map};
+use super::merge::{Origins, overlay_map};
+use super::resolve::MergedFlavors;
 use crate::types::AsyncActorSpec;
 
-mod both;
-use both::Member;
+mod set_by_both;
+use set_by_both::Member;
 
 /// Whether a top-level field appears in the spec's JSON: mirrors the `skip_serializing_if`
 /// attributes of [`AsyncActorSpec`] (`None`, empty list, empty map are left out).
@@ -96,7 +97,7 @@ impl Fields<'_> {
         }
     }
 
-    /// [`Self::field`], but a field both set is overlaid typed (see [`both`]) where the
+    /// [`Self::field`], but a field both set is overlaid typed (see [`set_by_both`]) where the
     /// flavors' typed value is exactly their JSON.
     fn typed_field<T>(&mut self, key: &str, inline: &T, flavors: &T, carry: Carry) -> Option<T>
     where

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{EnvVar, ResourceClaim, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::super::{Origins, clear_origins_under, join, push_down};
+use super::super::merge::{Origins, clear_origins_under, join, push_down};
 use super::Present;
 use crate::duration::DurationSpec;
 use crate::types::{Resiliency, ResiliencyRule, RetryPolicy, Scaling};

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::admission::{Ctx, settings_for_pod};
-use crate::inject::{inject_pod, wants_injection};
+use crate::inject::{InjectedPod, inject, wants_injection};
 
 #[derive(Debug, clap::Args)]
 pub struct InjectArgs {
@@ -187,12 +187,10 @@ pub fn inject_documents(
         for w in warnings {
             eprintln!("Warning: {kind} {name}: {w}");
         }
-        let spec = pod
-            .spec
-            .as_mut()
-            .ok_or_else(|| fail("no pod spec".into()))?;
-        inject_pod(&mut pod.metadata, spec, &settings, config, native)
-            .map_err(|e| fail(e.to_string()))?;
+        let mut parts = InjectedPod::take(&mut pod).ok_or_else(|| fail("no pod spec".into()))?;
+        let injected = inject(&mut parts, &settings, config, native);
+        parts.put_back(&mut pod);
+        injected.map_err(|e| fail(e.to_string()))?;
         let new_meta = serde_json::to_value(&pod.metadata).map_err(|e| fail(e.to_string()))?;
         let new_spec = serde_json::to_value(&pod.spec).map_err(|e| fail(e.to_string()))?;
         let slot = doc
@@ -208,7 +206,7 @@ pub fn inject_documents(
 }
 
 fn run_inner(args: &InjectArgs) -> Result<String, InjectCmdError> {
-    let config = crate::serve::load_config(args.config.as_ref())
+    let config = crate::cmd::serve::load_config(args.config.as_ref())
         .map_err(|e| InjectCmdError::Config(format!("{e:#}")))?;
     let input = docs(&read(&args.file)?, &args.file.display().to_string())?;
     let mut actors = Vec::new();

@@ -1,0 +1,139 @@
+//! AsyncActor admission: validation (through the cheaper parse when it can vouch for the
+//! answer) and the mutating endpoint's rewrite of aliases and defaults.
+
+use asya_api::review::{
+    ActorReview, ParsedActor, ParsedOld, ReviewRequest, review_actor, review_actor_decision,
+    review_parsed_decision,
+};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use serde_json::Value;
+
+use super::response::{
+    allowing, cannot_encode_patch, deny, deny_fields, handled, kind_mismatch, patched,
+    with_warnings,
+};
+use super::{ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, op_name, wire};
+
+/// The common validation (an AsyncActor CREATE or UPDATE whose spec has no unknown field)
+/// through the cheaper parse of [`super::wire`]: the spec is parsed from the request's
+/// text, not through a JSON `Value`. `None` whenever that parse cannot vouch for the same
+/// answer as [`super::handle_general`], which then answers. Public for the equivalence tests.
+#[doc(hidden)]
+pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
+    let (types, req) = wire::request(body)?;
+    if req.kind.group != ACTOR_GROUP || req.kind.kind != ACTOR_KIND {
+        return None;
+    }
+    // The old parse checks an `oldObject` whatever the operation; only an UPDATE reads it.
+    let old = req.old_object.map(wire::actor);
+    let old = match (&req.operation, old) {
+        (Operation::Create, None) => None,
+        // An absent or `null` stored spec reads as none (`Option<&RawValue>` takes `null`
+        // as `None`).
+        (Operation::Update, Some(Some(old))) => Some(ParsedOld::from_text(
+            old.metadata.name,
+            old.spec.map(|s| s.get()),
+        )?),
+        _ => return None,
+    };
+    let object = wire::actor(req.object?)?;
+    let actor = ParsedActor::from_text(&object.metadata, object.spec?.get())?;
+    let operation = op_name(&req.operation);
+    let resp = allowing(types, req.uid);
+    let span = tracing::debug_span!("admit", endpoint = Endpoint::ValidateActors.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
+    let _g = span.enter();
+    let review = review_parsed_decision(
+        actor,
+        old,
+        req.namespace.as_deref(),
+        ctx.catalog,
+        ctx.config,
+    );
+    Some(handled(validated(resp, review, &req.name), operation))
+}
+
+/// `mutated`: whether the caller needs [`ActorReview::mutated`] (only the mutating endpoint).
+pub(super) fn actor_review(
+    obj: &Value,
+    old: Option<&Value>,
+    ns: Option<&str>,
+    ctx: &Ctx<'_>,
+    mutated: bool,
+) -> ActorReview {
+    let req = ReviewRequest {
+        object: obj,
+        old_object: old,
+        namespace: ns,
+        catalog: ctx.catalog,
+        config: ctx.config,
+    };
+    if mutated {
+        review_actor(&req)
+    } else {
+        review_actor_decision(&req)
+    }
+}
+
+pub(super) fn actor(
+    endpoint: Endpoint,
+    req: &AdmissionRequest<RawObject>,
+    resp: AdmissionResponse,
+    ctx: &Ctx<'_>,
+) -> AdmissionResponse {
+    if req.kind.group != ACTOR_GROUP || req.kind.kind != ACTOR_KIND {
+        return kind_mismatch(resp, "asya.sh AsyncActor", req);
+    }
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return resp;
+    }
+    let Some(obj) = req.object.as_ref().map(|o| &o.value) else {
+        return deny(
+            resp,
+            400,
+            "BadRequest",
+            format!("{} request without an object", op_name(&req.operation)),
+            vec![],
+        );
+    };
+    let old = match req.operation {
+        Operation::Update => req.old_object.as_ref().map(|o| &o.value),
+        _ => None,
+    };
+    let ns = req.namespace.as_deref();
+    let mutating = endpoint == Endpoint::MutateActors;
+    let review = actor_review(obj, old, ns, ctx, mutating);
+    if !mutating || !review.allowed() {
+        return validated(resp, review, &req.name);
+    }
+    match review.mutated.as_ref() {
+        None => with_warnings(resp, review.warnings),
+        Some(mutated) => {
+            let patch = json_patch::diff(obj, mutated);
+            if patch.0.is_empty() {
+                // Nothing rewritten: the validating webhook reports the warnings.
+                return resp;
+            }
+            // Only the warnings the rewrite resolves (aliases); the validating webhook sees
+            // the rewritten object and reports the rest, so none is shown twice.
+            let after = actor_review(mutated, old, ns, ctx, false);
+            let warnings = review
+                .warnings
+                .into_iter()
+                .filter(|w| !after.warnings.contains(w))
+                .collect();
+            match serde_json::to_vec(&patch) {
+                Ok(bytes) => patched(resp, bytes, warnings),
+                Err(e) => cannot_encode_patch(resp, e),
+            }
+        }
+    }
+}
+
+/// The validating answer: denied with every error, or allowed; with the warnings either way.
+fn validated(resp: AdmissionResponse, review: ActorReview, name: &str) -> AdmissionResponse {
+    if review.allowed() {
+        return with_warnings(resp, review.warnings);
+    }
+    let what = format!("AsyncActor {name:?}");
+    with_warnings(deny_fields(resp, &what, &review.errors), review.warnings)
+}

@@ -1,0 +1,133 @@
+//! The sidecar container: its image, probes, and its environment rendered from the
+//! settings contract the sidecar parses back ([`asya_api::sidecar_settings`]).
+
+use asya_api::amqp;
+use asya_api::config::{ClusterConfig, TRANSPORT_RABBITMQ, TRANSPORT_SQS, Transport};
+use asya_api::labels;
+use asya_api::sidecar_settings::{
+    GatewaySettings, SidecarSettings, Sourced, SqsCredentials, TransportSettings,
+    env as sidecar_env,
+};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, HTTPGetAction, Probe};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{ActorSettings, InjectError, SOCKET_DIR, SOCKET_VOLUME, ensure_mount, upsert_env};
+
+/// The sidecar's transport settings, credentials from their Secrets (never inline).
+fn transport_settings(name: &str, t: &Transport) -> Result<TransportSettings, InjectError> {
+    let c = &t.config;
+    let secret = |name: &str, key: &str| Sourced::Secret {
+        name: name.into(),
+        key: key.into(),
+    };
+    match t.kind.as_str() {
+        TRANSPORT_RABBITMQ => {
+            // The password stays in its Secret: Kubernetes expands $(VAR) from an earlier env
+            // entry, so the URL is assembled in the pod, not in the pod spec.
+            let password = c
+                .password_secret_ref
+                .as_ref()
+                .map(|s| secret(&s.name, &s.key));
+            let url_password = match &password {
+                Some(_) => amqp::Password::EnvRef(sidecar_env::RABBITMQ_PASSWORD),
+                None => amqp::Password::None,
+            };
+            Ok(TransportSettings::RabbitMq {
+                url: amqp::url(c, url_password),
+                password,
+            })
+        }
+        TRANSPORT_SQS => Ok(TransportSettings::Sqs {
+            region: c.region.clone(),
+            endpoint: c.endpoint.clone(),
+            credentials: c.credentials_secret_ref.as_ref().map(|s| SqsCredentials {
+                access_key_id: secret(&s.name, &s.access_key_id_key),
+                secret_access_key: secret(&s.name, &s.secret_access_key_key),
+            }),
+        }),
+        other => Err(InjectError::UnknownTransportType(name.into(), other.into())),
+    }
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("metrics".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    }
+}
+
+/// The sidecar container (its `restartPolicy` is set by the caller for native sidecars).
+pub(super) fn sidecar_container(
+    a: &ActorSettings,
+    cfg: &ClusterConfig,
+) -> Result<Container, InjectError> {
+    let t = cfg.transport(&a.transport).ok_or_else(|| {
+        InjectError::UnknownTransport(a.transport.clone(), cfg.transport_names().join(", "))
+    })?;
+    let port = cfg.sidecar.metrics_port;
+    let settings = SidecarSettings {
+        actor: a.actor.clone(),
+        // The pod's own namespace, right even when the request object leaves it empty.
+        namespace: Sourced::PodField("metadata.namespace".into()),
+        transport: transport_settings(&a.transport, t)?,
+        socket_dir: SOCKET_DIR.into(),
+        runtime_timeout: Some(format!("{}s", a.actor_timeout_secs)),
+        resiliency_json: Some(a.resiliency_json.clone()),
+        handler_mode: Some(a.handler_mode.clone()),
+        metrics_addr: Some(format!("0.0.0.0:{port}")),
+        gateway: cfg.gateway.url.as_ref().map(|url| GatewaySettings {
+            url: url.clone(),
+            token: cfg
+                .gateway
+                .token_secret_ref
+                .as_ref()
+                .map(|s| Sourced::Secret {
+                    name: s.name.clone(),
+                    key: s.key.clone(),
+                }),
+        }),
+    };
+    let env_list = settings.to_env();
+    let mut env_opt = Some(env_list);
+    // Per-actor overrides win over the injected defaults.
+    for e in &a.sidecar_env {
+        upsert_env(&mut env_opt, e.clone());
+    }
+    let mut c = Container {
+        name: labels::SIDECAR_CONTAINER.into(),
+        image: Some(
+            a.sidecar_image
+                .clone()
+                .unwrap_or_else(|| cfg.sidecar.image.clone()),
+        ),
+        image_pull_policy: Some(
+            a.sidecar_pull_policy
+                .clone()
+                .unwrap_or_else(|| cfg.sidecar.image_pull_policy.clone()),
+        ),
+        args: Some(vec!["run".into()]),
+        env: env_opt,
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: i32::from(port),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(http_probe("/readyz", 5, 3)),
+        liveness_probe: Some(http_probe("/healthz", 10, 6)),
+        resources: Some(
+            a.sidecar_resources
+                .clone()
+                .unwrap_or_else(|| cfg.sidecar.resources.clone()),
+        ),
+        ..Default::default()
+    };
+    ensure_mount(&mut c, SOCKET_VOLUME, SOCKET_DIR, false);
+    Ok(c)
+}

@@ -1,0 +1,403 @@
+//! Injection, checked on whole pods.
+
+use super::*;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+/// The settings of a plain actor `echo` (also used by the patch tests).
+pub(crate) fn settings() -> ActorSettings {
+    ActorSettings {
+        actor: "echo".into(),
+        transport: "rabbitmq".into(),
+        handler: Some("echo.handle".into()),
+        handler_mode: "payload".into(),
+        python_executable: "python3".into(),
+        actor_timeout_secs: 300,
+        resiliency_json: r#"{"actorTimeout":"5m"}"#.into(),
+        sidecar_image: None,
+        sidecar_pull_policy: None,
+        sidecar_resources: None,
+        sidecar_env: vec![],
+    }
+}
+
+fn pod() -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"asya.sh/inject": "true", "asya.sh/actor": "echo"}},
+        "spec": {"containers": [{"name": "main", "image": "python:3.13", "args": ["x"],
+                                 "env": [{"name": "ASYA_HANDLER", "value": "old.value"}]}],
+                 "initContainers": [{"name": "user-init", "image": "busybox"}]}
+    }))
+    .unwrap()
+}
+
+fn run(
+    p: &mut Pod,
+    a: &ActorSettings,
+    cfg: &ClusterConfig,
+    native: bool,
+) -> Result<(), InjectError> {
+    let mut parts = InjectedPod::take(p).unwrap();
+    let result = inject(&mut parts, a, cfg, native);
+    parts.put_back(p);
+    result
+}
+
+fn env_of<'a>(c: &'a Container, name: &str) -> Option<&'a EnvVar> {
+    c.env.as_ref()?.iter().find(|e| e.name == name)
+}
+
+#[test]
+fn a_stale_sidecar_before_the_runtime_is_replaced_and_the_runtime_is_still_the_one_set_up() {
+    for native in [false, true] {
+        let mut p: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "labels": {"asya.sh/inject": "true"}},
+            "spec": {"containers": [
+                {"name": "asya-sidecar", "image": "old-sidecar:0"},
+                {"name": "asya-runtime", "image": "python:3.13"},
+                {"name": "metrics", "image": "exporter:1"}]}
+        }))
+        .unwrap();
+        run(&mut p, &settings(), &ClusterConfig::default(), native).unwrap();
+        let s = p.spec.as_ref().unwrap();
+        let by_name = |n: &str| s.containers.iter().find(|c| c.name == n).unwrap();
+        assert_eq!(
+            by_name("asya-runtime").command.as_deref(),
+            Some(&["python3".to_string(), RUNTIME_FILE.to_string()][..]),
+            "native={native}"
+        );
+        assert!(by_name("metrics").command.is_none(), "native={native}");
+        let sidecars = s
+            .containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .filter(|c| c.name == "asya-sidecar")
+            .collect::<Vec<_>>();
+        assert_eq!(sidecars.len(), 1, "native={native}");
+        assert_ne!(sidecars[0].image.as_deref(), Some("old-sidecar:0"));
+    }
+}
+
+#[test]
+fn native_injection_has_everything_and_is_idempotent() {
+    let cfg = ClusterConfig::default();
+    let mut p = pod();
+    run(&mut p, &settings(), &cfg, true).unwrap();
+    let s = p.spec.as_ref().unwrap();
+    let inits: Vec<_> = s
+        .init_containers
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(inits, ["asya-install-runtime", "asya-sidecar", "user-init"]);
+    let sc = &s.init_containers.as_ref().unwrap()[1];
+    assert_eq!(sc.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(sc.image.as_deref(), Some(cfg.sidecar.image.as_str()));
+    assert_eq!(
+        env_of(sc, "ASYA_ACTOR_NAME").unwrap().value.as_deref(),
+        Some("echo")
+    );
+    assert_eq!(
+        env_of(sc, "ASYA_TRANSPORT").unwrap().value.as_deref(),
+        Some("rabbitmq")
+    );
+    let pw = env_of(sc, "ASYA_RABBITMQ_PASSWORD").unwrap();
+    assert_eq!(pw.value, None, "credentials never inline");
+    let sk = pw
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (sk.name.as_str(), sk.key.as_str()),
+        ("rabbitmq-secret", "password")
+    );
+    assert_eq!(
+        env_of(sc, "ASYA_RABBITMQ_URL").unwrap().value.as_deref(),
+        Some("amqp://guest:$(ASYA_RABBITMQ_PASSWORD)@rabbitmq:5672/%2F")
+    );
+    // The password var must come before the URL that references it.
+    let names: Vec<_> = sc
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| e.name.as_str())
+        .collect();
+    let pos = |n| names.iter().position(|x| *x == n).unwrap();
+    assert!(pos("ASYA_RABBITMQ_PASSWORD") < pos("ASYA_RABBITMQ_URL"));
+    assert_eq!(
+        env_of(sc, "ASYA_RUNTIME_TIMEOUT").unwrap().value.as_deref(),
+        Some("300s")
+    );
+    assert_eq!(
+        env_of(sc, "ASYA_SOCKET_DIR").unwrap().value.as_deref(),
+        Some("/var/run/asya")
+    );
+    assert!(
+        env_of(sc, "ASYA_NAMESPACE")
+            .unwrap()
+            .value_from
+            .as_ref()
+            .unwrap()
+            .field_ref
+            .is_some()
+    );
+    assert_eq!(
+        sc.ports.as_ref().unwrap()[0].name.as_deref(),
+        Some("metrics")
+    );
+    assert_eq!(sc.ports.as_ref().unwrap()[0].container_port, 8080);
+    assert!(sc.readiness_probe.is_some() && sc.liveness_probe.is_some());
+    assert!(sc.resources.is_some());
+
+    let rt = &s.containers[0];
+    assert_eq!(s.containers.len(), 1);
+    assert_eq!(
+        rt.command.as_ref().unwrap(),
+        &["python3", "/opt/asya/asya_runtime.py"]
+    );
+    assert_eq!(rt.args, None);
+    assert_eq!(
+        env_of(rt, "ASYA_HANDLER").unwrap().value.as_deref(),
+        Some("echo.handle")
+    );
+    assert_eq!(
+        rt.env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|e| e.name == "ASYA_HANDLER")
+            .count(),
+        1
+    );
+    let mounts: Vec<_> = rt
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert_eq!(mounts, ["/var/run/asya", "/opt/asya"]);
+    let vols: Vec<_> = s
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert_eq!(
+        vols,
+        ["asya-socket", "asya-runtime-file", "asya-no-api-token"]
+    );
+    // Our containers carry no API token; the user's keep theirs.
+    for c in &s.init_containers.as_ref().unwrap()[..2] {
+        let m = c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.mount_path == API_TOKEN_PATH)
+            .unwrap_or_else(|| panic!("{} has no mount over the token path", c.name));
+        assert_eq!(
+            (m.name.as_str(), m.read_only),
+            (NO_API_TOKEN_VOLUME, Some(true))
+        );
+    }
+    assert!(!mounts.contains(&API_TOKEN_PATH));
+    assert!(is_injected(&p.metadata));
+
+    let once = p.clone();
+    run(&mut p, &settings(), &cfg, true).unwrap();
+    assert_eq!(p, once, "second pass changes nothing");
+}
+
+#[test]
+fn regular_container_mode_and_overrides() {
+    let cfg = ClusterConfig::default();
+    let mut a = settings();
+    a.transport = "sqs".into();
+    a.sidecar_image = Some("reg.example/asya-sidecar:dev".into());
+    a.sidecar_env = vec![env("ASYA_SOCKET_DIR", "/should/win")];
+    let mut p = pod();
+    run(&mut p, &a, &cfg, false).unwrap();
+    let s = p.spec.unwrap();
+    assert_eq!(s.containers.len(), 2);
+    let sc = &s.containers[1];
+    assert_eq!(sc.name, "asya-sidecar");
+    assert_eq!(sc.restart_policy, None);
+    assert_eq!(sc.image.as_deref(), Some("reg.example/asya-sidecar:dev"));
+    assert_eq!(
+        env_of(sc, "ASYA_SQS_REGION").unwrap().value.as_deref(),
+        Some("us-east-1")
+    );
+    assert_eq!(
+        env_of(sc, "ASYA_SOCKET_DIR").unwrap().value.as_deref(),
+        Some("/should/win")
+    );
+    assert!(env_of(sc, "ASYA_RABBITMQ_URL").is_none());
+    assert_eq!(
+        p.metadata
+            .annotations
+            .unwrap()
+            .get(INJECTED)
+            .map(String::as_str),
+        Some("reg.example/asya-sidecar:dev")
+    );
+    let inits = s.init_containers.unwrap();
+    assert_eq!(
+        inits[0].image.as_deref(),
+        Some("reg.example/asya-sidecar:dev")
+    );
+}
+
+/// The injected sidecar, a native one (init container) or a regular one.
+fn sidecar_of(p: &Pod) -> &Container {
+    let s = p.spec.as_ref().unwrap();
+    s.init_containers
+        .iter()
+        .flatten()
+        .chain(&s.containers)
+        .find(|c| c.name == labels::SIDECAR_CONTAINER)
+        .expect("an injected sidecar")
+}
+
+#[test]
+fn gateway_url_and_token_are_injected_only_when_the_configuration_names_a_gateway() {
+    let url = "http://asya-gateway.asya-system.svc:8080";
+    for native in [true, false] {
+        // No gateway in the configuration: the sidecar reports nowhere.
+        let cfg = ClusterConfig::default();
+        assert!(cfg.gateway.is_off());
+        let mut p = pod();
+        run(&mut p, &settings(), &cfg, native).unwrap();
+        let sc = sidecar_of(&p);
+        assert!(env_of(sc, "ASYA_GATEWAY_URL").is_none(), "native={native}");
+        assert!(
+            env_of(sc, "ASYA_GATEWAY_TOKEN").is_none(),
+            "native={native}"
+        );
+
+        // A URL alone (auth off on the gateway): the URL, no token.
+        let mut cfg = ClusterConfig::default();
+        cfg.gateway.url = Some(url.into());
+        let mut p = pod();
+        run(&mut p, &settings(), &cfg, native).unwrap();
+        let sc = sidecar_of(&p);
+        assert_eq!(
+            env_of(sc, "ASYA_GATEWAY_URL").unwrap(),
+            &env("ASYA_GATEWAY_URL", url),
+            "native={native}"
+        );
+        assert!(
+            env_of(sc, "ASYA_GATEWAY_TOKEN").is_none(),
+            "native={native}"
+        );
+        // Only the sidecar reports: the runtime container gets neither.
+        let rt = p
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers
+            .iter()
+            .find(|c| c.name == "main")
+            .unwrap();
+        assert!(env_of(rt, "ASYA_GATEWAY_URL").is_none(), "native={native}");
+
+        // With the sidecars' token: from the Secret, never inline.
+        cfg.gateway.token_secret_ref = Some(asya_api::config::SecretKeySelector {
+            name: "gw-sidecar".into(),
+            key: "token".into(),
+        });
+        let mut p = pod();
+        run(&mut p, &settings(), &cfg, native).unwrap();
+        let sc = sidecar_of(&p);
+        assert_eq!(
+            env_of(sc, "ASYA_GATEWAY_URL").unwrap().value.as_deref(),
+            Some(url)
+        );
+        let token = env_of(sc, "ASYA_GATEWAY_TOKEN").unwrap();
+        assert_eq!(token.value, None, "credentials never inline");
+        let sk = token
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.as_ref())
+            .unwrap();
+        assert_eq!((sk.name.as_str(), sk.key.as_str()), ("gw-sidecar", "token"));
+    }
+}
+
+#[test]
+fn container_choice_errors() {
+    let cfg = ClusterConfig::default();
+    let mut p = pod();
+    p.spec.as_mut().unwrap().containers.push(Container {
+        name: "other".into(),
+        ..Default::default()
+    });
+    assert_eq!(
+        run(&mut p, &settings(), &cfg, true),
+        Err(InjectError::NoRuntimeContainer(2))
+    );
+    p.spec.as_mut().unwrap().containers[1].name = "asya-runtime".into();
+    run(&mut p, &settings(), &cfg, true).unwrap();
+    let s = p.spec.unwrap();
+    assert_eq!(
+        s.containers[0].command, None,
+        "only the runtime container is changed"
+    );
+    assert!(s.containers[1].command.is_some());
+    let mut empty = pod();
+    empty.spec.as_mut().unwrap().containers.clear();
+    assert_eq!(
+        run(&mut empty, &settings(), &cfg, true),
+        Err(InjectError::NoContainers)
+    );
+    let mut a = settings();
+    a.transport = "kafka".into();
+    assert!(matches!(
+        run(&mut pod(), &a, &cfg, true),
+        Err(InjectError::UnknownTransport(..))
+    ));
+}
+
+/// The sidecar container's environment, as the kubelet resolves it, parses back into the
+/// settings the sidecar reads: the injected values arrive under the contract's names.
+#[test]
+fn the_injected_env_parses_back_as_the_sidecars_settings() {
+    use asya_api::sidecar_settings::{SidecarSettings, Sourced, TransportSettings};
+    for native in [true, false] {
+        let mut p = pod();
+        run(&mut p, &settings(), &ClusterConfig::default(), native).unwrap();
+        let env = sidecar_of(&p).env.clone().unwrap_or_default();
+        let get = |name: &str| {
+            let e = env.iter().find(|e| e.name == name)?;
+            match (&e.value, &e.value_from) {
+                (Some(v), _) => Some(v.clone()),
+                // The pod's namespace, or a Secret's key.
+                (None, Some(src)) if src.field_ref.is_some() => Some("team-a".into()),
+                (None, Some(_)) => Some("from-a-secret".into()),
+                (None, None) => None,
+            }
+        };
+        let s = SidecarSettings::from_vars(&get).unwrap();
+        assert_eq!(s.actor, "echo");
+        assert_eq!(s.namespace, Sourced::Value("team-a".into()));
+        assert!(matches!(s.transport, TransportSettings::RabbitMq { .. }));
+        assert_eq!(s.socket_dir, SOCKET_DIR);
+        assert_eq!(s.runtime_timeout.as_deref(), Some("300s"));
+        assert_eq!(
+            s.resiliency_json.as_deref(),
+            Some(r#"{"actorTimeout":"5m"}"#)
+        );
+        assert_eq!(s.handler_mode.as_deref(), Some("payload"));
+        assert_eq!(s.metrics_addr.as_deref(), Some("0.0.0.0:8080"));
+        assert_eq!(s.gateway, None);
+    }
+}
