@@ -149,15 +149,7 @@ impl Reporter {
 
     /// Starts the background task. Fails only when the TLS roots cannot be loaded.
     pub fn start(cfg: GatewayConfig, metrics: Arc<Metrics>) -> Result<Reporter, std::io::Error> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(provider)?
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client: Client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build(https);
+        let client: Client = asya_transport::http_client::client()?;
         // The queue bound is the whole reporter's, shared out among the lanes.
         let per_lane = cfg.queue.div_ceil(LANES).max(1);
         let tx: Vec<_> = (0..LANES)

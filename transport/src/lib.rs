@@ -9,6 +9,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub mod envelope;
+pub mod http_client;
 pub mod rabbitmq;
 pub mod report;
 pub mod resiliency;

@@ -14,7 +14,6 @@
 //! connection runs out of channels. Never reusing an id avoids both.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -95,15 +94,7 @@ impl Management {
         password: &str,
     ) -> Result<Management, std::io::Error> {
         use base64::Engine;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(provider)?
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build(https);
+        let client = asya_transport::http_client::client()?;
         let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
         Ok(Management {
             base: base.trim_end_matches('/').to_string(),
