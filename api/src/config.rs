@@ -1,4 +1,4 @@
-//! The cluster configuration (DESIGN.md §7): transports, the sidecar, and platform policy.
+//! The cluster configuration (docs/DESIGN.md §7): transports, the sidecar, and platform policy.
 //! Rendered by the Helm chart into the `asya-config` ConfigMap (key `config.yaml`) and read
 //! by the webhook and the provisioner; the CLI uses [`ClusterConfig::default`].
 

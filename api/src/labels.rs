@@ -1,4 +1,4 @@
-//! Label and annotation keys of the `asya.sh` contract (DESIGN.md §3, §5).
+//! Label and annotation keys of the `asya.sh` contract (docs/DESIGN.md §3, §5).
 
 /// Pods with this label set to `"true"` get the sidecar injected.
 pub const INJECT: &str = "asya.sh/inject";
@@ -12,7 +12,7 @@ pub const FLAVOR: &str = "asya.sh/flavor";
 pub const DEPRECATED: &str = "asya.sh/deprecated";
 /// The message shown with a deprecated flavor's warning.
 pub const DEPRECATION_MESSAGE: &str = "asya.sh/deprecation-message";
-/// Pod annotations that configure injection when no AsyncActor exists (DESIGN.md §5).
+/// Pod annotations that configure injection when no AsyncActor exists (docs/DESIGN.md §5).
 pub const ANNOTATION_HANDLER: &str = "asya.sh/handler";
 pub const ANNOTATION_TRANSPORT: &str = "asya.sh/transport";
 pub const ANNOTATION_HANDLER_MODE: &str = "asya.sh/handler-mode";

@@ -1,4 +1,4 @@
-//! Names of queues and of the objects owned by an actor (DESIGN.md §4, §6). One rule for every
+//! Names of queues and of the objects owned by an actor (docs/DESIGN.md §4, §6). One rule for every
 //! component, so the sidecar publishes where the provisioner created.
 
 /// The pseudo-actor that receives finished envelopes.

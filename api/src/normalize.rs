@@ -1,4 +1,4 @@
-//! Alias normalisation (DESIGN.md §2): older field names are rewritten to the canonical ones,
+//! Alias normalisation (docs/DESIGN.md §2): older field names are rewritten to the canonical ones,
 //! and each rewrite is reported as a warning for the user. Setting an alias and its canonical
 //! field to different values is an error, since either choice would silently drop one.
 

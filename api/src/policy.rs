@@ -1,4 +1,4 @@
-//! Platform policy checks that need no cluster access (DESIGN.md §7). Each rejection names
+//! Platform policy checks that need no cluster access (docs/DESIGN.md §7). Each rejection names
 //! the policy and how to change it.
 
 use k8s_openapi::api::core::v1::ResourceRequirements;

@@ -1,4 +1,4 @@
-//! Defaults (DESIGN.md §2) and the effective view of an actor that the provisioner renders and
+//! Defaults (docs/DESIGN.md §2) and the effective view of an actor that the provisioner renders and
 //! the webhook injects from.
 //!
 //! Defaults are applied after the flavor merge, never written into the stored spec: a

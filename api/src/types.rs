@@ -1,4 +1,4 @@
-//! The `AsyncActor` and `Flavor` resources (DESIGN.md §2, §3).
+//! The `AsyncActor` and `Flavor` resources (docs/DESIGN.md §2, §3).
 //!
 //! Enum-like fields are plain strings on purpose: an unknown value then reaches validation,
 //! which names the field, the value and the allowed set, instead of failing to deserialize.
@@ -408,7 +408,7 @@ pub struct AsyncActorStatus {
     pub observed_generation: Option<i64>,
 }
 
-/// A cluster-scoped flavor: a named partial AsyncActor spec (DESIGN.md §3).
+/// A cluster-scoped flavor: a named partial AsyncActor spec (docs/DESIGN.md §3).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "asya.sh",

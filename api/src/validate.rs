@@ -1,4 +1,4 @@
-//! Validation of an actor's effective spec (DESIGN.md §2): every error at once, each naming
+//! Validation of an actor's effective spec (docs/DESIGN.md §2): every error at once, each naming
 //! the field, the value and the rule.
 
 use std::collections::BTreeSet;

@@ -1,4 +1,4 @@
-//! Every rule of DESIGN.md §2 and §3: one object that passes and one that fails, asserting
+//! Every rule of docs/DESIGN.md §2 and §3: one object that passes and one that fails, asserting
 //! the exact message.
 
 use asya_api::config::{ClusterConfig, Policy};

@@ -1,5 +1,5 @@
 //! asya-sidecar: pulls envelopes from an actor's queue, hands them to the Python runtime
-//! over a Unix socket, and routes the results (DESIGN.md §4). Envelopes, transports and
+//! over a Unix socket, and routes the results (docs/DESIGN.md §4). Envelopes, transports and
 //! retry rules are `asya_transport`'s, shared with the provisioner and the gateway.
 
 pub mod config;

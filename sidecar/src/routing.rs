@@ -1,4 +1,4 @@
-//! Where envelopes go after a handler call (DESIGN.md §4). Pure: no I/O here.
+//! Where envelopes go after a handler call (docs/DESIGN.md §4). Pure: no I/O here.
 
 use serde_json::{Map, Value, json};
 
@@ -16,7 +16,7 @@ pub enum HandlerMode {
     Envelope,
 }
 
-/// Queue names of one namespace (DESIGN.md §4).
+/// Queue names of one namespace (docs/DESIGN.md §4).
 #[derive(Debug, Clone)]
 pub struct Queues {
     pub namespace: String,

@@ -1,5 +1,5 @@
 //! The sidecar's side of the runtime socket: one connection per envelope, each frame a
-//! 4-byte big-endian length then JSON (DESIGN.md §4).
+//! 4-byte big-endian length then JSON (docs/DESIGN.md §4).
 //!
 //! Calls are pipelined: several connections may wait in the runtime's accept queue while it
 //! serves one, so the runtime never waits for the sidecar between envelopes. The runtime

@@ -1,4 +1,4 @@
-//! The envelope (DESIGN.md §4) and its parsing. Parsing never panics: anything that is not
+//! The envelope (docs/DESIGN.md §4) and its parsing. Parsing never panics: anything that is not
 //! a usable envelope comes back as a [`Malformed`] reason that ends up in x-sump.
 
 use serde::{Deserialize, Serialize};

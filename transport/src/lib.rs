@@ -1,5 +1,5 @@
 //! asya-transport: what the sidecar, the queue provisioner and the gateway share on the
-//! wire (DESIGN.md §4), so no part imports another part's crate: the envelope, the brokers
+//! wire (docs/DESIGN.md §4), so no part imports another part's crate: the envelope, the brokers
 //! behind one interface ([`Transport`]: [`rabbitmq`] with publisher confirms, [`sqs`]), the
 //! RabbitMQ topology rule ([`rabbitmq::declare_bound_queue`]), the delay-queue naming
 //! ([`rabbitmq::RabbitTransport::delay_queue`]) and the retry/backoff rules ([`resiliency`]).

@@ -396,7 +396,7 @@ async fn declare_queue(ch: &Channel, exchange: &str, queue: &str) -> Result<(), 
 }
 
 /// Declares the durable exchange and the durable queue `queue`, bound with its own name as
-/// routing key (DESIGN §4). The one topology rule: the provisioner calls this too, so where
+/// routing key (docs/DESIGN.md §4). The one topology rule: the provisioner calls this too, so where
 /// queues are created and where the sidecar publishes can never disagree.
 pub async fn declare_bound_queue(
     ch: &Channel,

@@ -1,4 +1,4 @@
-//! Retry decisions (DESIGN.md §4, seed 000): pure functions over the actor's `resiliency`.
+//! Retry decisions (docs/DESIGN.md §4, seed 000): pure functions over the actor's `resiliency`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Flavors (DESIGN.md §3, seed 002): where they come from, how they merge, and how an actor's
+//! Flavors (docs/DESIGN.md §3, seed 002): where they come from, how they merge, and how an actor's
 //! list of flavors resolves into one effective spec.
 //!
 //! Merge rules: lists append across flavors in flavor order; maps merge recursively; the same

@@ -26,7 +26,7 @@ pub struct InjectArgs {
     /// AsyncActor (and Flavor) YAML to take the actor's configuration from.
     #[arg(long)]
     pub actor: Option<PathBuf>,
-    /// Cluster configuration YAML (DESIGN §7); the built-in default when absent.
+    /// Cluster configuration YAML (docs/DESIGN.md §7); the built-in default when absent.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Inject a regular container instead of a native sidecar (clusters before 1.29).

@@ -28,7 +28,7 @@ pub struct ServeArgs {
     /// Plain-HTTP address of /metrics.
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_addr: SocketAddr,
-    /// Cluster configuration YAML (DESIGN §7); the built-in default when absent.
+    /// Cluster configuration YAML (docs/DESIGN.md §7); the built-in default when absent.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Kubeconfig; in-cluster configuration when absent.

@@ -19,7 +19,7 @@ pub struct ValidateArgs {
     /// Files or directories of YAML documents to check.
     #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
     pub files: Vec<PathBuf>,
-    /// Cluster configuration YAML (DESIGN §7); the built-in default when absent.
+    /// Cluster configuration YAML (docs/DESIGN.md §7); the built-in default when absent.
     #[arg(long)]
     pub config: Option<PathBuf>,
 }

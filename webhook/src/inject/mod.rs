@@ -1,4 +1,4 @@
-//! Sidecar injection (DESIGN §5) as a pure function: `(pod, actor settings, cluster config)
+//! Sidecar injection (docs/DESIGN.md §5) as a pure function: `(pod, actor settings, cluster config)
 //! -> injected pod`. The admission path and `asya-webhook inject` both call [`inject`], on
 //! an [`InjectedPod`]: the parts of a pod it may change, and no others.
 
