@@ -16,12 +16,13 @@ import json
 import time
 
 import pytest
+import yaml
 
 from asya_e2e.actors import FLAT, actor
 from asya_e2e.brokers import rabbit_delete_queue, rabbit_queues, rabbit_stopped
 from asya_e2e.components import process_stopped
-from asya_e2e.env import STATE, webhook_enabled
-from asya_e2e.kube import apply, get, kubectl, kubectl_json, status
+from asya_e2e.env import CHART, STATE, webhook_enabled
+from asya_e2e.kube import apply, get, helm, kubectl, kubectl_json, status
 from asya_e2e.wait import wait_for
 
 # The issue's bound on a deletion, whatever is down.
@@ -82,6 +83,21 @@ def deleted_within(ns: str, name: str, bound: float = DELETION_BOUND) -> float:
 
 def flavor_doc(name: str, spec: dict) -> str:
     return json.dumps({"apiVersion": "asya.sh/v1alpha1", "kind": "Flavor", "metadata": {"name": name}, "spec": spec})
+
+
+def test_actor_webhooks_skip_updates_of_actors_being_deleted_and_metadata_only_updates():
+    """The chart's contract (the pod webhook keeps being called for every labelled pod)."""
+    out = helm("template", "asya", CHART, "-n", "asya-system",
+               "--show-only", "templates/webhook-configurations.yaml").stdout
+    hooks = {w["name"]: w for d in yaml.safe_load_all(out) if d for w in d["webhooks"]}
+    for name in ["asyncactors.mutate.asya.sh", "asyncactors.validate.asya.sh"]:
+        conds = {c["name"]: c["expression"] for c in hooks[name]["matchConditions"]}
+        assert conds == {
+            "not-being-deleted": "request.operation != 'UPDATE' || !has(object.metadata.deletionTimestamp)",
+            "spec-changed": "request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec)"
+                            " || object.spec != oldObject.spec",
+        }, name
+    assert "matchConditions" not in hooks["pods.inject.asya.sh"]
 
 
 def test_deletion_completes_after_a_flavor_turned_conflicting(namespace):
