@@ -101,16 +101,15 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
                     let message =
                         plan::cleanup_gave_up_message(&t.queue, &t.transport, &e.to_string());
                     warn!(namespace = %t.ns, name = %t.name, queue = %t.queue, error = %e, "cleanup gave up on the queue");
-                    // The last status the actor shows, for whoever watches it go.
+                    // The last status the actor shows, for whoever watches it go; written
+                    // as it is (the phase, Terminating, was announced above).
                     let mut st = terminating;
-                    st.conditions
-                        .retain(|c| c.type_ != plan::CLEANUP_INCOMPLETE);
                     st.conditions.push(plan::cleanup_incomplete_condition(
                         message.clone(),
                         actor.metadata.generation,
                         now(),
                     ));
-                    let _ = write_status(c, actor, st).await;
+                    let _ = c.patch_status(actor, &st).await;
                     plan::cleanup_gave_up_event(&t.name, &message)
                 }
             }

@@ -386,6 +386,11 @@ async fn a_broker_down_past_the_bound_is_given_up_on_and_the_actor_released() {
     ];
     let idx: Vec<usize> = order.iter().map(|p| at(&log, p)).collect();
     assert!(idx.windows(2).all(|w| w[0] < w[1]), "{log:#?}");
+    let announced = log
+        .iter()
+        .filter(|l| l.starts_with("event Normal Terminating"))
+        .count();
+    assert_eq!(announced, 1, "the phase is announced once: {log:#?}");
     let w = r.cluster.world();
     let st = w.status.as_ref().expect("status written");
     let c = st
