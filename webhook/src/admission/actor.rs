@@ -174,3 +174,44 @@ fn validated(resp: AdmissionResponse, review: ActorReview, name: &str) -> Admiss
     let what = format!("AsyncActor {name:?}");
     with_warnings(deny_fields(resp, &what, &review.errors), review.warnings)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::settled_update;
+    use serde_json::json;
+
+    #[test]
+    fn settled_updates_are_deletions_and_unchanged_specs() {
+        let spec = json!({"image": "i", "handler": "m.f"});
+        let deleting = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"image": "j"}});
+        let table = [
+            // (new, old) → settled
+            (json!({"spec": spec}), None, false), // CREATE
+            (json!({"spec": spec}), Some(json!({"spec": spec})), true),
+            // Key order does not matter: the specs are compared as values.
+            (
+                json!({"spec": {"handler": "m.f", "image": "i"}}),
+                Some(json!({"spec": spec})),
+                true,
+            ),
+            (
+                json!({"spec": {"image": "j"}}),
+                Some(json!({"spec": spec})),
+                false,
+            ),
+            (deleting.clone(), Some(json!({"spec": spec})), true),
+            (deleting, None, false),
+            (
+                json!({"metadata": {"deletionTimestamp": null}, "spec": {"image": "j"}}),
+                Some(json!({"spec": spec})),
+                false,
+            ),
+            // No spec on either side: reviewed (the chart's CEL calls the webhook too).
+            (json!({}), Some(json!({})), false),
+            (json!({"spec": spec}), Some(json!({})), false),
+        ];
+        for (new, old, want) in table {
+            assert_eq!(settled_update(&new, old.as_ref()), want, "{new} {old:?}");
+        }
+    }
+}
