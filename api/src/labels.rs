@@ -25,3 +25,6 @@ pub const RUNTIME_CONTAINER: &str = "asya-runtime";
 pub const SIDECAR_CONTAINER: &str = "asya-sidecar";
 /// The runtime's handler variable, also read from workload templates.
 pub const ENV_HANDLER: &str = "ASYA_HANDLER";
+/// An AsyncActor annotated with this set to `"true"` is released at once when deleted: the
+/// provisioner leaves its queue on the broker and removes its finalizer (docs/DESIGN.md §9).
+pub const SKIP_CLEANUP: &str = "asya.sh/skip-cleanup";

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use asya_api::config::ClusterConfig;
 use asya_api::flavor::{FlavorCatalog, FlavorDef, FlavorSource};
-use asya_webhook::admission::{BadRequest, Ctx, Endpoint, encode_review, handle};
+use asya_webhook::admission::{BadRequest, Ctx, Endpoint, encode_review, handle, handle_general};
 use serde_json::{Value, json};
 
 struct Env {
@@ -311,6 +311,80 @@ fn update_may_not_change_actor_or_transport() {
         &review(actor_kind(), "UPDATE", Some(ok), Some(old)),
     );
     assert_eq!(r["allowed"], true, "{r}");
+}
+
+/// An UPDATE answered by both parses (the text parse of the validating endpoint and the
+/// general one), on both actor endpoints.
+fn run_update_everywhere(env: &Env, new: &Value, old: &Value) -> Vec<Value> {
+    let body = review(actor_kind(), "UPDATE", Some(new.clone()), Some(old.clone()));
+    let mut out = vec![];
+    for ep in [Endpoint::ValidateActors, Endpoint::MutateActors] {
+        out.push(env.run(ep, &body));
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let h = handle_general(ep, &bytes, &env.ctx()).unwrap();
+        let wire: Value = serde_json::from_slice(&encode_review(&h.review).unwrap()).unwrap();
+        out.push(wire["response"].clone());
+    }
+    out
+}
+
+fn admitted_as_is(r: &Value) {
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(r.get("patch").is_none(), "no patch: {r}");
+    assert!(r.get("warnings").is_none(), "no warnings: {r}");
+}
+
+#[test]
+fn an_actor_being_deleted_passes_whatever_its_spec_says_now() {
+    // Its flavors conflict now (edited after admission): the finalizer removal must pass.
+    let env = Env::new();
+    let spec = json!({"image": "i", "handler": "m.f", "flavors": ["fast-scale", "slow-scale"],
+                      "scaling": {"minReplicas": 1}});
+    let mut old = actor("echo", spec.clone());
+    old["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    old["metadata"]["finalizers"] = json!(["asya.sh/queue-provisioner"]);
+    let mut new = old.clone();
+    new["metadata"]["finalizers"] = json!([]);
+    for r in run_update_everywhere(&env, &new, &old) {
+        admitted_as_is(&r);
+    }
+    // Even a spec edit of an actor being deleted is not reviewed: it has no effect any more.
+    new["spec"]["image"] = json!("i2");
+    for r in run_update_everywhere(&env, &new, &old) {
+        admitted_as_is(&r);
+    }
+}
+
+#[test]
+fn a_metadata_only_update_passes_without_review_warning_or_patch() {
+    let env = Env::new();
+    // Conflicting flavors, a missing flavor and an alias: each would deny, warn or patch.
+    for spec in [
+        json!({"image": "i", "handler": "m.f", "flavors": ["fast-scale", "slow-scale"]}),
+        json!({"image": "i", "handler": "m.f", "flavors": ["not-there"]}),
+        json!({"image": "i", "handler": "m.f", "scaling": {"minReplicas": 1}}),
+    ] {
+        let old = actor("echo", spec);
+        let mut new = old.clone();
+        new["metadata"]["labels"] = json!({"team": "a"});
+        new["metadata"]["finalizers"] = json!(["asya.sh/queue-provisioner"]);
+        for r in run_update_everywhere(&env, &new, &old) {
+            admitted_as_is(&r);
+        }
+    }
+}
+
+#[test]
+fn a_spec_change_is_still_reviewed() {
+    let env = Env::new();
+    let old = actor("echo", json!({"image": "i", "handler": "m.f"}));
+    let new = actor(
+        "echo",
+        json!({"image": "i", "handler": "m.f", "flavors": ["fast-scale", "slow-scale"]}),
+    );
+    for r in run_update_everywhere(&env, &new, &old).iter().step_by(2) {
+        assert_eq!(r["allowed"], false, "{r}");
+    }
 }
 
 #[test]

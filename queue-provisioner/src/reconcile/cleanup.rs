@@ -1,17 +1,21 @@
-//! The cleanup of a deleted actor, before its finalizer goes: status `Terminating`, the queue
-//! and its retry delay queues, the objects it owns, what this process remembered of them.
+//! The cleanup of a deleted actor, then the removal of its finalizer: status `Terminating`,
+//! the queue and its retry delay queues, the objects it owns, what this process remembered
+//! of them. It always ends: `asya.sh/skip-cleanup: "true"` releases the actor at once, and a
+//! broker that stays unreachable is given up on after [`plan::CLEANUP_GIVE_UP_AFTER`], with a
+//! Warning event and a condition naming the queue left behind (docs/DESIGN.md §9).
 
 use asya_api::{AsyncActor, naming};
 use kube::ResourceExt;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::model::ObjectKind;
+use crate::queue::QueueError;
 use crate::status::{self, TransportObs};
 
 use super::actor::{now, write_status};
 use super::memory::QueueKey;
-use super::plan::{self, EventSpec, Next, Reason};
-use super::{Cluster, Error, Reconciler};
+use super::plan::{self, CleanupStep, Next};
+use super::{Cluster, Error, Reconciler, actor_key};
 
 /// What the actor owns, by kind and name; deleted now rather than by the garbage collector,
 /// which frees the names at once for an actor recreated under the same name.
@@ -30,76 +34,148 @@ fn owned(name: &str, keda: bool) -> Vec<(ObjectKind, String)> {
     v
 }
 
+/// The actor's queue: on the transport it was admitted with, resolved without flavors
+/// (actor and transport cannot come from a flavor, and the flavors may not resolve now).
+struct Target {
+    ns: String,
+    name: String,
+    transport: String,
+    queue: String,
+}
+
+impl Target {
+    fn of<C>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<Self, Error> {
+        let ns = actor.namespace().ok_or(Error::NoNamespace)?;
+        let name = actor.name_any();
+        let actor_name = actor.spec.actor.clone().unwrap_or_else(|| name.clone());
+        let transport = actor
+            .spec
+            .transport
+            .clone()
+            .unwrap_or_else(|| rec.config.default_transport.clone());
+        let queue = naming::actor_queue(&ns, &actor_name);
+        Ok(Target {
+            ns,
+            name,
+            transport,
+            queue,
+        })
+    }
+}
+
+/// Cleans up (or skips, or gives up), then removes the finalizer; or keeps it and says when
+/// to try again.
 pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<Next, Error> {
     let c = &rec.cluster;
-    let ns = actor.namespace().ok_or(Error::NoNamespace)?;
-    let name = actor.name_any();
+    let t = Target::of(rec, actor)?;
+    if plan::skip_cleanup(actor) {
+        forget(rec, &t);
+        c.event(
+            actor,
+            plan::cleanup_skipped_event(&t.name, &t.queue, &t.transport),
+        )
+        .await;
+        c.remove_finalizer(actor).await?;
+        info!(namespace = %t.ns, name = %t.name, queue = %t.queue, "actor released without cleanup");
+        return Ok(Next::AwaitChange);
+    }
+
     let mut o = plan::base_observed(actor);
     o.transport = TransportObs::NotAttempted;
     let prev = actor.status.clone().unwrap_or_default();
-    let _ = write_status(c, actor, status::derive(&prev, &o, now())).await;
-    // The queue lives on the transport the actor was admitted with; resolve without flavors
-    // (actor and transport cannot come from a flavor).
-    let actor_name = actor.spec.actor.clone().unwrap_or_else(|| name.clone());
-    let transport = actor
-        .spec
-        .transport
-        .clone()
-        .unwrap_or_else(|| rec.config.default_transport.clone());
-    let queue = naming::actor_queue(&ns, &actor_name);
-    let mut delay_queues = Vec::new();
-    if rec
-        .config
-        .transports
-        .get(&transport)
-        .is_some_and(|t| t.enabled)
-    {
-        c.transport(&transport).await?;
-        // Checked again by the next reconcile: the sweep may delete the end queues.
-        for q in [
-            queue.clone(),
-            naming::sink_queue(&ns),
-            naming::sump_queue(&ns),
-        ] {
-            rec.memory.forget_queue(&QueueKey::new(&transport, &q));
-        }
-        // The namespace's end queues go with the namespace, once it is gone.
-        c.end_queues_candidate(&transport, &ns);
-        // The retry policies (flavors included, when they still resolve) name the delay queues.
-        let resolved = asya_api::review::review_typed(actor, &c.catalog(), &rec.config).resolved;
-        let resiliency = match &resolved {
-            Some(r) => r.spec.resiliency.as_ref(),
-            None => actor.spec.resiliency.as_ref(),
-        };
-        match c.queue_delete(&transport, &queue, resiliency).await {
-            Ok(extra) => delay_queues = extra,
-            Err(e) => {
-                let note = format!("deleting queue {queue}: {e}; retrying");
-                c.event(actor, EventSpec::warning(Reason::QueueDeleteFailed, note))
-                    .await;
-                return Err(e.into());
+    let terminating = status::derive(&prev, &o, now());
+    let _ = write_status(c, actor, terminating.clone()).await;
+
+    let closing = match delete_queue(rec, actor, &t).await {
+        Ok(delay_queues) => plan::queue_deleted_event(&t.queue, &delay_queues),
+        Err(e) => {
+            let since = plan::since_deletion(actor, &now());
+            let backoff = rec.memory.backoff(&actor_key(actor), true);
+            match plan::cleanup_after_failure(since, backoff) {
+                CleanupStep::Retry(wait) => {
+                    let ev = plan::queue_delete_retry_event(&t.queue, &e.to_string(), wait, since);
+                    c.event(actor, ev).await;
+                    return Ok(Next::After(wait));
+                }
+                CleanupStep::GiveUp => {
+                    let message =
+                        plan::cleanup_gave_up_message(&t.queue, &t.transport, &e.to_string());
+                    warn!(namespace = %t.ns, name = %t.name, queue = %t.queue, error = %e, "cleanup gave up on the queue");
+                    // The last status the actor shows, for whoever watches it go; written
+                    // as it is (the phase, Terminating, was announced above).
+                    let mut st = terminating;
+                    st.conditions.push(plan::cleanup_incomplete_condition(
+                        message.clone(),
+                        actor.metadata.generation,
+                        now(),
+                    ));
+                    let _ = c.patch_status(actor, &st).await;
+                    plan::cleanup_gave_up_event(&t.name, &message)
+                }
             }
         }
-    }
+    };
+
     let keda = c.keda_installed();
-    for (kind, n) in owned(&name, keda) {
-        c.delete(kind, &ns, &n).await?;
+    for (kind, n) in owned(&t.name, keda) {
+        c.delete(kind, &t.ns, &n).await?;
     }
-    for (kind, n) in owned(&name, true) {
-        rec.memory.forget_applied(kind, &ns, &n);
+    forget(rec, &t);
+    c.event(actor, closing).await;
+    c.remove_finalizer(actor).await?;
+    info!(namespace = %t.ns, name = %t.name, queue = %t.queue, "actor cleaned up");
+    Ok(Next::AwaitChange)
+}
+
+/// Deletes the queue and its retry delay queues (named by the retry policies: the resolved
+/// ones while the flavors still resolve, else the actor's own, so that a flavor edited into
+/// a conflict cannot stop the cleanup); returns the delay queues deleted.
+async fn delete_queue<C: Cluster>(
+    rec: &Reconciler<C>,
+    actor: &AsyncActor,
+    t: &Target,
+) -> Result<Vec<String>, QueueError> {
+    let c = &rec.cluster;
+    if !rec
+        .config
+        .transports
+        .get(&t.transport)
+        .is_some_and(|tr| tr.enabled)
+    {
+        return Ok(vec![]);
+    }
+    c.transport(&t.transport).await?;
+    // The namespace's end queues go with the namespace, once it is gone.
+    c.end_queues_candidate(&t.transport, &t.ns);
+    let resolved = asya_api::review::review_typed(actor, &c.catalog(), &rec.config).resolved;
+    let resiliency = match &resolved {
+        Some(r) => r.spec.resiliency.as_ref(),
+        None => actor.spec.resiliency.as_ref(),
+    };
+    c.queue_delete(&t.transport, &t.queue, resiliency).await
+}
+
+/// Forgets what this process remembered of the actor's queues and objects.
+fn forget<C>(rec: &Reconciler<C>, t: &Target) {
+    // Checked again by the next reconcile: the sweep may delete the end queues.
+    for q in [
+        t.queue.clone(),
+        naming::sink_queue(&t.ns),
+        naming::sump_queue(&t.ns),
+    ] {
+        rec.memory.forget_queue(&QueueKey::new(&t.transport, &q));
+    }
+    for (kind, n) in owned(&t.name, true) {
+        rec.memory.forget_applied(kind, &t.ns, &n);
     }
     rec.memory.forget_applied(
         ObjectKind::ServiceAccount,
-        &ns,
-        &naming::service_account_name(&name),
+        &t.ns,
+        &naming::service_account_name(&t.name),
     );
     // The namespace's transport Secrets are not watched: an actor deleted with its namespace
     // must not leave them counted as applied, or a namespace recreated under the same name
     // within the reassert interval gets actors without credentials. One extra apply for the
     // namespace's other actors, if any.
-    rec.memory.forget_kind_in(ObjectKind::Secret, &ns);
-    c.event(actor, plan::queue_deleted_event(&queue, &delay_queues))
-        .await;
-    info!(namespace = %ns, name = %name, queue = %queue, "actor cleaned up");
-    Ok(Next::AwaitChange)
+    rec.memory.forget_kind_in(ObjectKind::Secret, &t.ns);
 }

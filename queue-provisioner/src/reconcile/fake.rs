@@ -66,6 +66,8 @@ pub struct World {
     pub queues: BTreeMap<String, QueueDepth>,
     /// What deleting an actor's queue reports as its delay queues.
     pub delay_queues: Vec<String>,
+    /// The retry policies each queue delete was given (they name the delay queues).
+    pub deleted_with: Vec<Option<Resiliency>>,
     pub injection_works: bool,
     /// Kinds whose applies the API server refuses.
     pub refuse: BTreeSet<ObjectKind>,
@@ -87,6 +89,7 @@ impl Default for World {
             hpa: BTreeMap::new(),
             queues: BTreeMap::new(),
             delay_queues: vec![],
+            deleted_with: vec![],
             injection_works: true,
             refuse: BTreeSet::new(),
             end_queue_candidates: BTreeSet::new(),
@@ -233,10 +236,11 @@ impl Cluster for Fake {
         &self,
         _t: &str,
         queue: &str,
-        _resiliency: Option<&Resiliency>,
+        resiliency: Option<&Resiliency>,
     ) -> Result<Vec<String>, QueueError> {
         self.broker()?;
         let mut w = self.world();
+        w.deleted_with.push(resiliency.cloned());
         w.queues.remove(queue);
         w.log.push(format!("delete queue {queue}"));
         Ok(w.delay_queues.clone())

@@ -87,11 +87,8 @@ impl<C: Cluster> Reconciler<C> {
         self.cluster.caches_ready().await?;
         match plan::finalizer_step(actor) {
             FinalizerStep::Done => Ok(Next::AwaitChange),
-            FinalizerStep::CleanUp => {
-                let next = cleanup::run(self, actor).await?;
-                self.cluster.remove_finalizer(actor).await?;
-                Ok(next)
-            }
+            // Removes the finalizer itself, unless it must try again.
+            FinalizerStep::CleanUp => cleanup::run(self, actor).await,
             FinalizerStep::AddThenReconcile => {
                 let actor = self.cluster.add_finalizer(actor).await?;
                 actor::run(self, &actor).await

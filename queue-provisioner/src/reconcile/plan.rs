@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use asya_api::review::ActorReview;
-use asya_api::{AsyncActor, AsyncActorStatus, ResolvedActor};
+use asya_api::{AsyncActor, AsyncActorStatus, ResolvedActor, labels};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::apply_skip::{self, Live, desired_hash};
 use crate::model::{Phase, ScalingMode, WorkloadKind};
@@ -53,6 +54,10 @@ pub enum Reason {
     ScaledObjectFailed,
     PodWithoutSidecar,
     PodWithoutSidecarReplaced,
+    /// A deleted actor annotated `asya.sh/skip-cleanup: "true"` released without cleanup.
+    CleanupSkipped,
+    /// A deleted actor released after cleanup gave up on its queue.
+    CleanupIncomplete,
     /// The actor entered this phase.
     Phase(Phase),
 }
@@ -71,6 +76,8 @@ impl Reason {
             Reason::ScaledObjectFailed => "ScaledObjectFailed",
             Reason::PodWithoutSidecar => "PodWithoutSidecar",
             Reason::PodWithoutSidecarReplaced => "PodWithoutSidecarReplaced",
+            Reason::CleanupSkipped => "CleanupSkipped",
+            Reason::CleanupIncomplete => "CleanupIncomplete",
             Reason::Phase(p) => p.as_str(),
         }
     }
@@ -476,6 +483,129 @@ pub fn queue_deleted_event(queue: &str, delay_queues: &[String]) -> EventSpec {
             )
         },
     )
+}
+
+/// How long a deleted actor's cleanup keeps trying the broker, counted from its
+/// `metadata.deletionTimestamp`, before it gives up on the queue and releases the actor
+/// anyway: long enough to ride out a broker restart, short enough that a deletion (and the
+/// namespace's) completes within a minute with the broker gone for good.
+pub const CLEANUP_GIVE_UP_AFTER: Duration = Duration::from_secs(30);
+/// The shortest wait between two cleanup attempts.
+const CLEANUP_MIN_RETRY: Duration = Duration::from_secs(1);
+/// The condition a released actor's last status carries when something was left behind.
+pub const CLEANUP_INCOMPLETE: &str = "CleanupIncomplete";
+
+/// Whether the deleted actor asks to be released without cleanup.
+pub fn skip_cleanup(a: &AsyncActor) -> bool {
+    a.metadata
+        .annotations
+        .as_ref()
+        .and_then(|m| m.get(labels::SKIP_CLEANUP))
+        .is_some_and(|v| v == "true")
+}
+
+/// Time since the actor's deletion was requested (zero if not, or if the clocks disagree).
+pub fn since_deletion(a: &AsyncActor, now: &Time) -> Duration {
+    a.metadata
+        .deletion_timestamp
+        .as_ref()
+        .and_then(|t| Duration::try_from(now.0.duration_since(t.0)).ok())
+        .unwrap_or_default()
+}
+
+/// What cleanup does after the broker failed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CleanupStep {
+    /// Keep the finalizer; try again after this (never past the bound).
+    Retry(Duration),
+    /// Leave the queue behind, say so, delete the Kubernetes objects, release the actor.
+    GiveUp,
+}
+
+/// After a failed queue delete, `since` the deletion and with the actor's next `backoff`.
+pub fn cleanup_after_failure(since: Duration, backoff: Duration) -> CleanupStep {
+    match CLEANUP_GIVE_UP_AFTER.checked_sub(since) {
+        Some(left) if !left.is_zero() => {
+            CleanupStep::Retry(backoff.min(left).max(CLEANUP_MIN_RETRY))
+        }
+        _ => CleanupStep::GiveUp,
+    }
+}
+
+/// The objects a deleted actor's cleanup deletes, named for the events.
+fn owned_names(name: &str) -> String {
+    use asya_api::naming;
+    format!(
+        "Deployment/StatefulSet {}, ScaledObject {}, TriggerAuthentication {}",
+        naming::workload_name(name),
+        naming::scaled_object_name(name),
+        naming::trigger_authentication_name(name)
+    )
+}
+
+/// The event of an actor released at once by `asya.sh/skip-cleanup`.
+pub fn cleanup_skipped_event(name: &str, queue: &str, transport: &str) -> EventSpec {
+    EventSpec::warning(
+        Reason::CleanupSkipped,
+        format!(
+            "{}=\"true\": released without cleanup; left behind: queue {queue} on {transport} \
+             (with its retry delay queues, if any) and, for the garbage collector through their \
+             owner references, {}",
+            labels::SKIP_CLEANUP,
+            owned_names(name)
+        ),
+    )
+}
+
+/// The event of a failed queue delete that will be tried again.
+pub fn queue_delete_retry_event(
+    queue: &str,
+    error: &str,
+    retry: Duration,
+    since: Duration,
+) -> EventSpec {
+    let left = CLEANUP_GIVE_UP_AFTER.saturating_sub(since);
+    EventSpec::warning(
+        Reason::QueueDeleteFailed,
+        format!(
+            "deleting queue {queue}: {error}; retrying in {}s, giving up on it in {}s",
+            retry.as_secs(),
+            left.as_secs()
+        ),
+    )
+}
+
+/// What was left behind when cleanup gave up: the event's and the condition's message.
+pub fn cleanup_gave_up_message(queue: &str, transport: &str, error: &str) -> String {
+    format!(
+        "gave up after {}s: queue {queue} on {transport} (with its retry delay queues, if any) \
+         left behind, delete it by hand: {error}",
+        CLEANUP_GIVE_UP_AFTER.as_secs()
+    )
+}
+
+/// The event of an actor released after cleanup gave up on its queue.
+pub fn cleanup_gave_up_event(name: &str, message: &str) -> EventSpec {
+    EventSpec::warning(
+        Reason::CleanupIncomplete,
+        format!("{message}; deleted {}", owned_names(name)),
+    )
+}
+
+/// The status condition saying what cleanup left behind (written before the finalizer goes).
+pub fn cleanup_incomplete_condition(
+    message: String,
+    generation: Option<i64>,
+    now: Time,
+) -> Condition {
+    Condition {
+        type_: CLEANUP_INCOMPLETE.into(),
+        status: "True".into(),
+        reason: "QueueLeftBehind".into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: now,
+    }
 }
 
 /// Exponential backoff after `failures` consecutive failures: 2 s, 4 s, … capped at 5 minutes.

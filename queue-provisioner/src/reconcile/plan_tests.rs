@@ -267,3 +267,65 @@ fn a_keda_scaled_workload_is_created_at_its_minimum_only_when_it_is_new() {
         assert_eq!(objects(None, &r, &o, &seen).workload.initial, None);
     }
 }
+
+#[test]
+fn cleanup_retries_within_the_bound_and_never_past_it_then_gives_up() {
+    let s = Duration::from_secs;
+    let ms = Duration::from_millis;
+    // (since the deletion, backoff) → step
+    let table = [
+        (s(0), s(2), CleanupStep::Retry(s(2))),
+        (s(10), s(16), CleanupStep::Retry(s(16))),
+        // The backoff would pass the bound: the last attempt comes at the bound.
+        (s(20), s(32), CleanupStep::Retry(s(10))),
+        (s(29), s(300), CleanupStep::Retry(s(1))),
+        // Never sooner than a second, even just before the bound.
+        (ms(29_900), s(2), CleanupStep::Retry(s(1))),
+        (s(0), ms(10), CleanupStep::Retry(s(1))),
+        (CLEANUP_GIVE_UP_AFTER, s(2), CleanupStep::GiveUp),
+        (s(3600), s(2), CleanupStep::GiveUp),
+    ];
+    for (since, backoff, want) in table {
+        assert_eq!(
+            cleanup_after_failure(since, backoff),
+            want,
+            "{since:?} {backoff:?}"
+        );
+    }
+    // The bound keeps a deletion with the broker gone within a minute.
+    assert!(CLEANUP_GIVE_UP_AFTER + s(2) < s(60));
+}
+
+#[test]
+fn skip_cleanup_takes_only_true() {
+    for (annotations, want) in [
+        (serde_json::json!({}), false),
+        (serde_json::json!({"asya.sh/skip-cleanup": "true"}), true),
+        (serde_json::json!({"asya.sh/skip-cleanup": "True"}), false),
+        (serde_json::json!({"asya.sh/skip-cleanup": "yes"}), false),
+        (serde_json::json!({"asya.sh/skip-cleanup": ""}), false),
+    ] {
+        let a = actor(serde_json::json!({"name": "a", "annotations": annotations}));
+        assert_eq!(skip_cleanup(&a), want, "{annotations}");
+    }
+}
+
+#[test]
+fn time_since_deletion_is_never_negative() {
+    let at = |s: &str| Time(s.parse().unwrap());
+    let a = actor(serde_json::json!({"name": "a", "deletionTimestamp": "2026-01-01T00:00:10Z"}));
+    assert_eq!(
+        since_deletion(&a, &at("2026-01-01T00:00:40Z")),
+        Duration::from_secs(30)
+    );
+    // A provisioner clock behind the API server's.
+    assert_eq!(
+        since_deletion(&a, &at("2026-01-01T00:00:00Z")),
+        Duration::ZERO
+    );
+    let live = actor(serde_json::json!({"name": "a"}));
+    assert_eq!(
+        since_deletion(&live, &at("2026-01-01T00:00:40Z")),
+        Duration::ZERO
+    );
+}

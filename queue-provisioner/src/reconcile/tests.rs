@@ -326,22 +326,172 @@ async fn a_deleted_actor_is_cleaned_up_and_then_its_finalizer_goes() {
     assert_eq!(r.cluster.take_log(), Vec::<String>::new());
 }
 
-#[tokio::test]
-async fn a_queue_that_cannot_be_deleted_keeps_the_finalizer() {
-    let r = reconciler();
-    let mut a = actor(plain());
-    step(&r, &mut a).await;
+/// A reconciled actor, then deleted `ago` seconds before now.
+async fn deleted(r: &Reconciler<Fake>, spec: Value, ago: i64) -> AsyncActor {
+    let mut a = actor(spec);
+    step(r, &mut a).await;
     r.cluster.take_log();
+    let at =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(ago);
+    a.metadata.deletion_timestamp = Some(Time(at));
+    a
+}
+
+#[tokio::test]
+async fn a_queue_that_cannot_be_deleted_keeps_the_finalizer_within_the_bound() {
+    let r = reconciler();
+    let a = deleted(&r, plain(), 0).await;
     r.cluster.world().broker = Broker::Unavailable;
-    a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-    let err = r.reconcile(&a).await.expect_err("cleanup fails");
-    assert_eq!(err.kind(), "transport");
+    let next = r.reconcile(&a).await.expect("cleanup waits");
+    let Next::After(wait) = next else {
+        panic!("tries again: {next:?}")
+    };
+    assert!(wait >= Duration::from_secs(1) && wait <= plan::CLEANUP_GIVE_UP_AFTER);
     let log = r.cluster.take_log();
-    assert!(has(
-        &log,
-        "event Warning QueueDeleteFailed: deleting queue asya-n-a: transport unavailable: connection refused; retrying"
-    ));
+    assert!(
+        has(
+            &log,
+            "event Warning QueueDeleteFailed: deleting queue asya-n-a: transport unavailable: connection refused; retrying in "
+        ),
+        "{log:#?}"
+    );
     assert!(!has(&log, "remove finalizer") && !has(&log, "delete Deployment"));
+
+    // Near the bound, the next attempt comes no later than the bound.
+    let a = deleted(&r, plain(), 29).await;
+    r.cluster.world().broker = Broker::Rejected;
+    let next = r.reconcile(&a).await.expect("cleanup waits");
+    assert!(
+        matches!(next, Next::After(d) if d <= Duration::from_secs(1)),
+        "{next:?}"
+    );
+    assert!(!has(&r.cluster.take_log(), "remove finalizer"));
+}
+
+#[tokio::test]
+async fn a_broker_down_past_the_bound_is_given_up_on_and_the_actor_released() {
+    let r = reconciler();
+    let a = deleted(&r, plain(), 31).await;
+    r.cluster.world().broker = Broker::Unavailable;
+    assert_eq!(r.reconcile(&a).await.expect("released"), Next::AwaitChange);
+    let log = r.cluster.take_log();
+    let order = [
+        "status Terminating",
+        "delete Deployment n/a",
+        "delete StatefulSet n/a",
+        "delete ScaledObject n/a",
+        "delete TriggerAuthentication n/a",
+        "event Warning CleanupIncomplete: gave up after 30s: queue asya-n-a on rabbitmq (with its retry delay queues, if any) left behind, delete it by hand: transport unavailable: connection refused; deleted Deployment/StatefulSet a, ScaledObject a",
+        "remove finalizer",
+    ];
+    let idx: Vec<usize> = order.iter().map(|p| at(&log, p)).collect();
+    assert!(idx.windows(2).all(|w| w[0] < w[1]), "{log:#?}");
+    let announced = log
+        .iter()
+        .filter(|l| l.starts_with("event Normal Terminating"))
+        .count();
+    assert_eq!(announced, 1, "the phase is announced once: {log:#?}");
+    let w = r.cluster.world();
+    let st = w.status.as_ref().expect("status written");
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "CleanupIncomplete")
+        .expect("condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "QueueLeftBehind")
+    );
+    assert!(
+        c.message.contains("queue asya-n-a on rabbitmq"),
+        "{}",
+        c.message
+    );
+    assert!(
+        w.queues.contains_key("asya-n-a"),
+        "the queue is left behind"
+    );
+}
+
+#[tokio::test]
+async fn skip_cleanup_releases_the_actor_at_once_and_says_what_is_left() {
+    let r = reconciler();
+    let mut a = deleted(&r, plain(), 0).await;
+    a.metadata.annotations = Some(
+        [(
+            asya_api::labels::SKIP_CLEANUP.to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    // The broker is not even asked: down or not, the actor goes.
+    r.cluster.world().broker = Broker::Unavailable;
+    assert_eq!(r.reconcile(&a).await.expect("released"), Next::AwaitChange);
+    let log = r.cluster.take_log();
+    assert_eq!(
+        log,
+        [
+            "event Warning CleanupSkipped: asya.sh/skip-cleanup=\"true\": released without cleanup; left behind: queue asya-n-a on rabbitmq (with its retry delay queues, if any) and, for the garbage collector through their owner references, Deployment/StatefulSet a, ScaledObject a, TriggerAuthentication a-trigger-auth",
+            "remove finalizer",
+        ],
+        "{log:#?}"
+    );
+    assert!(r.cluster.world().queues.contains_key("asya-n-a"));
+}
+
+#[tokio::test]
+async fn cleanup_does_not_need_the_flavors_to_resolve() {
+    // Admitted with a flavor; the flavor is then edited into a conflict with another one.
+    let r = reconciler();
+    let flavor = |name: &str, spec: Value| -> Flavor {
+        serde_json::from_value(json!({
+            "apiVersion": "asya.sh/v1alpha1", "kind": "Flavor",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .unwrap()
+    };
+    let scaling = |min: i32| json!({"scaling": {"minReplicaCount": min}});
+    for f in [
+        flavor("fl-one", scaling(1)),
+        flavor("fl-two", json!({"nodeSelector": {"gpu": "t4"}})),
+    ] {
+        r.cluster.world().catalog.insert(FlavorDef::from_flavor(&f));
+    }
+    let own = json!({"policies": {"default": {"maxAttempts": 5}}});
+    let mut spec = plain();
+    spec["flavors"] = json!(["fl-one", "fl-two"]);
+    spec["resiliency"] = own.clone();
+    let a = deleted(&r, spec, 0).await;
+    assert_eq!(
+        a.status.as_ref().unwrap().resolved_flavors,
+        ["fl-one", "fl-two"],
+        "{:?}",
+        a.status
+    );
+    r.cluster
+        .world()
+        .catalog
+        .insert(FlavorDef::from_flavor(&flavor("fl-two", scaling(2))));
+    let catalog = r.cluster.world().catalog.clone();
+    let review = asya_api::review::review_typed(&a, &catalog, &r.config);
+    assert!(!review.errors.is_empty(), "the flavors conflict now");
+    assert_eq!(
+        r.reconcile(&a).await.expect("cleaned up"),
+        Next::AwaitChange
+    );
+    let log = r.cluster.take_log();
+    assert!(
+        has(&log, "delete queue asya-n-a") && has(&log, "remove finalizer"),
+        "{log:#?}"
+    );
+    let w = r.cluster.world();
+    let used = w
+        .deleted_with
+        .last()
+        .cloned()
+        .flatten()
+        .expect("retry policies given");
+    assert_eq!(serde_json::to_value(used).unwrap(), own);
 }
 
 #[tokio::test]

@@ -6,10 +6,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import urllib.request
+from contextlib import contextmanager
 
 from asya_e2e.env import ROOT
+from asya_e2e.wait import wait_for
 
 RABBIT_CTL = os.environ.get("ASYA_TEST_RABBITMQ_CTL", str(ROOT / "tests" / "services" / "rabbitmq"))
 RABBIT_MANAGEMENT = os.environ.get("ASYA_TEST_RABBITMQ_MANAGEMENT_URL", "http://127.0.0.1:15672")
@@ -109,3 +112,29 @@ def sqs_publish(name: str, n: int):
     url = sqs_queue_url(name)
     for _ in range(n):
         sqs().send_message(QueueUrl=url, MessageBody="{}")
+
+
+def rabbit_accepts_connections() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", RABBIT_PORT), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def rabbit_stopped():
+    """RabbitMQ is stopped inside the block and back, accepting connections, when it ends
+    (test_provisioner.py's `broker_stopped`, shared)."""
+    try:
+        subprocess.run([RABBIT_CTL, "stop"], check=True, timeout=120)
+        yield
+    finally:
+        # `start` returns once the node runs and listens (tests/services/rabbitmq wait_ready).
+        subprocess.run([RABBIT_CTL, "start"], check=True, timeout=180)
+        wait_for("RabbitMQ accepting connections", rabbit_accepts_connections, timeout=60)
+
+
+def rabbit_delete_queue(queue: str) -> None:
+    """Deletes a queue a test left behind on purpose (absent is fine)."""
+    subprocess.run([RABBIT_CTL, "ctl", "delete_queue", queue], capture_output=True, text=True, timeout=60)

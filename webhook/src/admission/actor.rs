@@ -7,6 +7,7 @@ use asya_api::review::{
 };
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::response::{
     allowing, cannot_encode_patch, deny, deny_fields, handled, kind_mismatch, patched,
@@ -37,8 +38,21 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
         _ => return None,
     };
     let object = wire::actor(req.object?)?;
-    let actor = ParsedActor::from_text(&object.metadata, object.spec?.get())?;
     let operation = op_name(&req.operation);
+    if let Some(old) = req.old_object.and_then(wire::actor) {
+        let deleting = object.metadata.deletion_timestamp.is_some();
+        // The specs as `Value`s, as [`settled_update`] compares them (key order aside).
+        let spec = |s: Option<&RawValue>| s.map(|s| serde_json::from_str::<Value>(s.get()).ok());
+        let same_spec = match (spec(object.spec), spec(old.spec)) {
+            (Some(Some(a)), Some(Some(b))) => a == b,
+            (Some(None), _) | (_, Some(None)) => return None,
+            _ => false,
+        };
+        if deleting || same_spec {
+            return Some(handled(allowing(types, req.uid), operation));
+        }
+    }
+    let actor = ParsedActor::from_text(&object.metadata, object.spec?.get())?;
     let resp = allowing(types, req.uid);
     let span = tracing::debug_span!("admit", endpoint = Endpoint::ValidateActors.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
     let _g = span.enter();
@@ -50,6 +64,26 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
         ctx.config,
     );
     Some(handled(validated(resp, review, &req.name), operation))
+}
+
+/// Whether an UPDATE (`old` is its stored object) cannot change what the actor means, so
+/// it is admitted as it is, with no review, warning or patch: the actor is being deleted
+/// (the provisioner's finalizer removal must pass whatever the policy and the flavors say
+/// now), or its spec is unchanged (finalizers, labels, annotations). The chart's
+/// `matchConditions` keep the API server from calling us for these at all; this is the same
+/// rule for API servers and configurations without them (docs/DESIGN.md §6).
+pub fn settled_update(obj: &Value, old: Option<&Value>) -> bool {
+    let Some(old) = old else {
+        return false;
+    };
+    let deleting = obj
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null());
+    let same_spec = match (obj.get("spec"), old.get("spec")) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    };
+    deleting || same_spec
 }
 
 /// `mutated`: whether the caller needs [`ActorReview::mutated`] (only the mutating endpoint).
@@ -99,6 +133,9 @@ pub(super) fn actor(
         Operation::Update => req.old_object.as_ref().map(|o| &o.value),
         _ => None,
     };
+    if settled_update(obj, old) {
+        return resp;
+    }
     let ns = req.namespace.as_deref();
     let mutating = endpoint == Endpoint::MutateActors;
     let review = actor_review(obj, old, ns, ctx, mutating);
@@ -136,4 +173,45 @@ fn validated(resp: AdmissionResponse, review: ActorReview, name: &str) -> Admiss
     }
     let what = format!("AsyncActor {name:?}");
     with_warnings(deny_fields(resp, &what, &review.errors), review.warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settled_update;
+    use serde_json::json;
+
+    #[test]
+    fn settled_updates_are_deletions_and_unchanged_specs() {
+        let spec = json!({"image": "i", "handler": "m.f"});
+        let deleting = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"image": "j"}});
+        let table = [
+            // (new, old) → settled
+            (json!({"spec": spec}), None, false), // CREATE
+            (json!({"spec": spec}), Some(json!({"spec": spec})), true),
+            // Key order does not matter: the specs are compared as values.
+            (
+                json!({"spec": {"handler": "m.f", "image": "i"}}),
+                Some(json!({"spec": spec})),
+                true,
+            ),
+            (
+                json!({"spec": {"image": "j"}}),
+                Some(json!({"spec": spec})),
+                false,
+            ),
+            (deleting.clone(), Some(json!({"spec": spec})), true),
+            (deleting, None, false),
+            (
+                json!({"metadata": {"deletionTimestamp": null}, "spec": {"image": "j"}}),
+                Some(json!({"spec": spec})),
+                false,
+            ),
+            // No spec on either side: reviewed (the chart's CEL calls the webhook too).
+            (json!({}), Some(json!({})), false),
+            (json!({"spec": spec}), Some(json!({})), false),
+        ];
+        for (new, old, want) in table {
+            assert_eq!(settled_update(&new, old.as_ref()), want, "{new} {old:?}");
+        }
+    }
 }
