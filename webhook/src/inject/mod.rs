@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use asya_api::config::ClusterConfig;
 use asya_api::labels;
 use asya_api::resolved::ResolvedActor;
+use asya_api::restricted;
 use asya_api::sidecar_settings::{self, env as sidecar_env};
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, ResourceRequirements, Volume, VolumeMount,
@@ -16,6 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 mod injected_pod;
 mod sidecar;
 use sidecar::sidecar_container;
+#[cfg(test)]
+mod restricted_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -186,6 +189,9 @@ pub fn inject(
     ensure_empty_dir(&mut pod.volumes, RUNTIME_VOLUME);
     ensure_empty_dir(&mut pod.volumes, NO_API_TOKEN_VOLUME);
     without_api_token(&mut sidecar);
+    // Pod Security "restricted" (docs/DESIGN.md §5): both containers run the sidecar image,
+    // whose user is numeric and non-root, and write only to their volumes.
+    restricted::harden_read_only(&mut sidecar.security_context);
 
     // The runtime file ships inside the sidecar image; copy it into a shared emptyDir so the
     // user's image needs nothing but Python.
@@ -199,6 +205,7 @@ pub fn inject(
     };
     ensure_mount(&mut install, RUNTIME_VOLUME, RUNTIME_DIR, false);
     without_api_token(&mut install);
+    restricted::harden_read_only(&mut install.security_context);
     let inits = pod.init_containers.get_or_insert_with(Vec::new);
     inits.retain(|c| c.name != INSTALL_CONTAINER && c.name != labels::SIDECAR_CONTAINER);
     inits.insert(0, install);

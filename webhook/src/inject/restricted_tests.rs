@@ -1,0 +1,111 @@
+//! Injection meets Pod Security "restricted" (docs/DESIGN.md §5): a pod whose own containers
+//! meet it still does once injected, in both sidecar forms, and its own settings are kept.
+
+use asya_api::restricted::restricted_violations;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+use super::tests::settings;
+use super::*;
+
+/// A user's pod that meets restricted on its own: pod-level non-root and seccomp, its
+/// containers' own settings (one with an explicit uid and a writable root filesystem).
+fn restricted_pod() -> Pod {
+    let own = json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+                     "runAsUser": 1000, "readOnlyRootFilesystem": false});
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"asya.sh/inject": "true", "asya.sh/actor": "echo"}},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 2000,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "asya-runtime", "image": "py:3.13", "securityContext": own}],
+            "initContainers": [{"name": "user-init", "image": "busybox", "securityContext": own}]
+        }
+    }))
+    .unwrap()
+}
+
+fn injected(native: bool) -> Pod {
+    let mut p = restricted_pod();
+    let mut parts = InjectedPod::take(&mut p).unwrap();
+    inject(&mut parts, &settings(), &ClusterConfig::default(), native).unwrap();
+    parts.put_back(&mut p);
+    p
+}
+
+#[test]
+fn injected_containers_meet_restricted_in_both_forms_and_a_second_pass_changes_nothing() {
+    for native in [true, false] {
+        let mut p = injected(native);
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(
+            restricted_violations(spec),
+            Vec::<String>::new(),
+            "native={native}"
+        );
+        let ours = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .filter(|c| c.name == INSTALL_CONTAINER || c.name == labels::SIDECAR_CONTAINER);
+        let mut n = 0;
+        for c in ours {
+            n += 1;
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
+            assert_eq!(sc.run_as_non_root, Some(true), "{}", c.name);
+            // The image's own numeric user, or the pod's: injection chooses no uid.
+            assert_eq!(sc.run_as_user, None, "{}", c.name);
+        }
+        assert_eq!(n, 2, "native={native}");
+        let once = p.clone();
+        let mut parts = InjectedPod::take(&mut p).unwrap();
+        inject(&mut parts, &settings(), &ClusterConfig::default(), native).unwrap();
+        parts.put_back(&mut p);
+        assert_eq!(p, once, "second pass changes nothing (native={native})");
+    }
+}
+
+#[test]
+fn injected_containers_alone_meet_restricted_without_pod_level_settings() {
+    // A bare pod: only the containers we add are checked.
+    let mut p = super::tests::pod();
+    let mut parts = InjectedPod::take(&mut p).unwrap();
+    inject(&mut parts, &settings(), &ClusterConfig::default(), true).unwrap();
+    let ours: Vec<_> = parts
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.name == INSTALL_CONTAINER || c.name == labels::SIDECAR_CONTAINER)
+        .cloned()
+        .collect();
+    let only_ours = k8s_openapi::api::core::v1::PodSpec {
+        containers: ours,
+        ..Default::default()
+    };
+    assert_eq!(restricted_violations(&only_ours), Vec::<String>::new());
+}
+
+#[test]
+fn the_users_own_security_settings_are_kept() {
+    let before = restricted_pod();
+    let after = injected(true);
+    let (b, a) = (before.spec.unwrap(), after.spec.unwrap());
+    assert_eq!(a.security_context, b.security_context);
+    assert_eq!(
+        a.containers[0].security_context,
+        b.containers[0].security_context
+    );
+    let user_init = a
+        .init_containers
+        .unwrap()
+        .into_iter()
+        .find(|c| c.name == "user-init")
+        .unwrap();
+    assert_eq!(
+        user_init.security_context,
+        b.init_containers.unwrap()[0].security_context
+    );
+}
