@@ -109,3 +109,36 @@ fn the_users_own_security_settings_are_kept() {
         b.init_containers.unwrap()[0].security_context
     );
 }
+
+#[test]
+fn a_flat_actors_pod_as_the_provisioner_renders_it_meets_restricted_once_injected() {
+    use asya_api::restricted::{harden_container, harden_pod};
+    // The shape of queue-provisioner's flat template: one runtime container and the pod
+    // settings, both from the same defaults.
+    let mut runtime = k8s_openapi::api::core::v1::Container {
+        name: labels::RUNTIME_CONTAINER.into(),
+        image: Some("python:3.12".into()),
+        ..Default::default()
+    };
+    harden_container(&mut runtime.security_context);
+    let mut spec = k8s_openapi::api::core::v1::PodSpec {
+        containers: vec![runtime],
+        ..Default::default()
+    };
+    harden_pod(&mut spec.security_context);
+    for native in [true, false] {
+        let mut p = Pod {
+            metadata: Default::default(),
+            spec: Some(spec.clone()),
+            status: None,
+        };
+        let mut parts = InjectedPod::take(&mut p).unwrap();
+        inject(&mut parts, &settings(), &ClusterConfig::default(), native).unwrap();
+        parts.put_back(&mut p);
+        assert_eq!(
+            restricted_violations(p.spec.as_ref().unwrap()),
+            Vec::<String>::new(),
+            "native={native}"
+        );
+    }
+}
