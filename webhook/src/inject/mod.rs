@@ -154,6 +154,14 @@ fn without_api_token(c: &mut Container) {
     ensure_mount(c, NO_API_TOKEN_VOLUME, API_TOKEN_PATH, true);
 }
 
+/// Our containers under a pod that runs as root: as the sidecar image's own user, which
+/// `runAsNonRoot` accepts (the runtime's socket and file are readable by any uid).
+fn as_nonroot_user(c: &mut Container) {
+    let sc = c.security_context.get_or_insert_with(Default::default);
+    sc.run_as_user = Some(restricted::NONROOT_ID);
+    sc.run_as_group = Some(restricted::NONROOT_ID);
+}
+
 /// Inject into the parts of a pod injection may change (nothing else is in reach). A pod
 /// already carrying [`INJECTED`] is left as is. `native` chooses a native sidecar (init
 /// container, `restartPolicy: Always`, Kubernetes 1.29+) over a regular container.
@@ -192,6 +200,9 @@ pub fn inject(
     // Pod Security "restricted" (docs/DESIGN.md §5): both containers run the sidecar image,
     // whose user is numeric and non-root, and write only to their volumes.
     restricted::harden_read_only(&mut sidecar.security_context);
+    if pod.pod_runs_as_root {
+        as_nonroot_user(&mut sidecar);
+    }
 
     // The runtime file ships inside the sidecar image; copy it into a shared emptyDir so the
     // user's image needs nothing but Python.
@@ -206,6 +217,9 @@ pub fn inject(
     ensure_mount(&mut install, RUNTIME_VOLUME, RUNTIME_DIR, false);
     without_api_token(&mut install);
     restricted::harden_read_only(&mut install.security_context);
+    if pod.pod_runs_as_root {
+        as_nonroot_user(&mut install);
+    }
     let inits = pod.init_containers.get_or_insert_with(Vec::new);
     inits.retain(|c| c.name != INSTALL_CONTAINER && c.name != labels::SIDECAR_CONTAINER);
     inits.insert(0, install);

@@ -142,3 +142,36 @@ fn a_flat_actors_pod_as_the_provisioner_renders_it_meets_restricted_once_injecte
         );
     }
 }
+
+#[test]
+fn under_a_pod_that_runs_as_root_our_containers_name_their_non_root_uid() {
+    let mut p = super::tests::pod();
+    p.spec.as_mut().unwrap().security_context =
+        Some(k8s_openapi::api::core::v1::PodSecurityContext {
+            run_as_user: Some(0),
+            ..Default::default()
+        });
+    let mut parts = InjectedPod::take(&mut p).unwrap();
+    assert!(parts.pod_runs_as_root);
+    inject(&mut parts, &settings(), &ClusterConfig::default(), true).unwrap();
+    let ours = parts
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.name == INSTALL_CONTAINER || c.name == labels::SIDECAR_CONTAINER);
+    for c in ours {
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(
+            (sc.run_as_user, sc.run_as_group, sc.run_as_non_root),
+            (Some(65532), Some(65532), Some(true)),
+            "{}",
+            c.name
+        );
+    }
+    parts.put_back(&mut p);
+    assert_eq!(
+        p.spec.unwrap().security_context.unwrap().run_as_user,
+        Some(0),
+        "the pod's own setting stays"
+    );
+}
