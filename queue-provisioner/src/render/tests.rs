@@ -352,3 +352,51 @@ fn keda_reads_rabbitmq_over_the_management_api_when_configured() {
     let so = scaled_object(&a, &labels(), &owner(), &amqp, None);
     assert_eq!(so["spec"]["triggers"][0]["metadata"]["protocol"], "amqp");
 }
+
+#[test]
+fn a_flat_actors_deployment_meets_pod_security_restricted() {
+    let cfg = ClusterConfig::default();
+    let a = resolve(
+        flat(json!({"image": "python:3.12", "handler": "m.f",
+                    "volumes": [{"name": "scratch", "emptyDir": {}}],
+                    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]})),
+        &cfg,
+    );
+    let d = deployment(&a, &labels(), &owner(), &cfg);
+    let spec = d.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        asya_api::restricted::restricted_violations(&spec),
+        Vec::<String>::new()
+    );
+    // A root image runs as our images' non-root uid instead of being refused by the kubelet.
+    let pod = spec.security_context.unwrap();
+    assert_eq!(
+        (pod.run_as_user, pod.run_as_group, pod.fs_group),
+        (Some(65532), Some(65532), Some(65532))
+    );
+    let c = spec.containers[0].security_context.clone().unwrap();
+    assert_eq!(
+        c.read_only_root_filesystem, None,
+        "a handler may write its files"
+    );
+}
+
+#[test]
+fn a_workload_templates_security_settings_are_the_users() {
+    let cfg = ClusterConfig::default();
+    let a = resolve(
+        flat(json!({"workload": {"template": {"spec": {
+            "securityContext": {"runAsUser": 0},
+            "containers": [{"name": "asya-runtime", "image": "py",
+                            "securityContext": {"readOnlyRootFilesystem": true},
+                            "env": [{"name": "ASYA_HANDLER", "value": "m.f"}]}]}}}})),
+        &cfg,
+    );
+    let d = serde_json::to_value(deployment(&a, &labels(), &owner(), &cfg)).unwrap();
+    let spec = &d["spec"]["template"]["spec"];
+    assert_eq!(spec["securityContext"], json!({"runAsUser": 0}));
+    assert_eq!(
+        spec["containers"][0]["securityContext"],
+        json!({"readOnlyRootFilesystem": true})
+    );
+}

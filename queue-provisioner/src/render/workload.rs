@@ -8,6 +8,7 @@ use asya_api::ResolvedActor;
 use asya_api::config::ClusterConfig;
 use asya_api::labels;
 use asya_api::naming;
+use asya_api::restricted;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Container, EnvFromSource, EnvVar, EnvVarSource, PodSpec, PodTemplateSpec, SecretEnvSource,
@@ -142,7 +143,7 @@ fn flat_template(actor: &ResolvedActor) -> PodTemplateSpec {
     let (mut env, env_from) = secret_env(actor);
     let mut all_env = s.env.clone();
     all_env.append(&mut env);
-    let runtime = Container {
+    let mut runtime = Container {
         name: labels::RUNTIME_CONTAINER.into(),
         image: s.image.clone(),
         image_pull_policy: s.image_pull_policy.clone(),
@@ -152,6 +153,13 @@ fn flat_template(actor: &ResolvedActor) -> PodTemplateSpec {
         volume_mounts: (!s.volume_mounts.is_empty()).then(|| s.volume_mounts.clone()),
         ..Default::default()
     };
+    // Pod Security "restricted" (docs/DESIGN.md §5, §9). Every container of this pod is ours,
+    // so the pod runs as the non-root uid of our images: a root image still starts (as that
+    // uid) where `runAsNonRoot` alone would make the kubelet refuse it. The root filesystem
+    // stays writable: a handler may write its own files.
+    restricted::harden_container(&mut runtime.security_context);
+    let mut security_context = None;
+    restricted::harden_pod(&mut security_context);
     PodTemplateSpec {
         metadata: Some(ObjectMeta::default()),
         spec: Some(PodSpec {
@@ -159,6 +167,7 @@ fn flat_template(actor: &ResolvedActor) -> PodTemplateSpec {
             node_selector: (!s.node_selector.is_empty()).then(|| s.node_selector.clone()),
             tolerations: (!s.tolerations.is_empty()).then(|| s.tolerations.clone()),
             volumes: (!s.volumes.is_empty()).then(|| s.volumes.clone()),
+            security_context,
             ..Default::default()
         }),
     }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod, Volume};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Volume};
 
 /// `metadata.annotations`, `spec.volumes`, `spec.initContainers` and `spec.containers`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -14,6 +14,9 @@ pub struct InjectedPod {
     pub volumes: Option<Vec<Volume>>,
     pub init_containers: Option<Vec<Container>>,
     pub containers: Vec<Container>,
+    /// Read, never written back: whether the pod's own `securityContext` runs it as root
+    /// (`runAsUser: 0`). The containers we add are non-root, so they then name their uid.
+    pub pod_runs_as_root: bool,
 }
 
 impl InjectedPod {
@@ -25,17 +28,20 @@ impl InjectedPod {
             volumes: spec.volumes.clone(),
             init_containers: spec.init_containers.clone(),
             containers: spec.containers.clone(),
+            pod_runs_as_root: runs_as_root(spec),
         })
     }
 
     /// Takes the parts out, or `None` (nothing taken) when the pod has no spec.
     pub fn take(pod: &mut Pod) -> Option<Self> {
         let spec = pod.spec.as_mut()?;
+        let pod_runs_as_root = runs_as_root(spec);
         Some(InjectedPod {
             annotations: pod.metadata.annotations.take(),
             volumes: spec.volumes.take(),
             init_containers: spec.init_containers.take(),
             containers: std::mem::take(&mut spec.containers),
+            pod_runs_as_root,
         })
     }
 
@@ -52,4 +58,8 @@ impl InjectedPod {
     pub fn is_injected(&self) -> bool {
         super::has_marker(self.annotations.as_ref())
     }
+}
+
+fn runs_as_root(spec: &PodSpec) -> bool {
+    spec.security_context.as_ref().and_then(|s| s.run_as_user) == Some(0)
 }

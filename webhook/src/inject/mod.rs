@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use asya_api::config::ClusterConfig;
 use asya_api::labels;
 use asya_api::resolved::ResolvedActor;
+use asya_api::restricted;
 use asya_api::sidecar_settings::{self, env as sidecar_env};
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, ResourceRequirements, Volume, VolumeMount,
@@ -16,6 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 mod injected_pod;
 mod sidecar;
 use sidecar::sidecar_container;
+#[cfg(test)]
+mod restricted_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -151,6 +154,14 @@ fn without_api_token(c: &mut Container) {
     ensure_mount(c, NO_API_TOKEN_VOLUME, API_TOKEN_PATH, true);
 }
 
+/// Our containers under a pod that runs as root: as the sidecar image's own user, which
+/// `runAsNonRoot` accepts (the runtime's socket and file are readable by any uid).
+fn as_nonroot_user(c: &mut Container) {
+    let sc = c.security_context.get_or_insert_with(Default::default);
+    sc.run_as_user = Some(restricted::NONROOT_ID);
+    sc.run_as_group = Some(restricted::NONROOT_ID);
+}
+
 /// Inject into the parts of a pod injection may change (nothing else is in reach). A pod
 /// already carrying [`INJECTED`] is left as is. `native` chooses a native sidecar (init
 /// container, `restartPolicy: Always`, Kubernetes 1.29+) over a regular container.
@@ -186,6 +197,12 @@ pub fn inject(
     ensure_empty_dir(&mut pod.volumes, RUNTIME_VOLUME);
     ensure_empty_dir(&mut pod.volumes, NO_API_TOKEN_VOLUME);
     without_api_token(&mut sidecar);
+    // Pod Security "restricted" (docs/DESIGN.md §5): both containers run the sidecar image,
+    // whose user is numeric and non-root, and write only to their volumes.
+    restricted::harden_read_only(&mut sidecar.security_context);
+    if pod.pod_runs_as_root {
+        as_nonroot_user(&mut sidecar);
+    }
 
     // The runtime file ships inside the sidecar image; copy it into a shared emptyDir so the
     // user's image needs nothing but Python.
@@ -199,6 +216,10 @@ pub fn inject(
     };
     ensure_mount(&mut install, RUNTIME_VOLUME, RUNTIME_DIR, false);
     without_api_token(&mut install);
+    restricted::harden_read_only(&mut install.security_context);
+    if pod.pod_runs_as_root {
+        as_nonroot_user(&mut install);
+    }
     let inits = pod.init_containers.get_or_insert_with(Vec::new);
     inits.retain(|c| c.name != INSTALL_CONTAINER && c.name != labels::SIDECAR_CONTAINER);
     inits.insert(0, install);

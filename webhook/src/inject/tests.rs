@@ -21,7 +21,8 @@ pub(crate) fn settings() -> ActorSettings {
     }
 }
 
-fn pod() -> Pod {
+/// A pod with no security settings of its own (also used by the restricted tests).
+pub(crate) fn pod() -> Pod {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "p", "labels": {"asya.sh/inject": "true", "asya.sh/actor": "echo"}},
