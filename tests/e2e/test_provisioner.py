@@ -10,18 +10,16 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from contextlib import contextmanager
 
 import pytest
 
 from asya_e2e.actors import FLAT, actor, phase_is
-from asya_e2e.brokers import RABBIT_CTL, RABBIT_PORT, rabbit_publish, rabbit_queues, sqs, sqs_publish, sqs_queue_url
+from asya_e2e.brokers import RABBIT_CTL, rabbit_publish, rabbit_queues, rabbit_stopped, sqs, sqs_publish, sqs_queue_url
 from asya_e2e.components import component_log, process_stopped
 from asya_e2e.env import ROOT, STATE, cluster_config, provisioner_url, webhook_enabled
 from asya_e2e.kube import apply, get, keda_running, kubectl, kubectl_json, status
@@ -239,30 +237,10 @@ def test_flavor_change_and_missing_flavor(namespace):
         kubectl("delete", "flavor", flavor, "--ignore-not-found")
 
 
-def rabbit_accepts_connections() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", RABBIT_PORT), timeout=2):
-            return True
-    except OSError:
-        return False
-
-
-@contextmanager
-def broker_stopped():
-    """RabbitMQ is stopped inside the block and back, accepting connections, when it ends."""
-    try:
-        subprocess.run([RABBIT_CTL, "stop"], check=True, timeout=120)
-        yield
-    finally:
-        # `start` returns once the node runs and listens (tests/services/rabbitmq wait_ready).
-        subprocess.run([RABBIT_CTL, "start"], check=True, timeout=180)
-        wait_for("RabbitMQ accepting connections", rabbit_accepts_connections, timeout=60)
-
-
 @pytest.mark.disruptive
 def test_broker_down_then_recovers(namespace):
     ns = namespace
-    with broker_stopped():
+    with rabbit_stopped():
         apply(ns, actor("outage", {**FLAT}))
         st = wait_for("TransportError while the broker is down", phase_is(ns, "outage", "TransportError"), timeout=60)
         assert {c["type"]: c["status"] for c in st["conditions"]}["TransportReady"] == "False"

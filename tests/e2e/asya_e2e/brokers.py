@@ -124,8 +124,7 @@ def rabbit_accepts_connections() -> bool:
 
 @contextmanager
 def rabbit_stopped():
-    """RabbitMQ is stopped inside the block and back, accepting connections, when it ends
-    (test_provisioner.py's `broker_stopped`, shared)."""
+    """RabbitMQ is stopped inside the block and back, accepting connections, when it ends."""
     try:
         subprocess.run([RABBIT_CTL, "stop"], check=True, timeout=120)
         yield
