@@ -238,11 +238,9 @@ mod scratch {
         pub async fn drop_now(self) {
             admin(
                 &self.base,
-                &format!(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{0}';
-                     DROP DATABASE IF EXISTS {0}",
-                    self.name
-                ),
+                // One statement: several in one batch run as a transaction block, where DROP
+                // DATABASE is refused; FORCE ends the connections still open to it.
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
             )
             .await;
         }
