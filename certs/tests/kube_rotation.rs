@@ -6,6 +6,7 @@
 //! services unit` does both). Without it the tests skip and say so; `make unit` makes them fail.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
 use asya_certs::generate::signed_by;
@@ -41,11 +42,15 @@ async fn client() -> kube::Client {
 
 /// Names unique to one test run, so runs and tests never share objects.
 fn unique(prefix: &str) -> String {
+    // The tests of this binary run at once, in one process, and this VM's clock may be
+    // coarse: the counter keeps two names apart where the time alone did not.
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let nanos = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .expect("clock after 1970")
         .subsec_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
+    format!("{prefix}-{}-{n}-{nanos}", std::process::id())
 }
 
 /// A webhook entry that matches nothing, so the configurations affect no other test.
