@@ -51,6 +51,56 @@ pub struct ClusterConfig {
     /// Where sidecars report progress and final statuses (the gateway); off when unset.
     #[serde(default, skip_serializing_if = "GatewayConfig::is_off")]
     pub gateway: GatewayConfig,
+    /// How much of the namespaced flavor ConfigMaps the webhook and the provisioner read:
+    /// any namespace can label a ConfigMap, so what they cache must be bounded (§9).
+    #[serde(default)]
+    pub flavor_limits: FlavorLimits,
+    /// Namespaces the admission webhook is not called for (the chart's `kube-system`, the
+    /// release namespace and `webhook.excludeNamespaces`). Actors there were never admitted,
+    /// so the provisioner reconciles none of them (§9).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded_namespaces: Vec<String>,
+}
+
+/// Bounds on the namespaced flavor ConfigMaps kept in memory. The worst case is
+/// `maxTotal` × `maxBytes` of flavor text (8 MiB at the defaults); the ConfigMaps past a
+/// count bound are kept as their identity only, so an actor using one is told why.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FlavorLimits {
+    /// Largest `flavor.yaml` read, in bytes; a larger one is not parsed.
+    #[serde(default = "default_flavor_max_bytes")]
+    pub max_bytes: usize,
+    /// Flavor ConfigMaps read per namespace.
+    #[serde(default = "default_flavor_max_per_namespace")]
+    pub max_per_namespace: usize,
+    /// Flavor ConfigMaps read in the whole cluster.
+    #[serde(default = "default_flavor_max_total")]
+    pub max_total: usize,
+}
+
+pub const DEFAULT_FLAVOR_MAX_BYTES: usize = 16 * 1024;
+pub const DEFAULT_FLAVOR_MAX_PER_NAMESPACE: usize = 16;
+pub const DEFAULT_FLAVOR_MAX_TOTAL: usize = 512;
+
+fn default_flavor_max_bytes() -> usize {
+    DEFAULT_FLAVOR_MAX_BYTES
+}
+fn default_flavor_max_per_namespace() -> usize {
+    DEFAULT_FLAVOR_MAX_PER_NAMESPACE
+}
+fn default_flavor_max_total() -> usize {
+    DEFAULT_FLAVOR_MAX_TOTAL
+}
+
+impl Default for FlavorLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: DEFAULT_FLAVOR_MAX_BYTES,
+            max_per_namespace: DEFAULT_FLAVOR_MAX_PER_NAMESPACE,
+            max_total: DEFAULT_FLAVOR_MAX_TOTAL,
+        }
+    }
 }
 
 /// The default of [`ClusterConfig::end_queue_retention`]: a week to fetch unread results.
@@ -315,6 +365,8 @@ impl Default for ClusterConfig {
             service_account: ServiceAccountConfig::default(),
             end_queue_retention: default_end_queue_retention(),
             gateway: GatewayConfig::default(),
+            flavor_limits: FlavorLimits::default(),
+            excluded_namespaces: Vec::new(),
         }
     }
 }
@@ -394,7 +446,22 @@ impl ClusterConfig {
                 "must be >= 1",
             ));
         }
+        let l = &self.flavor_limits;
+        for (field, value) in [
+            ("flavorLimits.maxBytes", l.max_bytes),
+            ("flavorLimits.maxPerNamespace", l.max_per_namespace),
+            ("flavorLimits.maxTotal", l.max_total),
+        ] {
+            if value == 0 {
+                errs.push(FieldError::invalid(field, value, "must be >= 1"));
+            }
+        }
         errs.into_result()
+    }
+
+    /// Whether the admission webhook skips `namespace` (then so does the provisioner).
+    pub fn namespace_excluded(&self, namespace: &str) -> bool {
+        self.excluded_namespaces.iter().any(|n| n == namespace)
     }
 
     pub fn transport_names(&self) -> Vec<String> {

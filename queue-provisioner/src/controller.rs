@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use asya_api::config::ClusterConfig;
 use asya_api::{AsyncActor, Flavor, labels};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
@@ -133,7 +133,10 @@ pub async fn run(
             ),
         ),
     );
+    // Any namespace can label a ConfigMap: the store keeps only the flavor key, within the
+    // size and count bounds (asya_api::flavor::bounds).
     let (maps, maps_w) = reflector::store();
+    let mut gate = asya_api::flavor::FlavorMapGate::new(config.flavor_limits.clone());
     spawn_reflector(
         unsynced.clone(),
         reflector::reflector(
@@ -141,7 +144,8 @@ pub async fn run(
             watcher(
                 Api::<ConfigMap>::all(client.clone()),
                 watcher::Config::default().labels(labels::FLAVOR),
-            ),
+            )
+            .map_ok(move |ev| watch::bound_flavor_map(&mut gate, ev)),
         ),
     );
 
@@ -273,10 +277,15 @@ pub async fn run(
         move |f: Flavor| users_of(&s1, &f.name_any(), None),
     );
     let s2 = store.clone();
-    controller = controller.watches(
-        Api::<ConfigMap>::all(client.clone()),
-        watcher::Config::default().labels(labels::FLAVOR),
-        move |cm: ConfigMap| {
+    // Triggers only: the labels name the flavor, so metadata is all this watch reads.
+    controller = controller.watches_stream(
+        watcher(
+            Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+            watcher::Config::default().labels(labels::FLAVOR),
+        )
+        .default_backoff()
+        .touched_objects(),
+        move |cm: PartialObjectMeta<ConfigMap>| {
             flavor_name_of_labels(cm.labels())
                 .map(|n| users_of(&s2, &n, cm.namespace().as_deref()))
                 .unwrap_or_default()

@@ -7,11 +7,13 @@ use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use asya_api::AsyncActor;
+use asya_api::flavor::FlavorMapGate;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, ContainerStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
+use kube::runtime::watcher;
 
 use crate::status::{classify_pod, needs_replacing};
 
@@ -215,6 +217,34 @@ pub fn slim_scaled_object(o: &mut DynamicObject) {
     o.data = serde_json::Value::Null;
 }
 
+/// Passes a flavor ConfigMap watch event through the gate, which slims the object and drops
+/// a flavor over the bounds (a fresh list frees every place; asya_api::flavor::bounds).
+pub fn bound_flavor_map(
+    gate: &mut FlavorMapGate,
+    ev: watcher::Event<ConfigMap>,
+) -> watcher::Event<ConfigMap> {
+    use watcher::Event;
+    match ev {
+        Event::Init => {
+            gate.restart();
+            Event::Init
+        }
+        Event::InitApply(mut cm) => {
+            gate.applied(&mut cm);
+            Event::InitApply(cm)
+        }
+        Event::Apply(mut cm) => {
+            gate.applied(&mut cm);
+            Event::Apply(cm)
+        }
+        Event::Delete(mut cm) => {
+            gate.deleted(&mut cm);
+            Event::Delete(cm)
+        }
+        Event::InitDone => Event::InitDone,
+    }
+}
+
 /// Labels of a cached object, for lookups by actor.
 pub fn label<'a>(labels: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
     labels.as_ref()?.get(key).map(String::as_str)
@@ -340,6 +370,55 @@ mod tests {
         assert_eq!(scaled_object_fingerprint(&o), fp);
         assert_eq!(o.data, serde_json::Value::Null);
     }
+    #[test]
+    fn the_flavor_map_cache_keeps_only_the_flavor_key_within_the_bounds() {
+        let cm = |name: &str, flavor: &str| -> ConfigMap {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "n", "labels": {"asya.sh/flavor": name},
+                             "managedFields": [{"manager": "kubectl"}]},
+                "data": {"flavor.yaml": flavor, "other": "x".repeat(50_000)}
+            }))
+            .unwrap()
+        };
+        let mut gate = FlavorMapGate::new(asya_api::config::FlavorLimits {
+            max_bytes: 16,
+            max_per_namespace: 1,
+            max_total: 1,
+        });
+        let mut w = kube::runtime::reflector::store::Writer::<ConfigMap>::new(());
+        for ev in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(cm("a", "env: []")),
+            watcher::Event::InitApply(cm("b", "env: []")),
+            watcher::Event::InitApply(cm("c", &"y".repeat(17))),
+            watcher::Event::InitDone,
+        ] {
+            w.apply_watcher_event(&bound_flavor_map(&mut gate, ev));
+        }
+        let kept: Vec<_> = w
+            .as_reader()
+            .state()
+            .iter()
+            .map(|c| {
+                let keys: Vec<String> = c.data.iter().flat_map(|d| d.keys().cloned()).collect();
+                (c.metadata.name.clone().unwrap(), keys)
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into_iter()
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("a".to_string(), vec!["flavor.yaml".to_string()]),
+                ("b".to_string(), vec![]),
+                ("c".to_string(), vec![]),
+            ]
+        );
+        for c in w.as_reader().state() {
+            assert!(c.metadata.managed_fields.is_none());
+        }
+    }
+
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn actor() -> AsyncActor {

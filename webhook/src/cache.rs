@@ -5,10 +5,12 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use asya_api::flavor::{FlavorCatalog, FlavorDef, FlavorSource, environment_config_resource};
+use asya_api::flavor::{
+    FlavorCatalog, FlavorDef, FlavorMapGate, FlavorSource, environment_config_resource,
+};
 use asya_api::labels;
 use asya_api::types::Flavor;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
@@ -160,6 +162,33 @@ pub fn build_catalog(
     c
 }
 
+/// Passes a flavor ConfigMap watch event through the gate, which slims the object and drops
+/// a flavor over the bounds (a fresh list frees every place).
+pub fn bound_flavor_map(
+    gate: &mut FlavorMapGate,
+    ev: watcher::Event<ConfigMap>,
+) -> watcher::Event<ConfigMap> {
+    match ev {
+        watcher::Event::Init => {
+            gate.restart();
+            watcher::Event::Init
+        }
+        watcher::Event::InitApply(mut cm) => {
+            gate.applied(&mut cm);
+            watcher::Event::InitApply(cm)
+        }
+        watcher::Event::Apply(mut cm) => {
+            gate.applied(&mut cm);
+            watcher::Event::Apply(cm)
+        }
+        watcher::Event::Delete(mut cm) => {
+            gate.deleted(&mut cm);
+            watcher::Event::Delete(cm)
+        }
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
 /// Handles to the running caches.
 pub struct Caches {
     pub actors: Store<CachedActor>,
@@ -282,10 +311,20 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
     );
     let flavors = spawn_dynamic(&client, flavor_resource(), Some(changed.clone()), "Flavor");
     let (cm_reader, cm_writer) = reflector::store::<ConfigMap>();
-    spawn_reflector(
-        Api::<ConfigMap>::all(client.clone()),
-        watcher::Config::default().labels(labels::FLAVOR),
-        cm_writer,
+    // Any namespace can label a ConfigMap: the store keeps only the flavor key, within the
+    // size and count bounds (asya_api::flavor::bounds).
+    let mut gate = FlavorMapGate::new(shared.config.flavor_limits.clone());
+    drive(
+        reflector::reflector(
+            cm_writer,
+            watcher(
+                Api::<ConfigMap>::all(client.clone()),
+                watcher::Config::default().labels(labels::FLAVOR),
+            )
+            .map_ok(move |ev| bound_flavor_map(&mut gate, ev)),
+        )
+        .default_backoff()
+        .touched_objects(),
         Some(changed.clone()),
         "ConfigMap",
     );
@@ -368,6 +407,61 @@ mod tests {
         let store = ActorStore(w.as_reader());
         assert!(store.get("ns", "echo").is_some());
         assert!(store.get("other", "echo").is_none());
+    }
+
+    #[test]
+    fn the_flavor_map_store_holds_only_the_flavor_key_within_the_bounds() {
+        let cm = |name: &str, flavor: &str| -> ConfigMap {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "team-a",
+                             "labels": {"asya.sh/flavor": name},
+                             "managedFields": [{"manager": "kubectl"}]},
+                "data": {"flavor.yaml": flavor, "notes.txt": "x".repeat(50_000)},
+                "binaryData": {"blob": "AAAA"}
+            }))
+            .unwrap()
+        };
+        let limits = asya_api::config::FlavorLimits {
+            max_bytes: 64,
+            max_per_namespace: 1,
+            max_total: 10,
+        };
+        let mut gate = FlavorMapGate::new(limits);
+        let mut w = reflector::store::Writer::<ConfigMap>::new(());
+        for ev in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(cm("gpu", "nodeSelector:\n  gpu: a100\n")),
+            watcher::Event::InitApply(cm("big", &"y".repeat(65))),
+            watcher::Event::InitApply(cm("more", "env: []\n")),
+            watcher::Event::InitDone,
+        ] {
+            w.apply_watcher_event(&bound_flavor_map(&mut gate, ev));
+        }
+        let store = w.as_reader();
+        let get = |n: &str| store.get(&ObjectRef::new(n).within("team-a")).unwrap();
+        let gpu = get("gpu");
+        assert_eq!(
+            gpu.data.as_ref().unwrap().keys().collect::<Vec<_>>(),
+            ["flavor.yaml"]
+        );
+        assert!(gpu.binary_data.is_none() && gpu.metadata.managed_fields.is_none());
+        for n in ["big", "more"] {
+            assert!(get(n).data.is_none(), "{n} keeps no data");
+        }
+        let c = build_catalog(&[], &store.state(), &[]);
+        assert_eq!(
+            c.get("team-a", "gpu").unwrap().data["nodeSelector"],
+            json!({"gpu": "a100"})
+        );
+        let problem = |n: &str| c.get("team-a", n).unwrap().problem.clone().unwrap();
+        assert!(problem("big").starts_with("flavor.yaml is 65 bytes, over the limit of 64"));
+        assert!(problem("more").contains("flavorLimits.maxPerNamespace"));
+        // Deleting the admitted one frees its place for the next change of another.
+        let gone = watcher::Event::Delete(cm("gpu", ""));
+        w.apply_watcher_event(&bound_flavor_map(&mut gate, gone));
+        let changed = watcher::Event::Apply(cm("more", "env: []\n"));
+        w.apply_watcher_event(&bound_flavor_map(&mut gate, changed));
+        assert!(get("more").data.is_some());
     }
 
     #[test]

@@ -148,8 +148,14 @@ impl FlavorDef {
             .data
             .as_ref()
             .and_then(|d| d.get(labels::FLAVOR_CONFIGMAP_KEY));
-        let mut def = match text {
-            None => {
+        let mut def = match (super::bounds::not_read(cm), text) {
+            // The cache dropped the flavor unread (a size or count bound).
+            (Some(why), _) => {
+                let mut d = Self::from_data(&name, source, &Value::Null);
+                d.problem = Some(why.to_string());
+                d
+            }
+            (None, None) => {
                 let mut d = Self::from_data(&name, source, &Value::Null);
                 d.problem = Some(format!(
                     "ConfigMap has no key {:?}",
@@ -157,7 +163,7 @@ impl FlavorDef {
                 ));
                 d
             }
-            Some(t) => match serde_yaml::from_str::<Value>(t) {
+            (None, Some(t)) => match serde_yaml::from_str::<Value>(t) {
                 Ok(v) => Self::from_data(&name, source, &v),
                 Err(e) => {
                     let mut d = Self::from_data(&name, source, &Value::Null);

@@ -24,12 +24,14 @@ pub fn environment_config_resource() -> kube::core::ApiResource {
     )
 }
 
+pub mod bounds;
 mod catalog;
 mod definition;
 mod merge;
 mod resolve;
 mod typed;
 
+pub use bounds::{FlavorMapGate, NotRead};
 pub use catalog::FlavorCatalog;
 pub use definition::{FlavorDef, FlavorSource};
 pub use merge::{Origins, merge_flavors, overlay_inline};
