@@ -13,6 +13,8 @@ pub const COND_TRANSPORT: &str = "TransportReady";
 pub const COND_WORKLOAD: &str = "WorkloadReady";
 pub const COND_SCALING: &str = "ScalingReady";
 pub const COND_FLAVORS: &str = "FlavorsResolved";
+/// False only with reason `NamespaceExcluded`: the provisioner does not reconcile the actor.
+pub const COND_RECONCILED: &str = "Reconciled";
 
 /// Container waiting reasons Kubernetes keeps retrying with backoff (a failing pod).
 const FAILING_REASONS: [&str; 8] = [
@@ -241,6 +243,30 @@ fn condition(
         message,
         observed_generation: generation,
         last_transition_time: since,
+    }
+}
+
+/// The status of an actor the provisioner does not reconcile because its namespace is
+/// excluded from admission: Degraded, with one condition that says why.
+pub fn excluded(
+    prev: &AsyncActorStatus,
+    message: String,
+    generation: Option<i64>,
+    now: Time,
+) -> AsyncActorStatus {
+    AsyncActorStatus {
+        phase: Some(Phase::Degraded.as_str().into()),
+        conditions: vec![condition(
+            &prev.conditions,
+            COND_RECONCILED,
+            Some(false),
+            "NamespaceExcluded",
+            message.clone(),
+            generation,
+            &now,
+        )],
+        message: Some(message),
+        ..Default::default()
     }
 }
 

@@ -85,6 +85,9 @@ impl<C: Cluster> Reconciler<C> {
             .as_ref()
             .ok_or(Error::NoNamespace)?;
         self.cluster.caches_ready().await?;
+        if let Some(why) = plan::namespace_excluded(actor, &self.config) {
+            return self.excluded(actor, why).await;
+        }
         match plan::finalizer_step(actor) {
             FinalizerStep::Done => Ok(Next::AwaitChange),
             // Removes the finalizer itself, unless it must try again.
@@ -95,6 +98,20 @@ impl<C: Cluster> Reconciler<C> {
             }
             FinalizerStep::Reconcile => actor::run(self, actor).await,
         }
+    }
+
+    /// An actor in an excluded namespace: no finalizer, no queue, no object; its status and
+    /// a Warning event say why (once). Looked at again only when it changes.
+    async fn excluded(&self, actor: &AsyncActor, why: String) -> Result<Next, Error> {
+        let prev = actor.status.clone().unwrap_or_default();
+        let now = actor::now();
+        if let Some((status, event)) =
+            plan::excluded_status(&prev, why, actor.metadata.generation, now)
+        {
+            self.cluster.event(actor, event).await;
+            self.cluster.patch_status(actor, &status).await?;
+        }
+        Ok(Next::AwaitChange)
     }
 
     /// After a failed reconcile: the actor's next backoff (counted).

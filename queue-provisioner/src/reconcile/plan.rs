@@ -58,6 +58,8 @@ pub enum Reason {
     CleanupSkipped,
     /// A deleted actor released after cleanup gave up on its queue.
     CleanupIncomplete,
+    /// The actor is in a namespace the admission webhook skips: nothing is created for it.
+    NamespaceExcluded,
     /// The actor entered this phase.
     Phase(Phase),
 }
@@ -78,6 +80,7 @@ impl Reason {
             Reason::PodWithoutSidecarReplaced => "PodWithoutSidecarReplaced",
             Reason::CleanupSkipped => "CleanupSkipped",
             Reason::CleanupIncomplete => "CleanupIncomplete",
+            Reason::NamespaceExcluded => "NamespaceExcluded",
             Reason::Phase(p) => p.as_str(),
         }
     }
@@ -141,6 +144,40 @@ pub fn finalizer_step(a: &AsyncActor) -> FinalizerStep {
         (false, false) => FinalizerStep::AddThenReconcile,
         (false, true) => FinalizerStep::Reconcile,
     }
+}
+
+/// Why a live actor is not reconciled at all: its namespace is one the admission webhook is
+/// not called for (the cluster configuration's `excludedNamespaces`, from the chart's
+/// `kube-system`, release namespace and `webhook.excludeNamespaces`). Such an actor was
+/// never defaulted nor checked against the policy, so rendering it would grant what
+/// admission exists to refuse. A deleted one is still cleaned up: whatever was created
+/// before its namespace was excluded goes with it.
+pub fn namespace_excluded(
+    actor: &AsyncActor,
+    config: &asya_api::config::ClusterConfig,
+) -> Option<String> {
+    let ns = actor.metadata.namespace.as_deref()?;
+    if actor.metadata.deletion_timestamp.is_some() || !config.namespace_excluded(ns) {
+        return None;
+    }
+    Some(format!(
+        "namespace {ns} is excluded from admission (excludedNamespaces in the cluster configuration: \
+         kube-system, the release namespace and the chart's webhook.excludeNamespaces), so the \
+         provisioner creates nothing for this actor; create it in another namespace"
+    ))
+}
+
+/// The status and event of an actor in an excluded namespace (see [`namespace_excluded`]):
+/// the event only when the status changes, so that it is said once.
+pub fn excluded_status(
+    prev: &AsyncActorStatus,
+    message: String,
+    generation: Option<i64>,
+    now: Time,
+) -> Option<(AsyncActorStatus, EventSpec)> {
+    let new = crate::status::excluded(prev, message.clone(), generation, now);
+    status_write(prev, &new)?;
+    Some((new, EventSpec::warning(Reason::NamespaceExcluded, message)))
 }
 
 /// What a reconcile knows of an actor before it looks at anything else.

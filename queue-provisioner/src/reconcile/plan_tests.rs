@@ -329,3 +329,38 @@ fn time_since_deletion_is_never_negative() {
         Duration::ZERO
     );
 }
+
+#[test]
+fn only_live_actors_in_an_excluded_namespace_are_left_alone() {
+    let cfg = asya_api::config::ClusterConfig {
+        excluded_namespaces: vec!["kube-system".into(), "asya-system".into()],
+        ..Default::default()
+    };
+    let live = actor(serde_json::json!({"name": "a", "namespace": "asya-system"}));
+    let why = namespace_excluded(&live, &cfg).expect("excluded");
+    assert!(why.starts_with("namespace asya-system is excluded from admission"));
+    assert!(why.contains("webhook.excludeNamespaces"), "{why}");
+    let elsewhere = actor(serde_json::json!({"name": "a", "namespace": "team"}));
+    assert_eq!(namespace_excluded(&elsewhere, &cfg), None);
+    // A deleted one is still cleaned up.
+    let deleting = actor(serde_json::json!({"name": "a", "namespace": "kube-system",
+        "deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": [FINALIZER]}));
+    assert_eq!(namespace_excluded(&deleting, &cfg), None);
+    // The event is said once: not again while the status stays.
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let (status, ev) = excluded_status(
+        &AsyncActorStatus::default(),
+        why.clone(),
+        Some(1),
+        now.clone(),
+    )
+    .expect("first time");
+    assert_eq!(ev.reason, Reason::NamespaceExcluded);
+    assert!(ev.warning);
+    let c = &status.conditions[0];
+    assert_eq!(
+        (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+        ("Reconciled", "False", "NamespaceExcluded")
+    );
+    assert_eq!(excluded_status(&status, why, Some(1), now), None);
+}

@@ -666,3 +666,36 @@ async fn an_actor_that_switches_to_a_stateful_set_loses_its_deployment() {
             .contains_key(&key(ObjectKind::StatefulSet, "n", "a"))
     );
 }
+
+#[tokio::test]
+async fn an_actor_in_an_excluded_namespace_gets_nothing_but_a_condition_and_one_event() {
+    let cfg = ClusterConfig {
+        excluded_namespaces: vec!["kube-system".into(), "n".into()],
+        ..ClusterConfig::default()
+    };
+    let r = Reconciler::new(super::fake::Fake::default(), Arc::new(cfg));
+    let mut a = actor(plain());
+    assert_eq!(step(&r, &mut a).await, Next::AwaitChange);
+    let log = r.cluster.take_log();
+    assert_eq!(
+        log.len(),
+        2,
+        "only an event and the status, no finalizer, queue or object: {log:#?}"
+    );
+    assert!(log[0].starts_with("event Warning NamespaceExcluded: namespace n is excluded"));
+    assert_eq!(log[1], "status Degraded");
+    assert!(!plan::has_finalizer(&a));
+    {
+        let w = r.cluster.world();
+        assert!(w.objects.is_empty() && w.queues.is_empty());
+    }
+    let c = &a.status.as_ref().unwrap().conditions[0];
+    assert_eq!(
+        (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+        ("Reconciled", "False", "NamespaceExcluded")
+    );
+    assert!(message(&a).contains("webhook.excludeNamespaces"));
+    // The next reconcile says nothing new.
+    assert_eq!(step(&r, &mut a).await, Next::AwaitChange);
+    assert!(r.cluster.take_log().is_empty());
+}
