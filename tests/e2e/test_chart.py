@@ -197,7 +197,8 @@ def test_cert_manager_mode_renders_certificate_and_ca_injection():
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--set", "webhook.replicas=1"], "webhook.podDisruptionBudget.minAvailable (1) must be below webhook.replicas (1)"),
+        (["--set", "webhook.podDisruptionBudget.minAvailable=2"],
+         "webhook.podDisruptionBudget.minAvailable (2) must be below webhook.replicas (2)"),
         (["--set", "webhook.externalURL=https://10.0.0.1:9443"], "webhook.caBundle is required with webhook.externalURL"),
         (["--set", "webhook.caBundle=Zm9v"], "webhook.caBundle is only for webhook.externalURL"),
     ],
@@ -287,7 +288,7 @@ def test_helm_install_every_object_accepted(installed_release):
     kinds = sorted({d["kind"] for d in manifest})
     assert kinds == sorted({
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "MutatingWebhookConfiguration",
-        "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
+        "NetworkPolicy", "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
         "ValidatingWebhookConfiguration",
     }), kinds
     for d in manifest:
@@ -705,6 +706,144 @@ def test_crew_actors_are_accepted_by_the_webhook_with_the_rendered_config(tmp_pa
          "crew-bucket-too-short"],
 )
 def test_gateway_and_crew_bad_values_fail_on_schema(args, expected):
+    out = helm("template", "asya", CHART, *args, check=False)
+    assert out.returncode != 0, out.stdout
+    assert "values don't meet the specifications of the schema" in out.stderr, out.stderr
+    assert expected in out.stderr, out.stderr
+
+
+# --- issue 26: excluded namespaces, flavor bounds, NetworkPolicies, PDBs, priority, spread ------
+# Rendered with `helm template`, nothing installed.
+
+def by_kind(docs, kind: str) -> dict:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+GATEWAY_ON = ["--set", "gateway.enabled=true", "--set", "gateway.auth.disabled=true"]
+
+
+def test_the_provisioner_gets_the_namespaces_the_webhook_excludes_and_the_flavor_limits():
+    args = ["--set", "webhook.excludeNamespaces={team-x,kube-system}"]
+    cfg = rendered_config(*args)
+    assert cfg["excludedNamespaces"] == ["kube-system", "asya-system", "team-x"]
+    assert cfg["flavorLimits"] == {"maxBytes": 16384, "maxPerNamespace": 16, "maxTotal": 512}
+    docs = render(*args, "--show-only", "templates/webhook-configurations.yaml")
+    for d in docs:
+        for w in d["webhooks"]:
+            [expr] = w["namespaceSelector"]["matchExpressions"]
+            assert expr["operator"] == "NotIn" and expr["values"] == cfg["excludedNamespaces"], w["name"]
+    cfg = rendered_config("--set", "flavorLimits.maxBytes=65536")
+    assert cfg["flavorLimits"]["maxBytes"] == 65536
+
+
+def test_network_policies_limit_ingress_by_default_and_leave_egress_alone():
+    docs = render(*GATEWAY_ON)
+    pols = by_kind(docs, "NetworkPolicy")
+    assert sorted(pols) == ["asya-gateway", "asya-provisioner", "asya-webhook"]
+    for name, p in pols.items():
+        assert p["spec"]["policyTypes"] == ["Ingress"], name
+        assert "egress" not in p["spec"], name
+        component = name.removeprefix("asya-")
+        assert p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+    ingress = {n: [(r["ports"][0]["port"], r.get("from")) for r in p["spec"]["ingress"]] for n, p in pols.items()}
+    # The API server calls the webhook from addresses the chart cannot know: its port is open.
+    assert ingress["asya-webhook"] == [(8443, None), (9090, None)]
+    assert ingress["asya-provisioner"] == [(9090, None)]
+    assert ingress["asya-gateway"] == [(8080, None)]
+    # Each policy's ports are the ones its pods serve.
+    deploys = by_kind(docs, "Deployment")
+    for name, p in pols.items():
+        served = {c["containerPort"] for c in deploys[name]["spec"]["template"]["spec"]["containers"][0]["ports"]}
+        assert {port for port, _ in ingress[name]} == served, name
+    assert not by_kind(render("--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+    assert "asya-gateway" not in by_kind(render(), "NetworkPolicy")
+
+
+def test_network_policy_metrics_sources_and_egress_when_asked(tmp_path):
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    broker = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rabbitmq"}}}],
+              "ports": [{"protocol": "TCP", "port": 5672}]}
+    docs = render(*GATEWAY_ON, *values_file(tmp_path, {"networkPolicy": {
+        "metricsFrom": monitoring,
+        "egress": {"enabled": True, "apiServer": {"cidrs": ["10.96.0.1/32"], "ports": [443]}, "extraRules": [broker]},
+    }}))
+    pols = by_kind(docs, "NetworkPolicy")
+    webhook = pols["asya-webhook"]["spec"]
+    assert webhook["ingress"][0].get("from") is None
+    assert webhook["ingress"][1]["from"] == monitoring
+    dns = {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+    api = {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}], "ports": [{"protocol": "TCP", "port": 443}]}
+    assert webhook["policyTypes"] == ["Ingress", "Egress"]
+    # The webhook talks to the API server only; the broker is the provisioner's and gateway's.
+    assert webhook["egress"] == [dns, api]
+    assert pols["asya-provisioner"]["spec"]["egress"] == [dns, api, broker]
+    assert pols["asya-gateway"]["spec"]["egress"] == [dns, broker]
+    out = helm("template", "asya", CHART, "--set", "networkPolicy.egress.enabled=true", check=False)
+    assert out.returncode != 0 and "networkPolicy.egress.apiServer.cidrs" in out.stderr, out.stderr
+
+
+def test_disruption_budgets_only_where_they_cannot_block_a_drain():
+    # Defaults: two webhook replicas, one gateway replica.
+    pdbs = by_kind(render(*GATEWAY_ON), "PodDisruptionBudget")
+    assert sorted(pdbs) == ["asya-webhook"]
+    assert pdbs["asya-webhook"]["spec"]["minAvailable"] == 1
+    assert pdbs["asya-webhook"]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "webhook"
+    # A single replica never gets a budget (minAvailable 1 of 1 would block every drain).
+    for args in (["--set", "webhook.replicas=1"], [*GATEWAY_ON, "--set", "webhook.replicas=1"]):
+        assert not by_kind(render(*args), "PodDisruptionBudget"), args
+    pdbs = by_kind(render(*GATEWAY_ON, "--set", "gateway.replicas=3", "--set", "webhook.replicas=3"),
+                   "PodDisruptionBudget")
+    assert sorted(pdbs) == ["asya-gateway", "asya-webhook"]
+    for name, replicas in (("asya-gateway", 3), ("asya-webhook", 3)):
+        assert pdbs[name]["spec"]["minAvailable"] < replicas
+    out = helm("template", "asya", CHART, *GATEWAY_ON, "--set", "gateway.replicas=2",
+               "--set", "gateway.podDisruptionBudget.minAvailable=2", check=False)
+    assert out.returncode != 0
+    assert "gateway.podDisruptionBudget.minAvailable (2) must be below gateway.replicas (2)" in out.stderr, out.stderr
+    assert not by_kind(render("--set", "webhook.podDisruptionBudget.enabled=false"), "PodDisruptionBudget")
+
+
+def test_priority_classes_reach_each_component_and_default_to_none():
+    def priorities(*args):
+        return {n: d["spec"]["template"]["spec"].get("priorityClassName")
+                for n, d in by_kind(render(*GATEWAY_ON, *args), "Deployment").items()}
+    assert priorities() == {"asya-webhook": None, "asya-provisioner": None, "asya-gateway": None}
+    assert priorities("--set", "webhook.priorityClassName=asya-critical",
+                      "--set", "provisioner.priorityClassName=asya-high",
+                      "--set", "gateway.priorityClassName=asya-normal") == {
+        "asya-webhook": "asya-critical", "asya-provisioner": "asya-high", "asya-gateway": "asya-normal"}
+
+
+def test_webhook_replicas_spread_over_nodes_softly_by_default():
+    def affinity(*args):
+        deploy = by_kind(render(*args, "--show-only", "templates/webhook.yaml"), "Deployment")["asya-webhook"]
+        return deploy["spec"]["template"]["spec"].get("affinity")
+    selector = {"matchLabels": {"app.kubernetes.io/name": "asya", "app.kubernetes.io/instance": "asya",
+                                "app.kubernetes.io/component": "webhook"}}
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": selector}
+    assert affinity() == {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": term}]}}
+    assert affinity("--set", "webhook.spreadAcrossNodes=required") == {
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    assert affinity("--set", "webhook.spreadAcrossNodes=none") is None
+    # An affinity of the user's replaces the spread whole.
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}
+    assert affinity("--set-json", f"webhook.affinity={json.dumps(own)}") == own
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--set", "flavorLimits.maxBytes=0"], "maxBytes"),
+        (["--set", "webhook.spreadAcrossNodes=always"], "spreadAcrossNodes"),
+        (["--set", "webhook.priorityClassName=Not_A_Name"], "priorityClassName"),
+        (["--set", "networkPolicy.egress.apiServer.cidrs={10.0.0.1}"], "cidrs"),
+        (["--set", "networkPolicy.enable=true"], "enable"),
+    ],
+    ids=["zero-flavor-bytes", "bad-spread", "bad-priority-class", "cidr-without-prefix", "typo-network-policy"],
+)
+def test_issue_26_bad_values_fail_on_schema(args, expected):
     out = helm("template", "asya", CHART, *args, check=False)
     assert out.returncode != 0, out.stdout
     assert "values don't meet the specifications of the schema" in out.stderr, out.stderr

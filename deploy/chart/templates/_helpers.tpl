@@ -82,6 +82,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* The cluster configuration (asya_api::config::ClusterConfig). */}}
+{{/* Namespaces the webhook configurations exclude, as JSON: kube-system, the release namespace
+     and webhook.excludeNamespaces. One list for the webhook's namespaceSelector and the
+     provisioner's excludedNamespaces, so the two cannot disagree. */}}
+{{- define "asya.excludedNamespaces" -}}
+{{- concat (list "kube-system" .Release.Namespace) .Values.webhook.excludeNamespaces | uniq | toJson -}}
+{{- end -}}
+
 {{- define "asya.clusterConfig" -}}
 {{- $transports := dict -}}
 {{- range $name, $t := .Values.transports -}}
@@ -93,6 +100,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $cfg "sidecar" $sidecar -}}
 {{- $_ := set $cfg "policy" .Values.policy -}}
 {{- $_ := set $cfg "endQueueRetention" (.Values.endQueueRetention | default "168h") -}}
+{{- $_ := set $cfg "flavorLimits" .Values.flavorLimits -}}
+{{- $_ := set $cfg "excludedNamespaces" (include "asya.excludedNamespaces" . | fromJsonArray) -}}
 {{- if .Values.actorServiceAccount.roleArn -}}
 {{- $_ := set $cfg "serviceAccount" (dict "actorRoleArn" .Values.actorServiceAccount.roleArn) -}}
 {{- end -}}
@@ -126,4 +135,32 @@ app.kubernetes.io/component: {{ .component }}
 {{- $names = append $names (printf "asya-transport-%s" .) -}}
 {{- end -}}
 {{- $names | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{/* A PodDisruptionBudget for a component (dict root, component, name, values: the component's
+     values with replicas and podDisruptionBudget). Only with replicas > 1: on one replica a
+     budget either blocks every node drain (minAvailable 1) or protects nothing. With more,
+     minAvailable must stay below replicas, or drains hang. */}}
+{{- define "asya.podDisruptionBudget" -}}
+{{- $v := .values -}}
+{{- $pdb := $v.podDisruptionBudget -}}
+{{- if and $pdb.enabled (gt (int $v.replicas) 1) -}}
+{{- if and (not (kindIs "string" $pdb.minAvailable)) (ge (int $pdb.minAvailable) (int $v.replicas)) -}}
+{{- fail (printf "%s.podDisruptionBudget.minAvailable (%d) must be below %s.replicas (%d): otherwise no %s pod may ever be evicted and node drains hang; raise %s.replicas or set %s.podDisruptionBudget.enabled=false" .component (int $pdb.minAvailable) .component (int $v.replicas) .component .component .component) -}}
+{{- end }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ .name }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "asya.labels" .root | nindent 4 }}
+    app.kubernetes.io/component: {{ .component }}
+spec:
+  minAvailable: {{ $pdb.minAvailable }}
+  selector:
+    matchLabels:
+      {{- include "asya.selector" (dict "root" .root "component" .component) | nindent 6 }}
+{{- end -}}
 {{- end -}}
