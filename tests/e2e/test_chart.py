@@ -485,7 +485,8 @@ def test_gateway_and_crew_are_off_by_default():
 def test_gateway_renders_deployment_service_and_tools_config_map(tmp_path):
     docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, "routes": {"tools": [TOOL]}}}))
     gw = component(docs, "gateway")
-    assert set(gw) == {("ConfigMap", "asya-gateway-tools"), ("Deployment", "asya-gateway"), ("Service", "asya-gateway")}
+    assert set(gw) == {("ConfigMap", "asya-gateway-tools"), ("Deployment", "asya-gateway"), ("Service", "asya-gateway"),
+                       ("NetworkPolicy", "asya-gateway")}
     assert {d["metadata"]["namespace"] for d in gw.values()} == {"asya-system"}
 
     # The tools, as the gateway reads them (routes.tools of the values, unchanged).
