@@ -577,4 +577,34 @@ transports:
             "{err}"
         );
     }
+
+    #[test]
+    fn flavor_limits_and_excluded_namespaces_as_the_chart_renders_them() {
+        let cfg = ClusterConfig::from_yaml(
+            "excludedNamespaces: [kube-system, asya-system]\nflavorLimits: {maxBytes: 65536, maxPerNamespace: 4, maxTotal: 100}",
+        )
+        .unwrap();
+        assert!(cfg.namespace_excluded("asya-system") && !cfg.namespace_excluded("team"));
+        assert_eq!(
+            cfg.flavor_limits,
+            FlavorLimits {
+                max_bytes: 65536,
+                max_per_namespace: 4,
+                max_total: 100
+            }
+        );
+        // Unset: the defaults, and no namespace excluded (the offline commands).
+        let cfg = ClusterConfig::from_yaml("flavorLimits: {maxTotal: 7}").unwrap();
+        assert_eq!(cfg.flavor_limits.max_bytes, DEFAULT_FLAVOR_MAX_BYTES);
+        assert_eq!(cfg.flavor_limits.max_total, 7);
+        assert!(cfg.excluded_namespaces.is_empty());
+        let err = ClusterConfig::from_yaml("flavorLimits: {maxBytes: 0}").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("flavorLimits.maxBytes: Invalid value: 0: must be >= 1"),
+            "{err}"
+        );
+        let err = ClusterConfig::from_yaml("flavorLimits: {maxByte: 1}").unwrap_err();
+        assert!(err.to_string().contains("maxByte"), "{err}");
+    }
 }
