@@ -188,6 +188,9 @@ pub struct Observed {
     pub deleting: bool,
     pub flavors: Vec<String>,
     pub missing_flavors: Vec<String>,
+    /// Flavors found but unusable (a ConfigMap past the size or count bounds, data that does
+    /// not parse): the errors about `spec.flavors`, also part of `invalid`.
+    pub unusable_flavors: Option<String>,
     /// The spec is invalid (admitted before a policy or flavor changed): why.
     pub invalid: Option<String>,
     pub transport: TransportObs,
@@ -347,7 +350,17 @@ pub fn derive(prev: &AsyncActorStatus, o: &Observed, now: Time) -> AsyncActorSta
     let g = o.generation;
     let pc = &prev.conditions;
     let mut conditions = Vec::new();
-    conditions.push(if o.missing_flavors.is_empty() {
+    conditions.push(if let Some(why) = &o.unusable_flavors {
+        condition(
+            pc,
+            COND_FLAVORS,
+            Some(false),
+            "FlavorUnusable",
+            why.clone(),
+            g,
+            &now,
+        )
+    } else if o.missing_flavors.is_empty() {
         condition(
             pc,
             COND_FLAVORS,

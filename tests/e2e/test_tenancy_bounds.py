@@ -130,6 +130,9 @@ def test_a_flavor_grown_past_the_bound_after_admission_shows_in_the_actors_statu
                   timeout=120, interval=1.0)
     assert st["phase"] == "Degraded", st
     assert f"flavor.yaml is {max_bytes + 1} bytes" in st["message"], st
+    cond = {c["type"]: c for c in st["conditions"]}["FlavorsResolved"]
+    assert (cond["status"], cond["reason"]) == ("False", "FlavorUnusable"), cond
+    assert f"ConfigMap {namespace}/grows is unusable" in cond["message"], cond
 
 
 @needs_webhook

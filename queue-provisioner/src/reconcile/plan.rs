@@ -187,6 +187,7 @@ pub fn base_observed(actor: &AsyncActor) -> Observed {
         deleting: actor.metadata.deletion_timestamp.is_some(),
         flavors: vec![],
         missing_flavors: vec![],
+        unusable_flavors: None,
         invalid: None,
         transport: TransportObs::NotAttempted,
         workload_kind: None,
@@ -217,6 +218,7 @@ pub fn resolution(
             }
             if !review.errors.is_empty() {
                 o.invalid = Some(review.errors.to_string());
+                o.unusable_flavors = unusable_flavors(&review.errors);
             }
             if o.missing_flavors.is_empty() && o.invalid.is_none() {
                 o.invalid = Some("the spec could not be resolved".into());
@@ -237,6 +239,17 @@ pub fn resolution(
         )
     };
     Ok((resolved, o))
+}
+
+/// The errors about the flavor list itself (`spec.flavors[i]`: an unusable flavor), for the
+/// FlavorsResolved condition; merge conflicts and flavor-set fields are about the spec.
+fn unusable_flavors(errors: &asya_api::error::FieldErrors) -> Option<String> {
+    let about: Vec<String> = errors
+        .iter()
+        .filter(|e| e.path.starts_with("spec.flavors["))
+        .map(ToString::to_string)
+        .collect();
+    (!about.is_empty()).then(|| about.join("; "))
 }
 
 /// How to retry after the queue step failed.

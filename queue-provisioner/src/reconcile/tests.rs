@@ -699,3 +699,44 @@ async fn an_actor_in_an_excluded_namespace_gets_nothing_but_a_condition_and_one_
     assert_eq!(step(&r, &mut a).await, Next::AwaitChange);
     assert!(r.cluster.take_log().is_empty());
 }
+
+#[tokio::test]
+async fn an_actor_whose_flavor_config_map_is_past_the_bounds_says_why_in_a_condition() {
+    let r = reconciler();
+    let mut cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "big", "namespace": "n", "labels": {"asya.sh/flavor": "big-env"}},
+        "data": {"flavor.yaml": "env: []\n# padding\n"}
+    }))
+    .expect("config map fixture");
+    let mut gate = asya_api::flavor::FlavorMapGate::new(asya_api::config::FlavorLimits {
+        max_bytes: 8,
+        ..Default::default()
+    });
+    gate.applied(&mut cm);
+    let def = FlavorDef::from_config_map(&cm).expect("a flavor");
+    r.cluster.world().catalog.insert(def);
+    let mut a = actor(json!({"image": "py:3.12", "handler": "m.f", "flavors": ["big-env"]}));
+    step(&r, &mut a).await;
+    assert_eq!(phase(&a), "Degraded");
+    let st = a.status.as_ref().expect("status");
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "FlavorsResolved")
+        .expect("FlavorsResolved");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "FlavorUnusable")
+    );
+    assert!(
+        c.message.contains("ConfigMap n/big is unusable: flavor.yaml is 18 bytes, over the limit of 8 (flavorLimits.maxBytes"),
+        "{}",
+        c.message
+    );
+    assert!(
+        message(&a).contains("flavorLimits.maxBytes"),
+        "{}",
+        message(&a)
+    );
+    assert!(r.cluster.world().objects.is_empty(), "nothing rendered");
+}

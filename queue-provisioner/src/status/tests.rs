@@ -20,6 +20,7 @@ fn base() -> Observed {
         deleting: false,
         flavors: vec![],
         missing_flavors: vec![],
+        unusable_flavors: None,
         invalid: None,
         transport: TransportObs::Ready(
             QueueInfo {
