@@ -16,11 +16,13 @@ use std::fmt;
 use k8s_openapi::api::core::v1::{Container, PodSpec, SecurityContext};
 use serde_json::{Value, json};
 
+use crate::error::FieldError;
 use crate::flavor::Origins;
 use crate::labels;
 use crate::naming;
 use crate::resolved::ResolvedActor;
 use crate::restricted;
+use crate::types::AsyncActorSpec;
 
 /// The namespace label whose value is the Pod Security level the API server enforces.
 pub const ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
@@ -188,12 +190,13 @@ impl RenderedPod {
     /// shape, the runtime container and pod hardened as there, with the spec's volumes. The
     /// containers the webhook injects are ours and meet `restricted`: they grant nothing.
     pub fn of(actor: &ResolvedActor) -> RenderedPod {
-        let own = naming::service_account_name(&actor.name);
-        let template = actor
-            .spec
-            .workload
-            .as_ref()
-            .and_then(|w| w.template.as_ref());
+        Self::of_spec(&actor.name, &actor.spec)
+    }
+
+    /// [`RenderedPod::of`] from the AsyncActor's name and its merged spec.
+    pub fn of_spec(name: &str, spec: &AsyncActorSpec) -> RenderedPod {
+        let own = naming::service_account_name(name);
+        let template = spec.workload.as_ref().and_then(|w| w.template.as_ref());
         match template {
             Some(t) => {
                 let mut spec = t.spec.clone().unwrap_or_default();
@@ -221,7 +224,7 @@ impl RenderedPod {
                 restricted::harden_container(&mut runtime.security_context);
                 let mut security_context = None;
                 restricted::harden_pod(&mut security_context);
-                let s = &actor.spec;
+                let s = spec;
                 RenderedPod {
                     spec: PodSpec {
                         containers: vec![runtime],
@@ -284,6 +287,33 @@ impl RenderedPod {
             }
         }
     }
+}
+
+/// Privileges set by namespaced (ConfigMap) flavors, as errors: refused whoever writes the
+/// actor. Anyone who may edit ConfigMaps in the namespace may edit such a flavor after the
+/// actor is admitted, where no SubjectAccessReview sees it; the provisioner reviews the actor
+/// again on every flavor change and refuses it then.
+pub fn namespaced_flavor_errors(
+    name: &str,
+    spec: &AsyncActorSpec,
+    origins: &Origins,
+    namespaced: &[&str],
+) -> Vec<FieldError> {
+    if namespaced.is_empty() {
+        return Vec::new();
+    }
+    RenderedPod::of_spec(name, spec)
+        .privileges(origins)
+        .into_iter()
+        .filter(|f| f.flavor.as_deref().is_some_and(|n| namespaced.contains(&n)))
+        .map(|f| {
+            let rule = format!(
+                "{}: a namespaced flavor (ConfigMap) cannot grant privileges; ask the platform team for a cluster Flavor",
+                f.rule.describe()
+            );
+            FieldError::invalid(f.path, f.value, rule).from_flavor(f.flavor.as_deref())
+        })
+        .collect()
 }
 
 /// Capabilities Pod Security "baseline" lets a container add (the container runtime's default set).

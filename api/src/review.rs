@@ -344,6 +344,18 @@ fn decide(
     out.missing_flavors = missing.clone();
     let (effective, errors) = check_effective(merged, &missing, &origins, &namespace, config);
     out.errors.extend(errors);
+    let namespaced: Vec<&str> = flavors
+        .iter()
+        .filter(|f| matches!(f.source, flavor::FlavorSource::ConfigMap { .. }))
+        .map(|f| f.name.as_str())
+        .collect();
+    out.errors
+        .extend(crate::privilege::namespaced_flavor_errors(
+            &name,
+            &effective,
+            &origins,
+            &namespaced,
+        ));
     out.origins = origins;
     if out.errors.is_empty() {
         if effective.workload.is_some() && crate::resolved::handler_of(&effective).is_none() {

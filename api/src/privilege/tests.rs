@@ -362,3 +362,35 @@ fn restricted_reports_a_workload_template_once_per_rule_with_actor_paths() {
     );
     assert!(v.iter().all(|m| m.ends_with("(level restricted)")), "{v:?}");
 }
+
+#[test]
+fn a_namespaced_flavor_cannot_grant_privileges_to_anybody() {
+    let cm = |yaml: &str| -> k8s_openapi::api::core::v1::ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"name": "cm", "namespace": "team", "labels": {"asya.sh/flavor": "mine"}},
+            "data": {"flavor.yaml": yaml}
+        }))
+        .unwrap()
+    };
+    let review = |yaml: &str| {
+        let mut catalog = FlavorCatalog::new();
+        catalog.insert(FlavorDef::from_config_map(&cm(yaml)).unwrap());
+        let config = ClusterConfig::default();
+        let object = json!({"metadata": {"name": "a", "namespace": "team"},
+            "spec": {"image": "i", "handler": "m.f", "flavors": ["mine"]}});
+        review_actor_decision(&ReviewRequest {
+            object: &object,
+            old_object: None,
+            namespace: None,
+            catalog: &catalog,
+            config: &config,
+        })
+    };
+    let plain = review("volumes: [{name: d, emptyDir: {}}]");
+    assert!(plain.allowed(), "{:?}", plain.errors);
+    let host = review("volumes: [{name: d, hostPath: {path: /etc}}]");
+    assert_eq!(
+        host.errors.to_string(),
+        "spec.volumes[0].hostPath.path: Invalid value: \"/etc\": mounts a directory of the node (Pod Security baseline: hostPath volumes): a namespaced flavor (ConfigMap) cannot grant privileges; ask the platform team for a cluster Flavor (set by flavor \"mine\")"
+    );
+}
