@@ -11,7 +11,7 @@ use asya_api::privilege::Level;
 use futures::future::BoxFuture;
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec, SubjectAccessReviewStatus,
 };
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
@@ -79,40 +79,49 @@ impl KubeAuthority {
         namespace: &str,
         resource: &str,
     ) -> Result<Access, AuthorityError> {
-        let sar = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: user.username.clone(),
-                groups: user.groups.clone(),
-                uid: user.uid.clone(),
-                extra: user.extra.clone(),
-                resource_attributes: Some(ResourceAttributes {
-                    namespace: Some(namespace.to_string()),
-                    verb: Some("create".into()),
-                    group: Some("apps".into()),
-                    resource: Some(resource.to_string()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
         let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let sar = create_review(user, namespace, resource);
         let answer = tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), &sar))
             .await
             .map_err(|_| AuthorityError::Review(format!("no answer within {CALL_TIMEOUT:?}")))?
             .map_err(|e| AuthorityError::Review(e.to_string()))?;
-        let status = answer.status.unwrap_or_default();
-        if status.allowed {
-            return Ok(Access::Allowed);
-        }
-        // Not allowed is refused either way; an evaluation error (often a binding to a role
-        // that does not exist) is shown as the reason when the authorizers gave none.
-        let reason = status
-            .reason
-            .filter(|r| !r.is_empty())
-            .or(status.evaluation_error.filter(|e| !e.is_empty()));
-        Ok(Access::Denied(reason))
+        Ok(access(answer.status.unwrap_or_default()))
     }
+}
+
+/// The question: may `user` (as the API server authenticated them: name, uid, groups,
+/// extra) `create` `resource` of group `apps` in `namespace`?
+pub fn create_review(user: &UserInfo, namespace: &str, resource: &str) -> SubjectAccessReview {
+    SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: user.username.clone(),
+            groups: user.groups.clone(),
+            uid: user.uid.clone(),
+            extra: user.extra.clone(),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_string()),
+                verb: Some("create".into()),
+                group: Some("apps".into()),
+                resource: Some(resource.to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The answer. Not allowed is refused either way; an evaluation error (often a binding to a
+/// role that does not exist) is shown as the reason when the authorizers gave none.
+pub fn access(status: SubjectAccessReviewStatus) -> Access {
+    if status.allowed {
+        return Access::Allowed;
+    }
+    let reason = status
+        .reason
+        .filter(|r| !r.is_empty())
+        .or(status.evaluation_error.filter(|e| !e.is_empty()));
+    Access::Denied(reason)
 }
 
 impl Authority for KubeAuthority {
@@ -127,5 +136,63 @@ impl Authority for KubeAuthority {
         resource: &'a str,
     ) -> BoxFuture<'a, Result<Access, AuthorityError>> {
         Box::pin(self.review(user, namespace, resource))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn the_review_asks_for_the_requesting_user_as_authenticated() {
+        let user = UserInfo {
+            username: Some("alice".into()),
+            uid: Some("42".into()),
+            groups: Some(vec!["devs".into(), "system:authenticated".into()]),
+            extra: Some(BTreeMap::from([("scopes".into(), vec!["s".into()])])),
+        };
+        let sar = create_review(&user, "team", "statefulsets");
+        let spec = &sar.spec;
+        assert_eq!(spec.user.as_deref(), Some("alice"));
+        assert_eq!(spec.uid.as_deref(), Some("42"));
+        assert_eq!(spec.groups, user.groups);
+        assert_eq!(spec.extra, user.extra);
+        let ra = spec.resource_attributes.as_ref().unwrap();
+        assert_eq!(
+            (
+                ra.namespace.as_deref(),
+                ra.verb.as_deref(),
+                ra.group.as_deref(),
+                ra.resource.as_deref()
+            ),
+            (
+                Some("team"),
+                Some("create"),
+                Some("apps"),
+                Some("statefulsets")
+            )
+        );
+        assert!(ra.name.is_none() && ra.subresource.is_none());
+    }
+
+    #[test]
+    fn only_allowed_allows() {
+        let st = |allowed, reason: Option<&str>, err: Option<&str>| SubjectAccessReviewStatus {
+            allowed,
+            reason: reason.map(str::to_string),
+            evaluation_error: err.map(str::to_string),
+            ..Default::default()
+        };
+        assert_eq!(access(st(true, None, None)), Access::Allowed);
+        assert_eq!(access(st(false, None, None)), Access::Denied(None));
+        assert_eq!(
+            access(st(false, Some(""), Some("role x not found"))),
+            Access::Denied(Some("role x not found".into()))
+        );
+        assert_eq!(
+            access(st(false, Some("no"), Some("e"))),
+            Access::Denied(Some("no".into()))
+        );
     }
 }
