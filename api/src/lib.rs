@@ -25,6 +25,7 @@ pub use error::{FieldError, FieldErrors};
 pub use flavor::{FlavorCatalog, FlavorDef, FlavorSource};
 pub use types::{AsyncActor, AsyncActorSpec, AsyncActorStatus, Flavor, FlavorSpec};
 pub mod policy;
+pub mod privilege;
 pub mod resolved;
 pub mod review;
 pub mod validate;

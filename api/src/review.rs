@@ -39,6 +39,8 @@ pub struct ActorReview {
     pub resolved: Option<ResolvedActor>,
     /// Flavors listed but not found.
     pub missing_flavors: Vec<String>,
+    /// Which flavor set which field of the resolved spec (to name it in a refusal).
+    pub origins: crate::flavor::Origins,
 }
 
 impl ActorReview {
@@ -342,6 +344,19 @@ fn decide(
     out.missing_flavors = missing.clone();
     let (effective, errors) = check_effective(merged, &missing, &origins, &namespace, config);
     out.errors.extend(errors);
+    let namespaced: Vec<&str> = flavors
+        .iter()
+        .filter(|f| matches!(f.source, flavor::FlavorSource::ConfigMap { .. }))
+        .map(|f| f.name.as_str())
+        .collect();
+    out.errors
+        .extend(crate::privilege::namespaced_flavor_errors(
+            &name,
+            &effective,
+            &origins,
+            &namespaced,
+        ));
+    out.origins = origins;
     if out.errors.is_empty() {
         if effective.workload.is_some() && crate::resolved::handler_of(&effective).is_none() {
             out.warnings.push("no handler set (spec.handler or ASYA_HANDLER in the asya-runtime container): the image must set ASYA_HANDLER itself".into());

@@ -144,11 +144,17 @@ def test_rbac_is_least_privilege():
             assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
             assert "*" not in rule.get("apiGroups", []), rule
     webhook = roles[("ClusterRole", "asya-webhook")]["rules"]
-    # The webhook only reads, except caBundle on its own two configurations.
+    # The webhook only reads, except caBundle on its own two configurations, and
+    # SubjectAccessReviews (a question to the authorizer: nothing is stored).
     for rule in webhook:
         writes = set(rule["verbs"]) - {"get", "list", "watch"}
-        if writes:
+        if rule["apiGroups"] == ["authorization.k8s.io"]:
+            assert rule["resources"] == ["subjectaccessreviews"] and rule["verbs"] == ["create"], rule
+        elif writes:
             assert rule["apiGroups"] == ["admissionregistration.k8s.io"] and rule["resourceNames"] == ["asya-webhook"], rule
+    # Namespaces: `get` only (their Pod Security label), never list or watch.
+    ns_rules = [r for r in webhook if "namespaces" in r["resources"]]
+    assert ns_rules == [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}], ns_rules
     # Its TLS Secret: read and replaced by name; `create` (which RBAC cannot limit by name)
     # only in the release namespace, so the certificates can be regenerated after a delete.
     secret_rules = roles[("Role", "asya-webhook")]["rules"]

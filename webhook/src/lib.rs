@@ -2,6 +2,7 @@
 //! the TLS server around them.
 
 pub mod admission;
+pub mod authority;
 pub mod cache;
 pub mod client;
 pub mod cmd;

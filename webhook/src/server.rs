@@ -26,6 +26,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use crate::admission::privilege::{Authority, Offline, settle};
 use crate::admission::{ActorLookup, Ctx, Endpoint, SettingsMemo, handle};
 
 /// Largest AdmissionReview accepted: an object may be 1.5 MiB and an UPDATE carries two.
@@ -122,6 +123,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Injection settings per AsyncActor version and flavor catalog (`config` never changes).
     pub settings_memo: SettingsMemo,
+    /// Namespace levels and SubjectAccessReviews for admitted AsyncActors.
+    pub authority: Arc<dyn Authority>,
 }
 
 impl Shared {
@@ -196,7 +199,15 @@ async fn admit(shared: Arc<Shared>, endpoint: Endpoint, body: Body) -> Response 
         native_sidecar: shared.native_sidecar,
         memo: Some(&shared.settings_memo),
     };
-    let (resp, operation, result) = match handle(endpoint, &bytes, &ctx) {
+    let handled = match handle(endpoint, &bytes, &ctx) {
+        Ok(mut h) => match h.privilege.take() {
+            // The pure review admitted an AsyncActor: the API server vouches for its pod.
+            Some(p) => Ok(settle(h, *p, shared.authority.as_ref()).await),
+            None => Ok(h),
+        },
+        Err(e) => Err(e),
+    };
+    let (resp, operation, result) = match handled {
         Ok(h) => match crate::admission::encode_review(&h.review) {
             Ok(json) => (
                 ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
@@ -379,6 +390,7 @@ impl Shared {
             resolver,
             metrics: Metrics::new(),
             settings_memo: SettingsMemo::default(),
+            authority: Arc::new(Offline),
         }
     }
 }

@@ -400,3 +400,57 @@ fn a_workload_templates_security_settings_are_the_users() {
         json!({"readOnlyRootFilesystem": true})
     );
 }
+
+/// What decides a pod's privileges (docs/DESIGN.md §9): the webhook judges the pod it
+/// rebuilds with `asya_api::privilege::RenderedPod`, so that pod must be, in all of this, the
+/// one rendered here.
+fn privilege_view(spec: &k8s_openapi::api::core::v1::PodSpec) -> Value {
+    let containers: Vec<Value> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .map(|c| json!([c.name, c.security_context, c.ports]))
+        .collect();
+    json!({
+        "volumes": spec.volumes, "hostNetwork": spec.host_network, "hostPID": spec.host_pid,
+        "hostIPC": spec.host_ipc, "sa": spec.service_account_name, "saAlias": spec.service_account,
+        "securityContext": spec.security_context, "containers": containers,
+    })
+}
+
+#[test]
+fn the_webhook_judges_the_pod_rendered_here() {
+    let cfg = ClusterConfig::default();
+    let specs = [
+        json!({"image": "python:3.12", "handler": "m.f",
+               "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+               "volumeMounts": [{"name": "h", "mountPath": "/h"}]}),
+        json!({"workload": {"template": {"spec": {"hostNetwork": true, "containers": [
+            {"name": "asya-runtime", "image": "i", "env": [{"name": "ASYA_HANDLER", "value": "m.f"}],
+             "securityContext": {"privileged": true}, "ports": [{"containerPort": 1, "hostPort": 1}]}]}}}}),
+        json!({"workload": {"kind": "StatefulSet", "template": {"spec": {"serviceAccountName": "other",
+            "containers": [{"name": "asya-runtime", "image": "i",
+                            "env": [{"name": "ASYA_HANDLER", "value": "m.f"}]}]}}}}),
+    ];
+    for spec in specs {
+        let a = resolve(flat(spec.clone()), &cfg);
+        let rendered = if a.workload_kind() == "StatefulSet" {
+            stateful_set(&a, &labels(), &owner(), &cfg)
+                .spec
+                .unwrap()
+                .template
+        } else {
+            deployment(&a, &labels(), &owner(), &cfg)
+                .spec
+                .unwrap()
+                .template
+        };
+        let judged = asya_api::privilege::RenderedPod::of(&a);
+        assert_eq!(
+            privilege_view(&judged.spec),
+            privilege_view(rendered.spec.as_ref().unwrap()),
+            "{spec}"
+        );
+    }
+}

@@ -9,6 +9,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use super::privilege::PendingPrivilege;
 use super::response::{
     allowing, cannot_encode_patch, deny, deny_fields, handled, kind_mismatch, patched,
     with_warnings,
@@ -63,7 +64,10 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
         ctx.catalog,
         ctx.config,
     );
-    Some(handled(validated(resp, review, &req.name), operation))
+    let pending = PendingPrivilege::of(&review, &req.user_info);
+    let mut h = handled(validated(resp, review, &req.name), operation);
+    h.privilege = pending;
+    Some(h)
 }
 
 /// Whether an UPDATE (`old` is its stored object) cannot change what the actor means, so
@@ -108,39 +112,60 @@ pub(super) fn actor_review(
     }
 }
 
+/// The answer, and on the validating endpoint the question an admitted actor leaves for
+/// [`super::privilege::settle`].
 pub(super) fn actor(
     endpoint: Endpoint,
     req: &AdmissionRequest<RawObject>,
     resp: AdmissionResponse,
     ctx: &Ctx<'_>,
-) -> AdmissionResponse {
+) -> (AdmissionResponse, Option<Box<PendingPrivilege>>) {
     if req.kind.group != ACTOR_GROUP || req.kind.kind != ACTOR_KIND {
-        return kind_mismatch(resp, "asya.sh AsyncActor", req);
+        return (kind_mismatch(resp, "asya.sh AsyncActor", req), None);
     }
     if !matches!(req.operation, Operation::Create | Operation::Update) {
-        return resp;
+        return (resp, None);
     }
     let Some(obj) = req.object.as_ref().map(|o| &o.value) else {
-        return deny(
+        let resp = deny(
             resp,
             400,
             "BadRequest",
             format!("{} request without an object", op_name(&req.operation)),
             vec![],
         );
+        return (resp, None);
     };
     let old = match req.operation {
         Operation::Update => req.old_object.as_ref().map(|o| &o.value),
         _ => None,
     };
     if settled_update(obj, old) {
-        return resp;
+        return (resp, None);
     }
     let ns = req.namespace.as_deref();
     let mutating = endpoint == Endpoint::MutateActors;
     let review = actor_review(obj, old, ns, ctx, mutating);
-    if !mutating || !review.allowed() {
-        return validated(resp, review, &req.name);
+    if !mutating {
+        // Only the validating endpoint asks: it sees the object as stored, after mutation.
+        let pending = PendingPrivilege::of(&review, &req.user_info);
+        return (validated(resp, review, &req.name), pending);
+    }
+    (mutate(resp, review, &req.name, obj, old, ns, ctx), None)
+}
+
+/// The mutating endpoint's answer for a reviewed, unsettled object.
+fn mutate(
+    resp: AdmissionResponse,
+    review: ActorReview,
+    name: &str,
+    obj: &Value,
+    old: Option<&Value>,
+    ns: Option<&str>,
+    ctx: &Ctx<'_>,
+) -> AdmissionResponse {
+    if !review.allowed() {
+        return validated(resp, review, name);
     }
     match review.mutated.as_ref() {
         None => with_warnings(resp, review.warnings),

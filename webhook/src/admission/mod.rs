@@ -7,6 +7,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 mod actor;
 mod context;
 mod pod;
+pub mod privilege;
 mod raw_object;
 mod response;
 mod wire;
@@ -50,6 +51,9 @@ pub struct Handled {
     pub operation: &'static str,
     /// `allowed`, `patched` or `denied`.
     pub result: &'static str,
+    /// An admitted AsyncActor whose pod the API server must still vouch for
+    /// ([`privilege::settle`]); the server answers only after settling it.
+    pub privilege: Option<Box<privilege::PendingPrivilege>>,
 }
 
 pub(crate) fn op_name(op: &Operation) -> &'static str {
@@ -104,11 +108,13 @@ pub fn handle_general(
     let span = tracing::debug_span!("admit", endpoint = endpoint.as_str(), uid = %req.uid, operation, dry_run = req.dry_run);
     let _g = span.enter();
 
-    let resp = match endpoint {
+    let (resp, pending) = match endpoint {
         Endpoint::ValidateActors | Endpoint::MutateActors => {
             actor::actor(endpoint, &req, resp, ctx)
         }
-        Endpoint::MutatePods => pod::pod(&mut req, resp, ctx),
+        Endpoint::MutatePods => (pod::pod(&mut req, resp, ctx), None),
     };
-    Ok(response::handled(resp, operation))
+    let mut h = response::handled(resp, operation);
+    h.privilege = pending;
+    Ok(h)
 }

@@ -31,6 +31,7 @@ pub(super) fn handled(resp: AdmissionResponse, operation: &'static str) -> Handl
         review: resp.into_review(),
         operation,
         result,
+        privilege: None,
     }
 }
 

@@ -12,6 +12,7 @@ use asya_api::flavor::FlavorCatalog;
 use asya_certs::kube_backend::KubeBackend;
 use asya_certs::{FileWatcher, ManagedConfig, ReloadingResolver, ServingSpec};
 
+use crate::authority::KubeAuthority;
 use crate::cache::{self, ActorStore};
 use crate::server::{self, Metrics, Shared};
 
@@ -212,6 +213,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         resolver: resolver.clone(),
         metrics: Metrics::new(),
         settings_memo: Default::default(),
+        authority: Arc::new(KubeAuthority::new(client.clone())),
     });
     let caches = cache::start(client, shared.clone()).await;
     let _ = actors_store.set(caches);

@@ -221,14 +221,45 @@ pub fn validate_documents(docs: &[Document], config: &ClusterConfig) -> Vec<Obje
             catalog: &catalog,
             config,
         });
+        let mut warnings = review.warnings.clone();
+        warnings.extend(privilege_warnings(&review));
         reports.push(ObjectReport {
             object: display_name(v, true),
             origin: d.origin.clone(),
             errors: review.errors.iter().map(ToString::to_string).collect(),
-            warnings: review.warnings,
+            warnings,
         });
     }
     reports
+}
+
+/// What admission will ask the API server about an accepted actor's pod (docs/DESIGN.md §9),
+/// which offline validation cannot: each privilege needs its author to be allowed to create
+/// the workload, and baseline's rules hold in every namespace without a laxer label.
+fn privilege_warnings(review: &asya_api::ActorReview) -> Vec<String> {
+    let Some(actor) = review.resolved.as_ref().filter(|_| review.allowed()) else {
+        return Vec::new();
+    };
+    let resource = match actor.workload_kind() {
+        "StatefulSet" => "statefulsets",
+        _ => "deployments",
+    };
+    asya_api::privilege::RenderedPod::of(actor)
+        .privileges(&review.origins)
+        .into_iter()
+        .map(|f| {
+            let baseline = if f.rule.baseline() {
+                "; Pod Security baseline (the default level) forbids it"
+            } else {
+                ""
+            };
+            format!(
+                "{f}: {}: admitted only if its author may create {resource}.apps in namespace {}{baseline}",
+                f.rule.describe(),
+                actor.namespace
+            )
+        })
+        .collect()
 }
 
 /// The report as printed: one block per object, a summary line last.
@@ -306,6 +337,25 @@ mod tests {
             &parse_documents("t.yaml", yaml).unwrap(),
             &ClusterConfig::default(),
         )
+    }
+
+    #[test]
+    fn privileges_are_warned_of() {
+        let r = run_on(
+            r#"
+apiVersion: asya.sh/v1alpha1
+kind: AsyncActor
+metadata: {name: a, namespace: team}
+spec: {image: x, handler: m.f, volumes: [{name: h, hostPath: {path: /}}]}
+"#,
+        );
+        assert!(r[0].accepted());
+        assert_eq!(
+            r[0].warnings,
+            vec![
+                "spec.volumes[0].hostPath.path: \"/\": mounts a directory of the node (Pod Security baseline: hostPath volumes): admitted only if its author may create deployments.apps in namespace team; Pod Security baseline (the default level) forbids it"
+            ]
+        );
     }
 
     #[test]
