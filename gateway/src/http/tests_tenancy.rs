@@ -89,8 +89,8 @@ async fn suite(store: Store) {
 /// "with the gateway on, the report token is refused a tool call and another namespace's
 /// envelope": every client route, each refusal naming the rule.
 async fn report_token_only_reports(gw: SocketAddr) {
-    let rt = report_token("team");
-    let rt = Some(rt.as_str());
+    let token = report_token("team");
+    let rt = Some(token.as_str());
     let call = r#"{"name":"t-team","arguments":{}}"#;
     let r = request(gw, "POST", "/tools/call", rt, call).await;
     refused(&r, 403, "report_token_not_allowed");
@@ -100,10 +100,7 @@ async fn report_token_only_reports(gw: SocketAddr) {
             .starts_with("POST /tools/call: a report token (namespace \"team\") may only report"),
         "{message}"
     );
-    assert!(
-        !message.contains(rt.unwrap()),
-        "the token is never told back"
-    );
+    assert!(!message.contains(&token), "the token is never told back");
     for (method, path) in [
         ("GET", "/tools"),
         ("GET", "/envelopes/e-team"),
