@@ -281,6 +281,25 @@ def test_report_tokens_only_report_and_only_their_namespace(world, database):
                         token=ELSEWHERE_TOKEN)
     assert status == 403 and body["error"] == "namespace_not_allowed", body
 
+    # The same limits over MCP: no tool listed, the call refused naming the rule.
+    async def mcp_elsewhere():
+        client = create_mcp_http_client(headers={"Authorization": "Bearer " + ELSEWHERE_TOKEN})
+        async with client:
+            async with streamable_http_client(gw.url + "/mcp", http_client=client) as streams:
+                async with ClientSession(streams[0], streams[1]) as session:
+                    await session.initialize()
+                    tools = await session.list_tools()
+                    try:
+                        await session.call_tool("triple-double", {"value": 1})
+                        refused = None
+                    except Exception as e:  # McpError
+                        refused = e
+                    return tools, refused
+
+    tools, refused = asyncio.run(mcp_elsewhere())
+    assert tools.tools == [], tools
+    assert refused is not None and "may use only the namespaces elsewhere" in str(refused), refused
+
 
 def test_postgres_down_refuses_with_503_and_accepts_again(world, database):
     ns = unique("pgd")
