@@ -90,29 +90,36 @@ fn route_of(req: &Request) -> String {
     format!("{} {}", req.method(), req.uri().path())
 }
 
-fn principal_of(req: &Request) -> Principal {
-    // Set by `authenticate`, which runs first; a request without one is treated as a client
-    // without limits only when authentication is off.
-    req.extensions()
-        .get::<Principal>()
-        .cloned()
-        .unwrap_or(Principal::Open)
+/// Applies `rule` (which token kind the router takes) to the caller `authenticate` named. A
+/// request without a caller is refused, so a router wired without `authenticate` fails
+/// closed.
+async fn token_kind(
+    s: &Server,
+    req: Request,
+    next: Next,
+    rule: fn(&Principal, &str) -> Result<(), access::Denied>,
+) -> Response {
+    let Some(who) = req.extensions().get::<Principal>() else {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "no caller on the request (the authentication layer did not run)",
+            None,
+        );
+    };
+    if let Err(d) = rule(who, &route_of(&req)) {
+        s.app.metrics.refused("token_kind");
+        return denied(&d);
+    }
+    next.run(req).await
 }
 
 async fn clients_only(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
-    if let Err(d) = access::client_route(&principal_of(&req), &route_of(&req)) {
-        s.app.metrics.refused("token_kind");
-        return denied(&d);
-    }
-    next.run(req).await
+    token_kind(&s, req, next, access::client_route).await
 }
 
 async fn reporters_only(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
-    if let Err(d) = access::report_route(&principal_of(&req), &route_of(&req)) {
-        s.app.metrics.refused("token_kind");
-        return denied(&d);
-    }
-    next.run(req).await
+    token_kind(&s, req, next, access::report_route).await
 }
 
 /// Who is calling, for the rate limit: a token's fingerprint, or the peer's address when
