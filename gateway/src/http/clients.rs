@@ -95,7 +95,10 @@ pub(super) async fn readable(
     };
     match access::may_read(who, id, rec.namespace.as_deref()) {
         Ok(()) => Ok(rec),
-        Err(d) => Err(Box::new(denied(&d))),
+        Err(d) => {
+            s.app.metrics.refused("access");
+            Err(Box::new(denied(&d)))
+        }
     }
 }
 

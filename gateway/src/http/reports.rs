@@ -69,8 +69,7 @@ async fn create_child(
         .map_err(|e| Box::new(store_error(&e)))?;
     let parent_ns = parent.as_ref().and_then(|p| p.namespace.clone());
     if parent.is_some() {
-        access::may_report(who, parent_id, parent_ns.as_deref())
-            .map_err(|d| Box::new(denied(&d)))?;
+        access::may_report(who, parent_id, parent_ns.as_deref()).map_err(|d| refuse(s, &d))?;
     }
     let namespace = access::child_namespace(who, parent_ns.as_deref());
     let now = now_ms();
@@ -94,8 +93,14 @@ async fn create_child(
         .create(&rec)
         .await
         .map_err(|e| Box::new(store_error(&e)))?;
-    access::may_report(who, id, stored.namespace.as_deref()).map_err(|d| Box::new(denied(&d)))?;
+    access::may_report(who, id, stored.namespace.as_deref()).map_err(|d| refuse(s, &d))?;
     Ok(stored)
+}
+
+/// A report refused by `crate::access`, counted (`asya_gateway_requests_refused_total{kind="access"}`).
+fn refuse(s: &Server, d: &access::Denied) -> Box<Response> {
+    s.app.metrics.refused("access");
+    Box::new(denied(d))
 }
 
 /// Refuses a report on envelope `id` from a reporter of another namespace. Unknown ids
@@ -103,11 +108,11 @@ async fn create_child(
 /// authentication off there is nothing to check, and no read.
 async fn check_report(s: &Server, who: &Principal, id: &str) -> Result<(), Box<Response>> {
     if !matches!(who, Principal::Reporter { .. }) {
-        return access::may_report(who, id, None).map_err(|d| Box::new(denied(&d)));
+        return access::may_report(who, id, None).map_err(|d| refuse(s, &d));
     }
     match s.app.store.get(id).await {
         Ok(Some(r)) => {
-            access::may_report(who, id, r.namespace.as_deref()).map_err(|d| Box::new(denied(&d)))
+            access::may_report(who, id, r.namespace.as_deref()).map_err(|d| refuse(s, &d))
         }
         Ok(None) => Ok(()),
         Err(e) => Err(Box::new(store_error(&e))),
