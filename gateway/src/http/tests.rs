@@ -84,6 +84,8 @@ pub(super) struct Reply {
     pub status: u16,
     pub head: String,
     pub body: Value,
+    /// The body as sent (MCP may answer as a server-sent event).
+    pub text: String,
 }
 
 /// One request with `token` as the bearer token (none: no Authorization header).
@@ -119,6 +121,7 @@ pub(super) async fn request(
         status,
         head: head.to_ascii_lowercase(),
         body: serde_json::from_str(body).unwrap_or(Value::Null),
+        text: body.to_string(),
     }
 }
 

@@ -255,6 +255,23 @@ async fn limited_clients(gw: SocketAddr) {
     assert_eq!(names(&r), ["t-a"]);
     let r = request(gw, "GET", "/tools", one, "").await;
     assert_eq!(names(&r), ["t-a"]);
+    // The same over MCP (stateless: one request, no session).
+    let list = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+    for (token, shown) in [(ns, vec!["t-a"]), (all, vec!["t-a", "t-default", "t-team"])] {
+        let r = request(gw, "POST", "/mcp", token, list).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        for t in ["t-a", "t-default", "t-team"] {
+            let listed = r.text.contains(&format!("\"name\":\"{t}\""));
+            assert_eq!(listed, shown.contains(&t), "{t} in {}", r.text);
+        }
+    }
+    let call = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t-team","arguments":{}}}"#;
+    let r = request(gw, "POST", "/mcp", ns, call).await;
+    assert!(
+        r.text.contains("namespace_not_allowed") && r.text.contains("-32602"),
+        "{}",
+        r.text
+    );
 
     // Calls: a tool outside the token's tools or namespaces is refused, naming the rule;
     // an allowed one gets past access (here to the send, which has no transport).
