@@ -7,6 +7,7 @@ use asya_transport::envelope::{Envelope, Route};
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
+use crate::access::{self, Denied, Principal};
 use crate::metrics::Metrics;
 use crate::send::{SendError, Senders};
 use crate::store::{Record, Status, Store, StoreError, now_ms};
@@ -32,6 +33,8 @@ pub enum CallError {
     UnknownTool { name: String, known: String },
     #[error("invalid arguments for tool {tool:?}: {}", .errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
     Arguments { tool: String, errors: Vec<ArgError> },
+    #[error(transparent)]
+    Denied(Denied),
     #[error(transparent)]
     Storage(#[from] StoreError),
     #[error("envelope {id} could not be sent: {source}")]
@@ -69,18 +72,45 @@ impl App {
         }
     }
 
-    /// Validates, stores (pending), then sends to the first actor's queue. The envelope is
-    /// stored before it is sent, so no report can arrive for an unknown id; a send that fails
-    /// marks it failed and the caller gets the error (nothing accepted and lost).
-    pub async fn start_call(&self, name: &str, args: Option<&Value>) -> Result<Started, CallError> {
+    /// The namespace of `tool`'s actors.
+    pub fn namespace_of<'a>(&'a self, tool: &'a Tool) -> &'a str {
+        tool.namespace.as_deref().unwrap_or(&self.namespace)
+    }
+
+    /// The tools `who` may call (and so see), by name.
+    pub fn tools_for(&self, who: &Principal) -> Vec<Tool> {
+        self.tools()
+            .tools
+            .values()
+            .filter(|t| access::lists_tool(who, &t.name, self.namespace_of(t)))
+            .cloned()
+            .collect()
+    }
+
+    /// Checks that `who` may call the tool, validates, stores (pending), then sends to the
+    /// first actor's queue. The envelope is stored before it is sent, so no report can
+    /// arrive for an unknown id; a send that fails marks it failed and the caller gets the
+    /// error (nothing accepted and lost).
+    pub async fn start_call(
+        &self,
+        who: &Principal,
+        name: &str,
+        args: Option<&Value>,
+    ) -> Result<Started, CallError> {
         let tools = self.tools();
         let Some(tool) = tools.get(name).cloned() else {
             self.metrics.call(name, "unknown_tool");
+            // Only the tools this token may call are named.
+            let known: Vec<String> = self.tools_for(who).into_iter().map(|t| t.name).collect();
             return Err(CallError::UnknownTool {
                 name: name.to_string(),
-                known: tools.tools.keys().cloned().collect::<Vec<_>>().join(", "),
+                known: known.join(", "),
             });
         };
+        if let Err(d) = access::may_call(who, name, self.namespace_of(&tool)) {
+            self.metrics.call(name, "forbidden");
+            return Err(CallError::Denied(d));
+        }
         let payload = match tool.check_arguments(args) {
             Ok(p) => p,
             Err(errors) => {
@@ -103,6 +133,7 @@ impl App {
         payload: Map<String, Value>,
     ) -> Result<Started, CallError> {
         let now = now_ms();
+        let ns = self.namespace_of(&tool).to_string();
         let record = Record {
             id: id.clone(),
             parent_id: None,
@@ -115,6 +146,7 @@ impl App {
             error: None,
             created_ms: now,
             updated_ms: now,
+            namespace: Some(ns.clone()),
         };
         if let Err(e) = self.store.create(&record).await {
             self.metrics.call(&tool.name, "unavailable");
@@ -136,8 +168,7 @@ impl App {
             payload: Value::Object(payload),
             extra: Map::new(),
         };
-        let ns = tool.namespace.as_deref().unwrap_or(&self.namespace);
-        let queue = asya_api::naming::actor_queue(ns, &tool.route[0]);
+        let queue = asya_api::naming::actor_queue(&ns, &tool.route[0]);
         let body = serde_json::to_vec(&env).unwrap_or_default();
         if let Err(source) = self
             .senders

@@ -1,6 +1,7 @@
 //! asya-gateway: actor pipelines as MCP tools (Streamable HTTP at `/mcp`) and REST (the
 //! original gateway's paths), envelope status in PostgreSQL, fed by the sidecars' reports.
 
+pub mod access;
 pub mod app;
 pub mod http;
 pub mod mcp;

@@ -24,6 +24,16 @@ enum Command {
         #[arg(long)]
         tools: PathBuf,
     },
+    /// Print the report token of an actor namespace (for its sidecars' Secret), derived from
+    /// the report key.
+    ReportToken {
+        /// The actor namespace.
+        #[arg(long)]
+        namespace: String,
+        /// The report key the gateway serves with.
+        #[arg(long, env = "ASYA_GATEWAY_REPORT_KEY_FILE")]
+        key_file: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -42,9 +52,14 @@ struct ServeArgs {
     /// PostgreSQL URL; without it status is kept in memory (said loudly at start).
     #[arg(long, env = "ASYA_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
-    /// File with one bearer token per line (a mounted Secret).
+    /// Client tokens, one per line, each optionally limited: `TOKEN tools=a,b
+    /// namespaces=x,y` (a mounted Secret).
     #[arg(long, env = "ASYA_AUTH_TOKENS_FILE")]
     auth_tokens: Option<PathBuf>,
+    /// Key the sidecars' report tokens are derived from (`report-token`); without it no
+    /// report is accepted.
+    #[arg(long, env = "ASYA_GATEWAY_REPORT_KEY_FILE", conflicts_with = "no_auth")]
+    report_key_file: Option<PathBuf>,
     /// Run without authentication (must be said explicitly).
     #[arg(long, conflicts_with = "auth_tokens")]
     no_auth: bool,
@@ -116,6 +131,24 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::ReportToken {
+            namespace,
+            key_file,
+        } => {
+            let token = asya_gateway::serve::read_report_key(&key_file)
+                .map_err(|e| e.to_string())
+                .and_then(|k| k.token(&namespace).map_err(|e| e.to_string()));
+            match token {
+                Ok(t) => {
+                    println!("{t}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("asya-gateway report-token: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Serve(a) => {
             init_logs();
             let addr = a
@@ -127,6 +160,7 @@ fn main() -> ExitCode {
                 config: a.config,
                 database_url: a.database_url,
                 auth_tokens: a.auth_tokens,
+                report_key: a.report_key_file,
                 no_auth: a.no_auth,
                 namespace: a.namespace,
                 rabbitmq_url: a.rabbitmq_url,

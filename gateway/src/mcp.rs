@@ -16,6 +16,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
+use crate::access::Principal;
 use crate::app::{App, CallError};
 use crate::store::{self, Status, StoreError};
 
@@ -38,6 +39,22 @@ pub fn router(app: Arc<App>, allowed_hosts: Vec<String>, max_body_bytes: usize) 
     axum::Router::new().nest_service("/mcp", service)
 }
 
+/// Who is calling: the principal the guard put on the HTTP request, which rmcp hands on as
+/// the request's parts. A request without one (not through the guard) is refused rather
+/// than served without limits.
+fn principal(extensions: &rmcp::model::Extensions) -> Result<Principal, ErrorData> {
+    extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|p| p.extensions.get::<Principal>())
+        .cloned()
+        .ok_or_else(|| {
+            ErrorData::internal_error(
+                "no caller on the request: /mcp is served only behind the gateway's guard",
+                None,
+            )
+        })
+}
+
 fn tool_to_mcp(t: &crate::tools::Tool) -> McpTool {
     McpTool::new(
         t.name.clone(),
@@ -57,6 +74,10 @@ fn call_error(e: &CallError) -> ErrorData {
                 .iter()
                 .map(|a| json!({"field": a.field, "value": a.value, "rule": a.rule}))
                 .collect::<Vec<_>>()})),
+        ),
+        CallError::Denied(d) => ErrorData::invalid_params(
+            d.to_string(),
+            Some(json!({"error": d.code(), "http_status": if d.is_hidden() { 404 } else { 403 }})),
         ),
         CallError::Storage(s) => storage_error(s),
         CallError::Send { .. } => ErrorData::internal_error(
@@ -106,11 +127,11 @@ impl ServerHandler for Mcp {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let tools = self.app.tools();
+        let who = principal(&context.extensions)?;
         Ok(ListToolsResult::with_all_items(
-            tools.tools.values().map(tool_to_mcp).collect(),
+            self.app.tools_for(&who).iter().map(tool_to_mcp).collect(),
         ))
     }
 
@@ -119,10 +140,11 @@ impl ServerHandler for Mcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let who = principal(&context.extensions)?;
         let args = request.arguments.map(Value::Object);
         let started = self
             .app
-            .start_call(&request.name, args.as_ref())
+            .start_call(&who, &request.name, args.as_ref())
             .await
             .map_err(|e| call_error(&e))?;
         let id = started.record.id.clone();

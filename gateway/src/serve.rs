@@ -1,12 +1,12 @@
 //! `asya-gateway serve`: settings, start-up (storage, migrations, tools, transports), the
 //! HTTP server, tool reload on change, graceful stop.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::access::{ClientTokens, Credentials, ReportKey};
 use crate::app::App;
 use crate::http::{Guard, Server};
 use crate::send::{SendConfig, Senders};
@@ -20,8 +20,11 @@ pub struct Settings {
     pub tools: PathBuf,
     pub config: Option<PathBuf>,
     pub database_url: Option<String>,
-    /// `None` with `no_auth`; else the file with one token per line.
+    /// `None` with `no_auth`; else the client tokens file (`crate::access::tokens`).
     pub auth_tokens: Option<PathBuf>,
+    /// The key report tokens are derived from (`crate::access::report_key`); without it no
+    /// report token is accepted.
+    pub report_key: Option<PathBuf>,
     pub no_auth: bool,
     pub namespace: String,
     pub rabbitmq_url: Option<String>,
@@ -47,6 +50,8 @@ pub enum ServeError {
     AuthUnset,
     #[error("--auth-tokens {path}: {message}")]
     AuthTokens { path: String, message: String },
+    #[error("--report-key-file {path}: {message}")]
+    ReportKey { path: String, message: String },
     #[error("{0}")]
     Transport(String),
     #[error("--database-url: {0}")]
@@ -58,29 +63,67 @@ pub enum ServeError {
     },
 }
 
-/// Tokens from a file (a mounted Secret): one per line, blank lines and `#` comments skipped.
-pub fn read_tokens(path: &Path) -> Result<HashSet<String>, ServeError> {
+/// Client tokens from a file (a mounted Secret): one per line, blank lines and `#` comments
+/// skipped, each optionally limited (`tools=…`, `namespaces=…`).
+pub fn read_tokens(path: &Path) -> Result<ClientTokens, ServeError> {
     let err = |message: String| ServeError::AuthTokens {
         path: path.display().to_string(),
         message,
     };
     let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    let tokens: HashSet<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_string)
-        .collect();
+    let tokens = ClientTokens::parse(&text).map_err(|errors| {
+        err(errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; "))
+    })?;
     if tokens.is_empty() {
         return Err(err("holds no token".into()));
     }
-    if let Some(short) = tokens.iter().find(|t| t.len() < 16) {
-        return Err(err(format!(
-            "a token of {} characters is too short (at least 16)",
-            short.len()
-        )));
-    }
     Ok(tokens)
+}
+
+/// The report key from a file (a mounted Secret).
+pub fn read_report_key(path: &Path) -> Result<ReportKey, ServeError> {
+    let err = |message: String| ServeError::ReportKey {
+        path: path.display().to_string(),
+        message,
+    };
+    let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    ReportKey::new(&bytes).map_err(|e| err(e.to_string()))
+}
+
+/// The credentials of `s`: `None` when authentication is off.
+pub fn credentials(s: &Settings) -> Result<Option<Credentials>, ServeError> {
+    let clients = match (&s.auth_tokens, s.no_auth) {
+        (Some(p), _) => read_tokens(p)?,
+        (None, true) => {
+            tracing::warn!(
+                "authentication is DISABLED (--no-auth): anyone who reaches this port can call tools and report"
+            );
+            return Ok(None);
+        }
+        (None, false) => return Err(ServeError::AuthUnset),
+    };
+    let report_key = match &s.report_key {
+        Some(p) => Some(read_report_key(p)?),
+        None => {
+            tracing::warn!(
+                "no report key (--report-key-file): sidecar reports are refused, so envelope status stops at pending"
+            );
+            None
+        }
+    };
+    tracing::info!(
+        client_tokens = clients.len(),
+        report_tokens = report_key.is_some(),
+        "authentication on"
+    );
+    Ok(Some(Credentials {
+        clients,
+        report_key,
+    }))
 }
 
 /// Transport settings from the cluster configuration (default transport, SQS region and
@@ -174,16 +217,7 @@ pub async fn start(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Running, ServeError> {
     let tools = Tools::load(&s.tools)?;
-    let tokens = match (&s.auth_tokens, s.no_auth) {
-        (Some(p), _) => Some(read_tokens(p)?),
-        (None, true) => {
-            tracing::warn!(
-                "authentication is DISABLED (--no-auth): anyone who reaches this port can call tools"
-            );
-            None
-        }
-        (None, false) => return Err(ServeError::AuthUnset),
-    };
+    let tokens = credentials(&s)?;
     let send = send_config(&s)?;
     let store = match &s.database_url {
         Some(url) => Store::postgres(Postgres::connect(url).await.map_err(ServeError::Database)?),

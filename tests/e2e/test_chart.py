@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from pathlib import Path
@@ -492,7 +493,7 @@ def test_gateway_renders_deployment_service_and_tools_config_map(tmp_path):
     docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, "routes": {"tools": [TOOL]}}}))
     gw = component(docs, "gateway")
     assert set(gw) == {("ConfigMap", "asya-gateway-tools"), ("Deployment", "asya-gateway"), ("Service", "asya-gateway"),
-                       ("NetworkPolicy", "asya-gateway")}
+                       ("NetworkPolicy", "asya-gateway"), ("Secret", "asya-gateway-report-key")}
     assert {d["metadata"]["namespace"] for d in gw.values()} == {"asya-system"}
 
     # The tools, as the gateway reads them (routes.tools of the values, unchanged).
@@ -531,6 +532,34 @@ def test_gateway_renders_deployment_service_and_tools_config_map(tmp_path):
                           "--set", "gateway.auth.sidecarTokenSecretRef.name=gw-sidecar")
     assert cfg["gateway"] == {"url": "http://asya-gateway.asya-system.svc:9000",
                               "tokenSecretRef": {"name": "gw-sidecar", "key": "token"}}
+
+
+def test_gateway_report_key_is_generated_once_mounted_and_optional(tmp_path):
+    """Issue 26: the sidecars report with per-namespace tokens derived from a key that only
+    the gateway holds; the chart makes the key, keeps it, and points the gateway at it."""
+    docs = render("--set", "gateway.enabled=true")
+    gw = component(docs, "gateway")
+    secret = gw[("Secret", "asya-gateway-report-key")]
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["key"])) >= 32
+    c = gateway_container(docs)
+    assert env_by_name(c)["ASYA_GATEWAY_REPORT_KEY_FILE"] == {
+        "name": "ASYA_GATEWAY_REPORT_KEY_FILE", "value": "/etc/asya/report-key/key"}
+    pod = gw[("Deployment", "asya-gateway")]["spec"]["template"]["spec"]
+    assert {"name": "report-key", "secret": {"secretName": "asya-gateway-report-key"}} in pod["volumes"]
+    assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["report-key"] == "/etc/asya/report-key"
+
+    # A Secret of one's own: mounted, not rendered.
+    docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, "auth": {
+        "reportKeySecretRef": {"name": "my-key", "key": "k", "generate": False}}}}))
+    assert not [d for d in docs if d["kind"] == "Secret" and "report-key" in d["metadata"]["name"]]
+    c = gateway_container(docs)
+    assert env_by_name(c)["ASYA_GATEWAY_REPORT_KEY_FILE"]["value"] == "/etc/asya/report-key/k"
+    # No key (the gateway then accepts no report) and auth off: nothing of it.
+    for values in ({"auth": {"reportKeySecretRef": {"name": ""}}}, {"auth": {"disabled": True}}):
+        docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, **values}}))
+        assert ("Secret", "asya-gateway-report-key") not in component(docs, "gateway")
+        assert "ASYA_GATEWAY_REPORT_KEY_FILE" not in env_by_name(gateway_container(docs))
 
 
 @pytest.mark.parametrize("config, expected_env", [

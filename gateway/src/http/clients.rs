@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -13,7 +13,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Server;
-use super::reply::{call_error, json_body, not_found, store_error};
+use super::reply::{call_error, denied, json_body, not_found, store_error};
+use crate::access::{self, Principal};
 
 pub fn router(server: Arc<Server>) -> Router {
     Router::new()
@@ -24,12 +25,15 @@ pub fn router(server: Arc<Server>) -> Router {
         .with_state(server)
 }
 
-async fn tools_list(State(s): State<Arc<Server>>) -> Response {
+/// The tools this token may call.
+async fn tools_list(
+    State(s): State<Arc<Server>>,
+    Extension(who): Extension<Principal>,
+) -> Response {
     let tools: Vec<Value> = s
         .app
-        .tools()
-        .tools
-        .values()
+        .tools_for(&who)
+        .iter()
         .map(|t| json!({"name": t.name, "description": t.description, "inputSchema": t.input_schema(), "route": t.route}))
         .collect();
     Json(json!({"tools": tools})).into_response()
@@ -43,12 +47,20 @@ struct CallBody {
     arguments: Option<Value>,
 }
 
-async fn tools_call(State(s): State<Arc<Server>>, body: Body) -> Response {
+async fn tools_call(
+    State(s): State<Arc<Server>>,
+    Extension(who): Extension<Principal>,
+    body: Body,
+) -> Response {
     let call: CallBody = match json_body(body, s.guard.max_body_bytes).await {
         Ok(c) => c,
         Err(r) => return *r,
     };
-    match s.app.start_call(&call.name, call.arguments.as_ref()).await {
+    match s
+        .app
+        .start_call(&who, &call.name, call.arguments.as_ref())
+        .await
+    {
         Ok(started) => {
             let id = &started.record.id;
             (
@@ -66,12 +78,39 @@ async fn tools_call(State(s): State<Arc<Server>>, body: Body) -> Response {
     }
 }
 
-/// The envelope with its fan-out children and its history.
-async fn envelope(State(s): State<Arc<Server>>, Path(id): Path<String>) -> Response {
-    let rec = match s.app.store.get(&id).await {
+/// The envelope `id` if `who` may read it; else the same refusal as for an unknown id.
+pub(super) async fn readable(
+    s: &Server,
+    who: &Principal,
+    id: &str,
+) -> Result<crate::store::Record, Box<Response>> {
+    let unknown = || match access::may_read(who, id, None) {
+        Err(d) if d.is_hidden() => denied(&d),
+        _ => not_found(id),
+    };
+    let rec = match s.app.store.get(id).await {
         Ok(Some(r)) => r,
-        Ok(None) => return not_found(&id),
-        Err(e) => return store_error(&e),
+        Ok(None) => return Err(Box::new(unknown())),
+        Err(e) => return Err(Box::new(store_error(&e))),
+    };
+    match access::may_read(who, id, rec.namespace.as_deref()) {
+        Ok(()) => Ok(rec),
+        Err(d) => {
+            s.app.metrics.refused("access");
+            Err(Box::new(denied(&d)))
+        }
+    }
+}
+
+/// The envelope with its fan-out children and its history.
+async fn envelope(
+    State(s): State<Arc<Server>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Response {
+    let rec = match readable(&s, &who, &id).await {
+        Ok(r) => r,
+        Err(r) => return *r,
     };
     let children = match s.app.store.children(&id).await {
         Ok(c) => c,

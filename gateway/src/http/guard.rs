@@ -1,7 +1,9 @@
 //! The layers in front of the guarded routers, in this order: bearer-token auth (which also
-//! names the caller), a per-caller rate limit (callers only, not reports), a body size limit.
+//! names the caller, a [`Principal`] in the request's extensions), the token kind the
+//! router's audience takes (`crate::access`: client tokens for callers, report tokens for
+//! reports), a per-caller rate limit (callers only, not reports), a body size limit.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,12 +16,13 @@ use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
 
 use super::Server;
-use super::reply::{error, too_large};
+use super::reply::{denied, error, too_large};
+use crate::access::{self, Credentials, Principal, Unauthenticated};
 
 /// Who may call, how often, how much.
 pub struct Guard {
     /// `None`: authentication explicitly disabled (`--no-auth`).
-    pub tokens: Option<HashSet<String>>,
+    pub tokens: Option<Credentials>,
     /// Requests per second per client, with a burst of `burst`; 0 disables the limit.
     pub rate: f64,
     pub burst: f64,
@@ -28,12 +31,7 @@ pub struct Guard {
 }
 
 impl Guard {
-    pub fn new(
-        tokens: Option<HashSet<String>>,
-        rate: f64,
-        burst: f64,
-        max_body_bytes: usize,
-    ) -> Guard {
+    pub fn new(tokens: Option<Credentials>, rate: f64, burst: f64, max_body_bytes: usize) -> Guard {
         Guard {
             tokens,
             rate,
@@ -70,19 +68,58 @@ impl Guard {
     }
 }
 
-/// REST and MCP callers: auth, then rate limit, then size limit.
+/// REST and MCP callers: auth, client tokens only, then rate limit, then size limit.
 pub fn for_callers(s: &Arc<Server>, r: Router) -> Router {
     // The last layer added runs first.
     r.layer(from_fn_with_state(s.clone(), limit_body))
         .layer(from_fn_with_state(s.clone(), rate_limit))
+        .layer(from_fn_with_state(s.clone(), clients_only))
         .layer(from_fn_with_state(s.clone(), authenticate))
 }
 
-/// Sidecar reports: auth, then size limit; never rate limited, as dropping a report would
-/// lose status.
+/// Sidecar reports: auth, report tokens only, then size limit; never rate limited, as
+/// dropping a report would lose status.
 pub fn for_reporters(s: &Arc<Server>, r: Router) -> Router {
     r.layer(from_fn_with_state(s.clone(), limit_body))
+        .layer(from_fn_with_state(s.clone(), reporters_only))
         .layer(from_fn_with_state(s.clone(), authenticate))
+}
+
+/// `METHOD /path`, for refusals.
+fn route_of(req: &Request) -> String {
+    format!("{} {}", req.method(), req.uri().path())
+}
+
+/// Applies `rule` (which token kind the router takes) to the caller `authenticate` named. A
+/// request without a caller is refused, so a router wired without `authenticate` fails
+/// closed.
+async fn token_kind(
+    s: &Server,
+    req: Request,
+    next: Next,
+    rule: fn(&Principal, &str) -> Result<(), access::Denied>,
+) -> Response {
+    let Some(who) = req.extensions().get::<Principal>() else {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "no caller on the request (the authentication layer did not run)",
+            None,
+        );
+    };
+    if let Err(d) = rule(who, &route_of(&req)) {
+        s.app.metrics.refused("token_kind");
+        return denied(&d);
+    }
+    next.run(req).await
+}
+
+async fn clients_only(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
+    token_kind(&s, req, next, access::client_route).await
+}
+
+async fn reporters_only(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
+    token_kind(&s, req, next, access::report_route).await
 }
 
 /// Who is calling, for the rate limit: a token's fingerprint, or the peer's address when
@@ -100,8 +137,8 @@ fn bearer(req: &Request) -> Option<&str> {
 }
 
 async fn authenticate(State(s): State<Arc<Server>>, mut req: Request, next: Next) -> Response {
-    let caller = match &s.guard.tokens {
-        Some(tokens) => match bearer(&req) {
+    let (caller, principal) = match &s.guard.tokens {
+        Some(creds) => match bearer(&req) {
             None => {
                 s.app.metrics.refused("auth");
                 return error(
@@ -111,24 +148,35 @@ async fn authenticate(State(s): State<Arc<Server>>, mut req: Request, next: Next
                     None,
                 );
             }
-            Some(t) if !tokens.contains(t) => {
-                s.app.metrics.refused("auth");
-                return error(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthorized",
-                    "bearer token not accepted",
-                    None,
-                );
-            }
-            Some(t) => format!("token:{}", fingerprint(t)),
+            Some(t) => match creds.principal(t) {
+                Err(e) => {
+                    s.app.metrics.refused("auth");
+                    let code = match e {
+                        Unauthenticated::NoReportKey => "report_tokens_not_configured",
+                        Unauthenticated::NotAccepted => "unauthorized",
+                    };
+                    return error(StatusCode::UNAUTHORIZED, code, e.to_string(), None);
+                }
+                Ok(p) => {
+                    // Sidecars of one namespace share a token: named by their namespace.
+                    let caller = match &p {
+                        Principal::Reporter { namespace } => format!("report:{namespace}"),
+                        _ => format!("token:{}", fingerprint(t)),
+                    };
+                    (caller, p)
+                }
+            },
         },
-        None => req
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|c| format!("ip:{}", c.0.ip()))
-            .unwrap_or_else(|| "anonymous".into()),
+        None => (
+            req.extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| format!("ip:{}", c.0.ip()))
+                .unwrap_or_else(|| "anonymous".into()),
+            Principal::Open,
+        ),
     };
     req.extensions_mut().insert(Caller(caller));
+    req.extensions_mut().insert(principal);
     next.run(req).await
 }
 

@@ -6,6 +6,9 @@
 //! - `reports.rs`: the sidecars' reports; bearer token and body size limit, no rate limit
 //!   (dropping a report would lose status).
 //!
+//! Client routes take client tokens only, report routes report tokens only; what each token
+//! may touch beyond that is decided in `crate::access`.
+//!
 //! Every refusal is JSON naming what was wrong (`reply.rs`).
 
 use std::sync::Arc;
@@ -44,3 +47,5 @@ pub fn router(server: Arc<Server>, mcp: Router) -> Router {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_tenancy;

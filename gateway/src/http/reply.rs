@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use crate::access::Denied;
 use crate::app::CallError;
 use crate::store::StoreError;
 
@@ -57,6 +58,7 @@ pub fn call_error(e: &CallError) -> Response {
                     .collect::<Vec<_>>()
             )),
         ),
+        CallError::Denied(d) => denied(d),
         CallError::Storage(s) => store_error(s),
         CallError::Send { source, .. } => error(
             if source.is_permanent() {
@@ -69,6 +71,17 @@ pub fn call_error(e: &CallError) -> Response {
             None,
         ),
     }
+}
+
+/// An access refusal (`crate::access`): 404 where an envelope must not be told apart from an
+/// unknown one, else 403; the message names the rule.
+pub fn denied(d: &Denied) -> Response {
+    let status = if d.is_hidden() {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::FORBIDDEN
+    };
+    error(status, d.code(), d.to_string(), None)
 }
 
 pub fn not_found(id: &str) -> Response {

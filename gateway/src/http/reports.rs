@@ -1,18 +1,20 @@
 //! For the sidecars: their reports (`asya_transport::report`) of progress, fan-out children
-//! and final statuses.
+//! and final statuses. A report token reports only on envelopes of its own namespace
+//! (`crate::access::may_report`); the guard has already refused client tokens.
 
 use std::sync::Arc;
 
 use asya_transport::report::{ChildReport, FinalReport};
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 
 use super::Server;
-use super::reply::{error, json_body, not_found, store_error};
+use super::reply::{denied, error, json_body, not_found, store_error};
+use crate::access::{self, Principal};
 use crate::store::{Progress, Record, Status, now_ms};
 
 pub fn router(server: Arc<Server>) -> Router {
@@ -24,7 +26,11 @@ pub fn router(server: Arc<Server>) -> Router {
 }
 
 /// A sidecar tells of a fan-out child; idempotent.
-async fn report_child(State(s): State<Arc<Server>>, body: Body) -> Response {
+async fn report_child(
+    State(s): State<Arc<Server>>,
+    Extension(who): Extension<Principal>,
+    body: Body,
+) -> Response {
     let c: ChildReport = match json_body(body, s.guard.max_body_bytes).await {
         Ok(c) => c,
         Err(r) => return *r,
@@ -39,15 +45,18 @@ async fn report_child(State(s): State<Arc<Server>>, body: Body) -> Response {
     }
     s.app.metrics.report("child");
     let route = c.route.map(|r| r.actors).unwrap_or_default();
-    match create_child(&s, &c.id, &c.parent_id, route).await {
+    match create_child(&s, &who, &c.id, &c.parent_id, route).await {
         Ok(r) => (StatusCode::CREATED, Json(r)).into_response(),
         Err(r) => *r,
     }
 }
 
-/// Stores a fan-out child (idempotent), with its parent's tool.
+/// Stores a fan-out child (idempotent), with its parent's tool and namespace. A reporter
+/// may create children only of its own namespace's envelopes, and is refused an existing id
+/// of another namespace (a create leaves it unchanged, so the check after it is exact).
 async fn create_child(
     s: &Server,
+    who: &Principal,
     id: &str,
     parent_id: &str,
     route: Vec<String>,
@@ -58,6 +67,11 @@ async fn create_child(
         .get(parent_id)
         .await
         .map_err(|e| Box::new(store_error(&e)))?;
+    let parent_ns = parent.as_ref().and_then(|p| p.namespace.clone());
+    if parent.is_some() {
+        access::may_report(who, parent_id, parent_ns.as_deref()).map_err(|d| refuse(s, &d))?;
+    }
+    let namespace = access::child_namespace(who, parent_ns.as_deref());
     let now = now_ms();
     let rec = Record {
         id: id.to_string(),
@@ -71,16 +85,43 @@ async fn create_child(
         error: None,
         created_ms: now,
         updated_ms: now,
+        namespace,
     };
-    s.app
+    let stored = s
+        .app
         .store
         .create(&rec)
         .await
-        .map_err(|e| Box::new(store_error(&e)))
+        .map_err(|e| Box::new(store_error(&e)))?;
+    access::may_report(who, id, stored.namespace.as_deref()).map_err(|d| refuse(s, &d))?;
+    Ok(stored)
+}
+
+/// A report refused by `crate::access`, counted (`asya_gateway_requests_refused_total{kind="access"}`).
+fn refuse(s: &Server, d: &access::Denied) -> Box<Response> {
+    s.app.metrics.refused("access");
+    Box::new(denied(d))
+}
+
+/// Refuses a report on envelope `id` from a reporter of another namespace. Unknown ids
+/// pass (the report itself answers 404, or creates a child from its parent); with
+/// authentication off there is nothing to check, and no read.
+async fn check_report(s: &Server, who: &Principal, id: &str) -> Result<(), Box<Response>> {
+    if !matches!(who, Principal::Reporter { .. }) {
+        return access::may_report(who, id, None).map_err(|d| refuse(s, &d));
+    }
+    match s.app.store.get(id).await {
+        Ok(Some(r)) => {
+            access::may_report(who, id, r.namespace.as_deref()).map_err(|d| refuse(s, &d))
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(Box::new(store_error(&e))),
+    }
 }
 
 async fn report_progress(
     State(s): State<Arc<Server>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Body,
 ) -> Response {
@@ -99,6 +140,9 @@ async fn report_progress(
             None,
         );
     }
+    if let Err(r) = check_report(&s, &who, &id).await {
+        return *r;
+    }
     s.app.metrics.report("progress");
     match s.app.store.progress(&id, &p).await {
         Ok(Some(r)) => return Json(r).into_response(),
@@ -110,7 +154,7 @@ async fn report_progress(
     let Some(parent_id) = p.parent_id.clone() else {
         return not_found(&id);
     };
-    if let Err(r) = create_child(&s, &id, &parent_id, Vec::new()).await {
+    if let Err(r) = create_child(&s, &who, &id, &parent_id, Vec::new()).await {
         return *r;
     }
     match s.app.store.progress(&id, &p).await {
@@ -122,6 +166,7 @@ async fn report_progress(
 
 async fn report_final(
     State(s): State<Arc<Server>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Body,
 ) -> Response {
@@ -137,6 +182,9 @@ async fn report_final(
             None,
         );
     };
+    if let Err(r) = check_report(&s, &who, &id).await {
+        return *r;
+    }
     s.app.metrics.report("final");
     match s
         .app

@@ -4,13 +4,13 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 
 use super::Server;
-use super::reply::{not_found, store_error};
+use crate::access::Principal;
 use crate::store::Record;
 
 fn sse_event(kind: &str, r: &Record) -> SseEvent {
@@ -28,13 +28,17 @@ fn kind(r: &Record) -> &'static str {
     }
 }
 
-pub async fn stream(State(s): State<Arc<Server>>, Path(id): Path<String>) -> Response {
+pub async fn stream(
+    State(s): State<Arc<Server>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Response {
     // Subscribe first, then read: no change can fall between the two.
     let mut rx = s.app.store.subscribe();
-    let first = match s.app.store.get(&id).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return not_found(&id),
-        Err(e) => return store_error(&e),
+    // An envelope never changes namespace, so one check covers the whole stream.
+    let first = match super::clients::readable(&s, &who, &id).await {
+        Ok(r) => r,
+        Err(r) => return *r,
     };
     let app = s.app.clone();
     let events = async_stream(move |tx| async move {

@@ -1,7 +1,6 @@
 //! Which layers stand in front of which audience: the whole router on a local port, spoken
 //! to in plain HTTP/1.1.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -9,45 +8,100 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Guard, Server, router};
+use crate::access::{ClientTokens, Credentials, ReportKey};
 use crate::app::App;
 use crate::send::{SendConfig, Senders};
 use crate::store::Store;
 use crate::tools::Tools;
 
-const TOKEN: &str = "test-token-0123456789";
+pub(super) const TOKEN: &str = "test-token-0123456789";
+pub(super) const KEY: &[u8] = b"test-report-key-0123456789abcdef";
 
-/// A gateway with one token, a burst of one request and a body limit of 64 bytes.
-async fn serve() -> SocketAddr {
+/// The report token of `namespace` under [`KEY`].
+pub(super) fn report_token(namespace: &str) -> String {
+    ReportKey::new(KEY).unwrap().token(namespace).unwrap()
+}
+
+/// How a test gateway is set up.
+pub(super) struct Setup {
+    pub tokens: String,
+    pub tools: &'static str,
+    pub store: Store,
+    pub rate: f64,
+    pub max_body_bytes: usize,
+}
+
+impl Default for Setup {
+    fn default() -> Setup {
+        Setup {
+            tokens: format!("{TOKEN}\n"),
+            tools: "",
+            store: Store::memory(),
+            rate: 0.0,
+            max_body_bytes: 4096,
+        }
+    }
+}
+
+/// A gateway on a local port with the client tokens and tools of `s`, report tokens from
+/// [`KEY`], a burst of one request (when rate limited); its address and state.
+pub(super) async fn serve_with(s: Setup) -> (SocketAddr, Arc<App>) {
     let senders = Senders::new(&SendConfig::default()).await;
     let app = Arc::new(App::new(
-        Tools::from_yaml("").unwrap(),
-        Store::memory(),
+        Tools::from_yaml(s.tools).unwrap(),
+        s.store,
         senders,
         "default".into(),
     ));
-    let tokens = HashSet::from([TOKEN.to_string()]);
-    let guard = Arc::new(Guard::new(Some(tokens), 0.001, 1.0, 64));
-    let mcp = crate::mcp::router(app.clone(), Vec::new(), 64);
-    let server = Arc::new(Server { app, guard });
+    let creds = Credentials {
+        clients: ClientTokens::parse(&s.tokens).unwrap(),
+        report_key: Some(ReportKey::new(KEY).unwrap()),
+    };
+    let guard = Arc::new(Guard::new(Some(creds), s.rate, 1.0, s.max_body_bytes));
+    let mcp = crate::mcp::router(app.clone(), Vec::new(), s.max_body_bytes);
+    let server = Arc::new(Server {
+        app: app.clone(),
+        guard,
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let svc = router(server, mcp).into_make_service_with_connect_info::<SocketAddr>();
     tokio::spawn(async move { axum::serve(listener, svc).await });
-    addr
+    (addr, app)
 }
 
-struct Reply {
-    status: u16,
-    head: String,
-    body: Value,
+/// A gateway with one client token, a burst of one request and a body limit of 64 bytes.
+async fn serve() -> SocketAddr {
+    let setup = Setup {
+        rate: 0.001,
+        max_body_bytes: 64,
+        ..Setup::default()
+    };
+    serve_with(setup).await.0
 }
 
-async fn call(addr: SocketAddr, method: &str, path: &str, token: bool, body: &str) -> Reply {
+pub(super) struct Reply {
+    pub status: u16,
+    pub head: String,
+    pub body: Value,
+    /// The body as sent (MCP may answer as a server-sent event).
+    pub text: String,
+}
+
+/// One request with `token` as the bearer token (none: no Authorization header).
+pub(super) async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Reply {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let auth = if token {
-        format!("Authorization: Bearer {TOKEN}\r\n")
-    } else {
-        String::new()
+    let auth = match token {
+        Some(t) => {
+            format!("Authorization: Bearer {t}\r\nAccept: application/json, text/event-stream\r\n")
+        }
+        None => String::new(),
     };
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{auth}\
@@ -67,7 +121,13 @@ async fn call(addr: SocketAddr, method: &str, path: &str, token: bool, body: &st
         status,
         head: head.to_ascii_lowercase(),
         body: serde_json::from_str(body).unwrap_or(Value::Null),
+        text: body.to_string(),
     }
+}
+
+/// With the client token ([`TOKEN`]) or without a token.
+async fn call(addr: SocketAddr, method: &str, path: &str, token: bool, body: &str) -> Reply {
+    request(addr, method, path, token.then_some(TOKEN), body).await
 }
 
 #[tokio::test]
@@ -89,46 +149,41 @@ async fn each_audience_has_its_own_layers() {
     let r = call(gw, "GET", "/tools", true, "").await;
     assert_eq!((r.status, &r.body["error"]), (429, &json!("rate_limited")));
     assert!(r.head.contains("retry-after:"), "{}", r.head);
-    // Reports: a token, never the rate limit, the body limit.
+    // Reports: a report token, never the rate limit, the body limit.
+    let rt = report_token("default");
+    let rt = Some(rt.as_str());
     let progress = r#"{"actor":"a","phase":"received","current":0,"total":1}"#;
     let r = call(gw, "POST", "/envelopes/e/progress", false, progress).await;
     assert_eq!(r.status, 401);
     for _ in 0..3 {
-        let r = call(gw, "POST", "/envelopes/e/progress", true, progress).await;
+        let r = request(gw, "POST", "/envelopes/e/progress", rt, progress).await;
         assert_eq!(
             (r.status, &r.body["error"]),
             (404, &json!("unknown_envelope"))
         );
     }
-    let r = call(
+    let r = request(
         gw,
         "POST",
         "/envelopes",
-        true,
+        rt,
         r#"{"id":"c","parent_id":"p"}"#,
     )
     .await;
     assert_eq!((r.status, &r.body["status"]), (201, &json!("running")));
-    let r = call(
-        gw,
-        "POST",
-        "/envelopes/c/final",
-        true,
-        r#"{"status":"done"}"#,
-    )
-    .await;
+    let r = request(gw, "POST", "/envelopes/c/final", rt, r#"{"status":"done"}"#).await;
     assert_eq!(r.status, 400);
     assert_eq!(
         r.body["message"],
         "status: \"done\": must be succeeded or failed"
     );
-    let r = call(gw, "POST", "/envelopes/c/progress", true, &"x".repeat(65)).await;
+    let r = request(gw, "POST", "/envelopes/c/progress", rt, &"x".repeat(65)).await;
     assert_eq!((r.status, &r.body["error"]), (413, &json!("too_large")));
-    let r = call(
+    let r = request(
         gw,
         "POST",
         "/envelopes/c/final",
-        true,
+        rt,
         r#"{"status":"failed"}"#,
     )
     .await;

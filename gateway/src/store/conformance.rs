@@ -23,6 +23,7 @@ fn rec(id: &str, parent: Option<&str>) -> Record {
         error: None,
         created_ms: now,
         updated_ms: now,
+        namespace: Some("team".into()),
     }
 }
 
@@ -67,6 +68,7 @@ async fn suite<B: Backend>(b: &B) {
     first_final_wins(b).await;
     unknown_ids(b).await;
     children_and_history(b).await;
+    namespace_is_kept(b).await;
 }
 
 async fn create_keeps_the_first_record<B: Backend>(b: &B) {
@@ -179,6 +181,32 @@ async fn children_and_history<B: Backend>(b: &B) {
     assert_eq!(history[2].actor, None);
 }
 
+/// The namespace decides who may report and read (`crate::access`): it is stored as given,
+/// never changed by a later create, progress or final status, and may be absent (envelopes
+/// stored before it was recorded).
+async fn namespace_is_kept<B: Backend>(b: &B) {
+    let first = b.create(&rec("n", None)).await.unwrap();
+    assert_eq!(first.namespace.as_deref(), Some("team"));
+    let mut other = rec("n", None);
+    other.namespace = Some("team-a".into());
+    let stored = b.create(&other).await.unwrap();
+    assert_eq!(
+        stored.namespace.as_deref(),
+        Some("team"),
+        "a create cannot move an envelope to another namespace"
+    );
+    let r = progress(b, "n", &prog("a", "received", 0)).await.unwrap();
+    assert_eq!(r.namespace.as_deref(), Some("team"));
+    let (r, _) = finish(b, "n", &fin(Status::Succeeded, None, None, None))
+        .await
+        .unwrap();
+    assert_eq!(r.namespace.as_deref(), Some("team"));
+    let mut legacy = rec("n-legacy", None);
+    legacy.namespace = None;
+    b.create(&legacy).await.unwrap();
+    assert_eq!(b.get("n-legacy").await.unwrap().unwrap().namespace, None);
+}
+
 #[tokio::test]
 async fn memory_conforms() {
     suite(&Memory::default()).await;
@@ -203,7 +231,7 @@ async fn postgres_conforms() {
 }
 
 /// A database of the test's own on the test server, dropped at the end.
-mod scratch {
+pub(crate) mod scratch {
     use tokio_postgres::NoTls;
 
     pub struct Database {

@@ -14,7 +14,7 @@ mod model;
 pub mod postgres;
 
 #[cfg(test)]
-mod conformance;
+pub(crate) mod conformance;
 
 pub use model::{Event, Final, Progress, Record, Status, StoreError, now_ms, percent};
 
@@ -237,6 +237,7 @@ mod tests {
             error: None,
             created_ms: now,
             updated_ms: now,
+            namespace: Some("team".into()),
         }
     }
 

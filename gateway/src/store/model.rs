@@ -70,6 +70,11 @@ pub struct Record {
     pub error: Option<Value>,
     pub created_ms: i64,
     pub updated_ms: i64,
+    /// The namespace of the actors it travels: its tool's (calls) or its parent's (fan-out
+    /// children). Who may report on it and read it is decided by this (`crate::access`).
+    /// `None` for envelopes stored before the gateway recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 /// A sidecar's progress report (the shared wire type).

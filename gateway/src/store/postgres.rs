@@ -21,7 +21,13 @@ use super::Backend;
 use super::model::{Event, Final, Progress, Record, Status, StoreError};
 
 /// (version, SQL), applied in order, each once.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../migrations/0001_envelopes.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../../migrations/0001_envelopes.sql")),
+    (
+        2,
+        include_str!("../../migrations/0002_envelope_namespace.sql"),
+    ),
+];
 
 const DEADLINE: Duration = Duration::from_secs(5);
 
@@ -54,7 +60,8 @@ fn down(e: impl std::fmt::Display) -> StoreError {
 }
 
 const COLUMNS: &str = "id, parent_id, tool, status, progress, actor, route, result, error, \
-     (extract(epoch from created_at) * 1000)::bigint, (extract(epoch from updated_at) * 1000)::bigint";
+     (extract(epoch from created_at) * 1000)::bigint, (extract(epoch from updated_at) * 1000)::bigint, \
+     namespace";
 
 fn record(row: &Row) -> Result<Record, StoreError> {
     let status: String = row.try_get(3).map_err(down)?;
@@ -72,6 +79,7 @@ fn record(row: &Row) -> Result<Record, StoreError> {
         error: row.try_get(8).map_err(down)?,
         created_ms: row.try_get(9).map_err(down)?,
         updated_ms: row.try_get(10).map_err(down)?,
+        namespace: row.try_get(11).map_err(down)?,
     })
 }
 
@@ -197,8 +205,8 @@ impl Backend for Postgres {
     async fn create(&self, r: &Record) -> Result<Record, StoreError> {
         let route = serde_json::to_value(&r.route).unwrap_or(Value::Null);
         let sql = format!(
-            "INSERT INTO envelopes (id, parent_id, tool, status, progress, actor, route, result, error)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+            "INSERT INTO envelopes (id, parent_id, tool, status, progress, actor, route, result, error, namespace)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (id) DO UPDATE SET id = EXCLUDED.id
              RETURNING {COLUMNS}"
         );
@@ -218,6 +226,7 @@ impl Backend for Postgres {
                     &route,
                     &r.result,
                     &r.error,
+                    &r.namespace,
                 ],
             ),
         )

@@ -7,6 +7,8 @@ Needs the binaries built (`cargo build --bins`; `make unit` does it) and
 `source tests/services/env`.
 """
 
+import hashlib
+import hmac
 import json
 import os
 import pathlib
@@ -31,6 +33,16 @@ RUNTIME = ROOT / "sidecar" / "runtime" / "asya_runtime.py"
 HANDLERS = ROOT / "deploy" / "examples" / "handlers"
 CREW = ROOT / "deploy" / "crew"
 TOKEN = "test-token-" + "0123456789abcdef"
+# A client token limited to a namespace no test uses (gateway/src/access/tokens.rs).
+ELSEWHERE_TOKEN = "elsewhere-token-" + "0123456789abcdef"
+# The key report tokens are derived from (gateway/src/access/report_key.rs).
+REPORT_KEY = b"test-report-key-" + b"0123456789abcdef"
+
+
+def report_token(namespace):
+    """The sidecars' token for `namespace`, as `asya-gateway report-token` makes it."""
+    sig = hmac.new(REPORT_KEY, b"asya-report/v1\0" + namespace.encode(), hashlib.sha256).hexdigest()
+    return "asya-report.%s.%s" % (namespace, sig)
 
 
 def need(var):
@@ -132,7 +144,8 @@ class Gateway:
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="asya-gw-"))
         self.tools = self.dir / "tools.yaml"
         self.tools.write_text(tools_yaml)
-        (self.dir / "tokens").write_text(TOKEN + "\n")
+        (self.dir / "tokens").write_text(TOKEN + "\n" + ELSEWHERE_TOKEN + " namespaces=elsewhere\n")
+        (self.dir / "report-key").write_bytes(REPORT_KEY)
         self.database_url = database_url
         self.namespace = namespace
         self.extra_args = list(extra_args)
@@ -157,6 +170,7 @@ class Gateway:
             "--addr", "127.0.0.1:%d" % self.port,
             "--tools", str(self.tools),
             "--auth-tokens", str(self.dir / "tokens"),
+            "--report-key-file", str(self.dir / "report-key"),
             "--namespace", self.namespace,
             "--reload-interval", "1",
         ] + self.extra_args
@@ -228,7 +242,8 @@ class Actor:
             "ASYA_LOG_FORMAT": "text",
             "ASYA_LOG_LEVEL": "info,asya_sidecar=debug",
             "ASYA_GATEWAY_URL": gateway_url,
-            "ASYA_GATEWAY_TOKEN": TOKEN,
+            # Sidecars report with their namespace's report token, never a client token.
+            "ASYA_GATEWAY_TOKEN": report_token(ns),
         })
         senv.update(env or {})
         self.sidecar = subprocess.Popen(

@@ -13,7 +13,7 @@ from botocore.config import Config
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-from conftest import CREW, TOKEN, http, psql, unique, wait_until
+from conftest import CREW, ELSEWHERE_TOKEN, TOKEN, http, psql, report_token, unique, wait_until
 
 TRANSPORTS = ["rabbitmq", "sqs"]
 
@@ -240,6 +240,65 @@ def test_refusals_are_clear(world, database):
 
     status, _ = http("POST", gw.url + "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, token="bad-token-000000000000")
     assert status == 401
+
+
+def test_report_tokens_only_report_and_only_their_namespace(world, database):
+    """Issue 26: the sidecars report with their namespace's report token (the pipeline ends);
+    that token is refused a tool call and an envelope read, another namespace's report token
+    is refused the envelope, and a client token limited to another namespace does not see it."""
+    ns, _bucket, gw = pipeline(world, "rabbitmq", database)
+    status, body = http("POST", gw.url + "/tools/call", {"name": "triple-double", "arguments": {"value": 1}})
+    assert status == 202, body
+    id = body["envelope_id"]
+    rec = gw.wait_final(id)
+    assert rec["status"] == "succeeded" and rec["namespace"] == ns, rec
+
+    mine = report_token(ns)
+    status, body = http("POST", gw.url + "/tools/call", {"name": "triple-double", "arguments": {"value": 1}}, token=mine)
+    assert status == 403 and body["error"] == "report_token_not_allowed", body
+    assert "may only report" in body["message"] and mine not in body["message"]
+    status, body = http("GET", gw.url + "/envelopes/" + id, token=mine)
+    assert status == 403 and body["error"] == "report_token_not_allowed", body
+    status, _ = http("POST", gw.url + "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, token=mine)
+    assert status == 403
+
+    theirs = report_token(ns + "-x")
+    progress = {"actor": "a", "phase": "received", "current": 0, "total": 3}
+    status, body = http("POST", gw.url + "/envelopes/%s/progress" % id, progress, token=theirs)
+    assert status == 403 and body["error"] == "envelope_of_another_namespace", body
+    assert '"%s"' % ns in body["message"], body
+    status, body = http("POST", gw.url + "/envelopes/%s/final" % id, {"status": "failed"}, token=theirs)
+    assert status == 403, body
+    status, body = http("POST", gw.url + "/envelopes/%s/final" % id, {"status": "failed"}, token=TOKEN)
+    assert status == 403 and body["error"] == "client_token_not_allowed", body
+    assert gw.envelope(id)["status"] == "succeeded", "nothing changed"
+
+    status, body = http("GET", gw.url + "/envelopes/" + id, token=ELSEWHERE_TOKEN)
+    assert status == 404 and body["error"] == "unknown_envelope", body
+    status, body = http("GET", gw.url + "/tools", token=ELSEWHERE_TOKEN)
+    assert status == 200 and body["tools"] == [], body
+    status, body = http("POST", gw.url + "/tools/call", {"name": "triple-double", "arguments": {"value": 1}},
+                        token=ELSEWHERE_TOKEN)
+    assert status == 403 and body["error"] == "namespace_not_allowed", body
+
+    # The same limits over MCP: no tool listed, the call refused naming the rule.
+    async def mcp_elsewhere():
+        client = create_mcp_http_client(headers={"Authorization": "Bearer " + ELSEWHERE_TOKEN})
+        async with client:
+            async with streamable_http_client(gw.url + "/mcp", http_client=client) as streams:
+                async with ClientSession(streams[0], streams[1]) as session:
+                    await session.initialize()
+                    tools = await session.list_tools()
+                    try:
+                        await session.call_tool("triple-double", {"value": 1})
+                        refused = None
+                    except Exception as e:  # McpError
+                        refused = e
+                    return tools, refused
+
+    tools, refused = asyncio.run(mcp_elsewhere())
+    assert tools.tools == [], tools
+    assert refused is not None and "may use only the namespaces elsewhere" in str(refused), refused
 
 
 def test_postgres_down_refuses_with_503_and_accepts_again(world, database):
