@@ -102,18 +102,27 @@ pub async fn run(
     client: Client,
     config: Arc<ClusterConfig>,
     own_namespace: String,
+    keda_namespace: String,
     metrics: Metrics,
     health: Health,
 ) {
     let actors: Api<AsyncActor> = Api::all(client.clone());
     let so_ar = scaled_object_resource();
-    let keda = if crd_exists(&client, &so_ar).await {
-        Some((so_ar, trigger_auth_resource()))
-    } else {
+    // RabbitMQ triggers authenticate through a ClusterTriggerAuthentication: KEDA without that
+    // CRD counts as no KEDA (as before KEDA 2.x had it).
+    let cta_ar = crate::keda_identity::io::cluster_trigger_auth_resource();
+    let keda = if !crd_exists(&client, &so_ar).await {
         warn!(
             "KEDA's ScaledObject CRD is not installed: actors with scaling stay without a ScaledObject"
         );
         None
+    } else if !crd_exists(&client, &cta_ar).await {
+        warn!(
+            "KEDA's ClusterTriggerAuthentication CRD is not installed: actors with scaling stay without a ScaledObject"
+        );
+        None
+    } else {
+        Some((so_ar, trigger_auth_resource()))
     };
     let ec_ar = asya_api::flavor::environment_config_resource();
     let has_ec = crd_exists(&client, &ec_ar).await;
@@ -312,6 +321,23 @@ pub async fn run(
         config.clone(),
         Api::namespaced(client.clone(), &own_namespace),
     ));
+    // Decidable from the configuration alone; each such actor's status says it too.
+    for name in config.enabled_transports() {
+        if let Some(why) = config
+            .transport(name)
+            .and_then(|t| crate::render::keda::sqs_identity_missing(name, t, &config))
+        {
+            warn!("{why}");
+        }
+    }
+    if keda.is_some() {
+        tokio::spawn(crate::keda_identity::io::run(
+            client.clone(),
+            config.clone(),
+            transports.clone(),
+            keda_namespace,
+        ));
+    }
     let end_queues = crate::end_queues::Candidates::default();
     // Validated when the configuration was read; the default should it not parse.
     let retention = config

@@ -29,7 +29,7 @@ use crate::model::{ObjectKind, WorkloadKind};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object};
-use crate::render::TransportCredentials;
+use crate::render::{TransportCredentials, workload};
 use crate::status::{self, WorkloadObs};
 use crate::transports::Transports;
 use crate::watch;
@@ -469,6 +469,35 @@ impl Cluster for KubeCluster {
                 };
                 delete_ignore_missing(self.dynamic(ns, ar), name).await
             }
+        }
+    }
+
+    async fn delete_owned_secret(&self, ns: &str, name: &str) -> Result<bool, kube::Error> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        let Some(s) = api.get_opt(name).await? else {
+            return Ok(false);
+        };
+        let ours = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(workload::MANAGED_BY.0))
+            .is_some_and(|v| v == workload::MANAGED_BY.1);
+        if !ours {
+            return Ok(false);
+        }
+        // Only the object just read: not a same-named one created since.
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: s.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+            Err(e) => Err(e),
         }
     }
 

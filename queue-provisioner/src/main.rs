@@ -36,6 +36,10 @@ struct Args {
     /// Namespace of the leader Lease and of the transport secrets the configuration names.
     #[arg(long, env = "POD_NAMESPACE", default_value = "asya-system")]
     namespace: String,
+    /// KEDA's namespace (its cluster object namespace): where the Secret behind each RabbitMQ
+    /// transport's ClusterTriggerAuthentication is written (chart value `keda.namespace`).
+    #[arg(long, env = "ASYA_KEDA_NAMESPACE", default_value = "keda")]
+    keda_namespace: String,
     /// Elect a leader through a Lease (turn off only for a single replica in development).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
@@ -142,7 +146,15 @@ async fn main() -> anyhow::Result<()> {
     }
     health.set(Phase::Syncing);
     // Returns on SIGTERM/SIGINT once in-flight reconciles finish.
-    controller::run(client, Arc::new(config), args.namespace, metrics, health).await;
+    controller::run(
+        client,
+        Arc::new(config),
+        args.namespace,
+        args.keda_namespace,
+        metrics,
+        health,
+    )
+    .await;
     if args.leader_elect {
         leader::release(&leases, &identity).await;
     }

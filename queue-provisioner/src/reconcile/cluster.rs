@@ -181,6 +181,13 @@ pub trait Cluster: Send + Sync {
         ns: &str,
         name: &str,
     ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
+    /// Deletes the Secret only if it carries our managed-by label (read first; the delete is
+    /// conditional on that read's uid); `false` when it was absent or not ours.
+    fn delete_owned_secret(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
     /// Whether the injection webhook works now (a dry-run create of a copy of `pod`).
     fn injection_works(&self, pod: &Pod) -> impl Future<Output = bool> + Send;
 

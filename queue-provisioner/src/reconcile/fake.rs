@@ -203,7 +203,7 @@ impl Cluster for Fake {
     async fn transport(&self, _transport: &str) -> Result<TransportCredentials, QueueError> {
         Ok(TransportCredentials {
             password: Some("pw".into()),
-            ..Default::default()
+            aws: Some(("AK".into(), "SK".into())),
         })
     }
 
@@ -343,6 +343,22 @@ impl Cluster for Fake {
             return Ok(w.pods.len() < before);
         }
         Ok(w.objects.remove(&key(kind, ns, name)).is_some())
+    }
+
+    async fn delete_owned_secret(&self, ns: &str, name: &str) -> Result<bool, kube::Error> {
+        let mut w = self.world();
+        let k = key(ObjectKind::Secret, ns, name);
+        let ours = w.objects.get(&k).is_some_and(|s| {
+            s.body.pointer(&format!(
+                "/metadata/labels/{}",
+                MANAGED_BY.0.replace('/', "~1")
+            )) == Some(&Value::from(MANAGED_BY.1))
+        });
+        if !ours {
+            return Ok(false);
+        }
+        w.log.push(format!("delete Secret {ns}/{name}"));
+        Ok(w.objects.remove(&k).is_some())
     }
 
     async fn injection_works(&self, _pod: &Pod) -> bool {

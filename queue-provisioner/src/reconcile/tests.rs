@@ -124,13 +124,16 @@ async fn a_new_actor_gets_its_finalizer_queues_objects_and_status_in_one_reconci
         "apply Deployment n/a",
         "claim replicas Deployment n/a 0",
         "event Normal WorkloadCreated: Deployment a created",
-        "apply TriggerAuthentication n/a",
         "apply ScaledObject n/a",
         "event Normal ScaledObjectCreated: KEDA ScaledObject successfully created",
         "status ",
     ];
     let idx: Vec<usize> = order.iter().map(|p| at(&log, p)).collect();
     assert!(idx.windows(2).all(|w| w[0] < w[1]), "{log:#?}");
+    // RabbitMQ's trigger uses the transport's ClusterTriggerAuthentication: no KEDA
+    // credential (TriggerAuthentication, asya-transport-rabbitmq) in the actor's namespace.
+    assert!(!has(&log, "apply TriggerAuthentication"), "{log:#?}");
+    assert!(!has(&log, "apply Secret n/asya-transport-"), "{log:#?}");
     // Created at its minimum (0): nothing to run until messages come.
     let d = r.cluster.world().objects[&key(ObjectKind::Deployment, "n", "a")].clone();
     assert_eq!(d.replicas(), Some(0));
@@ -664,5 +667,176 @@ async fn an_actor_that_switches_to_a_stateful_set_loses_its_deployment() {
     assert!(
         w.objects
             .contains_key(&key(ObjectKind::StatefulSet, "n", "a"))
+    );
+}
+
+fn stored(body: Value, managed: bool) -> Stored {
+    Stored {
+        body,
+        generation: 1,
+        managed,
+        ready: 0,
+    }
+}
+
+fn sqs_reconciler(config: &str) -> Reconciler<Fake> {
+    let cfg = ClusterConfig::from_yaml(&format!(
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {config}\n"
+    ))
+    .expect("config parses");
+    Reconciler::new(Fake::default(), Arc::new(cfg))
+}
+
+fn condition<'a>(
+    a: &'a AsyncActor,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    a.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .unwrap_or_else(|| panic!("no condition {type_} in {:?}", a.status))
+}
+
+#[tokio::test]
+async fn an_upgrade_removes_the_old_per_namespace_keda_credential_once_the_scaled_object_moved() {
+    let r = reconciler();
+    {
+        let mut w = r.cluster.world();
+        let managed = json!({"app.kubernetes.io/managed-by": "asya-queue-provisioner"});
+        w.objects.insert(
+            key(ObjectKind::TriggerAuthentication, "n", "a-trigger-auth"),
+            stored(
+                json!({"metadata": {"name": "a-trigger-auth", "labels": managed}}),
+                true,
+            ),
+        );
+        w.objects.insert(
+            key(ObjectKind::Secret, "n", "asya-transport-rabbitmq"),
+            stored(
+                json!({"metadata": {"name": "asya-transport-rabbitmq", "labels": managed}}),
+                true,
+            ),
+        );
+    }
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    let so = at(&log, "apply ScaledObject n/a");
+    assert!(
+        so < at(&log, "delete TriggerAuthentication n/a-trigger-auth"),
+        "{log:#?}"
+    );
+    assert!(
+        so < at(&log, "delete Secret n/asya-transport-rabbitmq"),
+        "{log:#?}"
+    );
+    let w = r.cluster.world();
+    assert_eq!(
+        w.objects[&key(ObjectKind::ScaledObject, "n", "a")].body["spec"]["triggers"][0]["authenticationRef"],
+        json!({"name": "asya-rabbitmq", "kind": "ClusterTriggerAuthentication"})
+    );
+    assert!(
+        !w.objects
+            .contains_key(&key(ObjectKind::Secret, "n", "asya-transport-rabbitmq"))
+    );
+}
+
+#[tokio::test]
+async fn a_same_named_secret_we_did_not_create_survives_the_upgrade_cleanup() {
+    let r = reconciler();
+    r.cluster.world().objects.insert(
+        key(ObjectKind::Secret, "n", "asya-transport-rabbitmq"),
+        stored(
+            json!({"metadata": {"name": "asya-transport-rabbitmq"}}),
+            false,
+        ),
+    );
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "delete Secret"), "{log:#?}");
+    assert!(r.cluster.world().objects.contains_key(&key(
+        ObjectKind::Secret,
+        "n",
+        "asya-transport-rabbitmq"
+    )));
+    // Asked once per process, not on every reconcile.
+    step(&r, &mut a).await;
+    assert!(!has(&r.cluster.take_log(), "delete Secret"));
+}
+
+#[tokio::test]
+async fn sqs_without_shared_keys_nor_a_role_says_so_and_copies_nothing() {
+    let r = sqs_reconciler("{region: us-east-1, credentialsSecretRef: {name: sqs-credentials}}");
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(
+        !has(&log, "apply Secret"),
+        "no static keys in the namespace: {log:#?}"
+    );
+    assert!(
+        !has(&log, "event Warning SharedStaticCredentials"),
+        "{log:#?}"
+    );
+    let ta = r.cluster.world().objects
+        [&key(ObjectKind::TriggerAuthentication, "n", "a-trigger-auth")]
+        .body["spec"]
+        .clone();
+    assert_eq!(
+        ta,
+        json!({"podIdentity": {"provider": "aws", "identityOwner": "workload"}})
+    );
+    let c = condition(&a, crate::status::COND_TRANSPORT);
+    assert_eq!(c.status, "False");
+    assert_eq!(c.reason, "NeitherShareStaticCredentialsNorRoleArn");
+    assert!(
+        c.message.contains("shareStaticCredentials")
+            && c.message.contains("actorServiceAccount.roleArn"),
+        "{}",
+        c.message
+    );
+    assert_eq!(phase(&a), "TransportError", "{}", message(&a));
+}
+
+#[tokio::test]
+async fn sqs_with_a_role_pattern_needs_no_keys() {
+    let cfg = ClusterConfig::from_yaml(
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: us-east-1, credentialsSecretRef: {name: sqs-credentials}}\nserviceAccount: {actorRoleArn: 'arn:aws:iam::1:role/{namespace}-{actor}'}\n",
+    )
+    .unwrap();
+    let r = Reconciler::new(Fake::default(), Arc::new(cfg));
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "apply Secret"), "{log:#?}");
+    assert_eq!(condition(&a, crate::status::COND_TRANSPORT).status, "True");
+}
+
+#[tokio::test]
+async fn sqs_shared_keys_are_copied_and_announced_once_per_actor() {
+    let r = sqs_reconciler(
+        "{region: us-east-1, credentialsSecretRef: {name: sqs-credentials}, shareStaticCredentials: true}",
+    );
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(has(&log, "apply Secret n/sqs-credentials"), "{log:#?}");
+    assert!(has(&log, "apply Secret n/asya-transport-sqs"), "{log:#?}");
+    assert!(
+        has(
+            &log,
+            "event Warning SharedStaticCredentials: transports.sqs.config.shareStaticCredentials is true"
+        ),
+        "{log:#?}"
+    );
+    assert_eq!(condition(&a, crate::status::COND_TRANSPORT).status, "True");
+    step(&r, &mut a).await;
+    assert!(
+        !has(
+            &r.cluster.take_log(),
+            "event Warning SharedStaticCredentials"
+        ),
+        "not on every reconcile"
     );
 }
