@@ -330,7 +330,11 @@ pub async fn run(
             warn!("{why}");
         }
     }
-    if keda.is_some() {
+    if keda.is_some() && keda_namespace.is_empty() {
+        warn!(
+            "no KEDA namespace (keda.namespace): the provisioner does not manage KEDA's RabbitMQ credential; ScaledObjects refer to ClusterTriggerAuthentication asya-<transport>, which must then be provided by hand"
+        );
+    } else if keda.is_some() {
         tokio::spawn(crate::keda_identity::io::run(
             client.clone(),
             config.clone(),
