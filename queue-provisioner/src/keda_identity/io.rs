@@ -50,9 +50,19 @@ pub fn cluster_trigger_auth_resource() -> ApiResource {
     )
 }
 
+type Http = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Full<Bytes>,
+>;
+
 /// `PUT {base}{path}` with a JSON body and the admin's basic authorization.
-async fn put(base: &str, auth: &str, path: &str, body: &serde_json::Value) -> Result<(), String> {
-    let client = asya_transport::http_client::client::<Full<Bytes>>().map_err(|e| e.to_string())?;
+async fn put(
+    client: &Http,
+    base: &str,
+    auth: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<(), String> {
     let uri = format!("{}{path}", base.trim_end_matches('/'));
     let req = hyper::Request::put(&uri)
         .header(hyper::header::AUTHORIZATION, auth)
@@ -90,12 +100,21 @@ async fn ensure_user(
         "Basic {}",
         base64::engine::general_purpose::STANDARD.encode(format!("{admin}:{admin_password}"))
     );
+    let client = asya_transport::http_client::client::<Full<Bytes>>()
+        .map_err(|e| EnsureError::Broker(e.to_string()))?;
     let user = percent::encode(naming::KEDA_MONITOR_USER);
-    put(&base, &auth, &format!("/api/users/{user}"), &p.user)
-        .await
-        .map_err(EnsureError::Broker)?;
+    put(
+        &client,
+        &base,
+        &auth,
+        &format!("/api/users/{user}"),
+        &p.user,
+    )
+    .await
+    .map_err(EnsureError::Broker)?;
     let vhost = percent::encode(&p.vhost);
     put(
+        &client,
         &base,
         &auth,
         &format!("/api/permissions/{vhost}/{user}"),

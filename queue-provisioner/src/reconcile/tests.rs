@@ -840,3 +840,30 @@ async fn sqs_shared_keys_are_copied_and_announced_once_per_actor() {
         "not on every reconcile"
     );
 }
+
+#[tokio::test]
+async fn the_old_keda_credential_stays_while_the_scaled_object_could_not_move() {
+    let r = reconciler();
+    {
+        let mut w = r.cluster.world();
+        let managed = json!({"app.kubernetes.io/managed-by": "asya-queue-provisioner"});
+        w.objects.insert(
+            key(ObjectKind::TriggerAuthentication, "n", "a-trigger-auth"),
+            stored(
+                json!({"metadata": {"name": "a-trigger-auth", "labels": managed}}),
+                true,
+            ),
+        );
+        w.refuse.insert(ObjectKind::ScaledObject);
+    }
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    // KEDA still reads through the old one: never left without credentials.
+    assert!(!has(&log, "delete TriggerAuthentication"), "{log:#?}");
+    assert!(r.cluster.world().objects.contains_key(&key(
+        ObjectKind::TriggerAuthentication,
+        "n",
+        "a-trigger-auth"
+    )));
+}
