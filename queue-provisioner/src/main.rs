@@ -160,3 +160,17 @@ async fn main() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_keda_namespace_is_kept_empty_not_defaulted() {
+        // The chart renders `--keda-namespace=` when keda.namespace is empty (no KEDA).
+        let a = Args::try_parse_from(["p", "--keda-namespace="]).expect("parses");
+        assert_eq!(a.keda_namespace, "");
+        let a = Args::try_parse_from(["p"]).expect("parses");
+        assert_eq!(a.keda_namespace, "keda");
+    }
+}
