@@ -330,6 +330,7 @@ pub async fn run(
             warn!("{why}");
         }
     }
+    let keda_identity = crate::keda_identity::IdentityState::default();
     if keda.is_some() && keda_namespace.is_empty() {
         warn!(
             "no KEDA namespace (keda.namespace): the provisioner does not manage KEDA's RabbitMQ credential; ScaledObjects refer to ClusterTriggerAuthentication asya-<transport>, which must then be provided by hand"
@@ -340,6 +341,7 @@ pub async fn run(
             config.clone(),
             transports.clone(),
             keda_namespace,
+            keda_identity.clone(),
         ));
     }
     let end_queues = crate::end_queues::Candidates::default();
@@ -374,6 +376,7 @@ pub async fn run(
         trigger_auths,
         hpas,
         keda,
+        keda_identity,
     };
     let ctx = Arc::new(Reconciler::new(cluster, config));
     info!("controller starting");

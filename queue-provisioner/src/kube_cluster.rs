@@ -83,6 +83,8 @@ pub struct KubeCluster {
     pub hpas: Store<HorizontalPodAutoscaler>,
     /// KEDA's API (ScaledObject, TriggerAuthentication), when its CRDs are installed.
     pub keda: Option<(ApiResource, ApiResource)>,
+    /// What the KEDA identity loop last found, by transport.
+    pub keda_identity: crate::keda_identity::IdentityState,
 }
 
 fn apply_params() -> PatchParams {
@@ -240,6 +242,10 @@ impl Cluster for KubeCluster {
 
     fn keda_installed(&self) -> bool {
         self.keda.is_some()
+    }
+
+    fn keda_identity_problem(&self, transport: &str) -> Option<String> {
+        self.keda_identity.problem(transport)
     }
 
     fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live {

@@ -16,7 +16,9 @@ use kube::core::ApiResource;
 use kube::{Api, Client};
 use tracing::{info, warn};
 
-use super::{KedaIdentityError, MonitorPlan, existing_password, generate_password, plan};
+use super::{
+    IdentityState, KedaIdentityError, MonitorPlan, existing_password, generate_password, plan,
+};
 use crate::reconcile::MANAGER;
 use crate::render::management_url;
 use crate::transports::Transports;
@@ -173,6 +175,7 @@ pub async fn run(
     config: Arc<ClusterConfig>,
     transports: Arc<Transports>,
     keda_namespace: String,
+    state: IdentityState,
 ) {
     let names: Vec<String> = config
         .enabled_transports()
@@ -187,7 +190,12 @@ pub async fn run(
     loop {
         let mut all_ok = true;
         for (i, name) in names.iter().enumerate() {
-            match ensure(&client, &config, &transports, &keda_namespace, name).await {
+            let outcome = ensure(&client, &config, &transports, &keda_namespace, name).await;
+            state.record(
+                name,
+                outcome.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+            );
+            match outcome {
                 Ok(()) => {
                     if !ok_before[i] {
                         info!(transport = %name, namespace = %keda_namespace, user = naming::KEDA_MONITOR_USER,

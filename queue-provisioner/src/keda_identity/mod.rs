@@ -10,6 +10,7 @@
 //! This module decides (pure); [`io`] talks to the management API and the API server.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
 
 use asya_api::config::{TRANSPORT_RABBITMQ, Transport};
 use asya_api::naming;
@@ -137,6 +138,26 @@ pub fn plan(
         secret,
         cluster_trigger_authentication: cta,
     }))
+}
+
+/// What the identity loop last found per transport: the reason KEDA cannot read that
+/// transport's depth, for the status of its actors (absent: in place, or not tried yet).
+#[derive(Clone, Debug, Default)]
+pub struct IdentityState(Arc<RwLock<BTreeMap<String, String>>>);
+
+impl IdentityState {
+    pub fn record(&self, transport: &str, outcome: Result<(), String>) {
+        let mut m = self.0.write().unwrap_or_else(|p| p.into_inner());
+        match outcome {
+            Ok(()) => m.remove(transport),
+            Err(why) => m.insert(transport.to_string(), why),
+        };
+    }
+
+    pub fn problem(&self, transport: &str) -> Option<String> {
+        let m = self.0.read().unwrap_or_else(|p| p.into_inner());
+        m.get(transport).cloned()
+    }
 }
 
 /// A new password: 32 random bytes from the kernel, URL-safe base64 (no `%`-encoding needed

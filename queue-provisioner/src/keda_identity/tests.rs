@@ -148,3 +148,18 @@ fn generated_passwords_are_long_url_safe_and_differ() {
         "{a}"
     );
 }
+
+#[test]
+fn the_state_remembers_the_last_outcome_per_transport() {
+    let s = IdentityState::default();
+    assert_eq!(
+        s.problem("rabbitmq"),
+        None,
+        "not tried yet: no problem to report"
+    );
+    s.record("rabbitmq", Err("401".into()));
+    assert_eq!(s.problem("rabbitmq").as_deref(), Some("401"));
+    assert_eq!(s.problem("other"), None);
+    s.record("rabbitmq", Ok(()));
+    assert_eq!(s.problem("rabbitmq"), None);
+}

@@ -58,6 +58,8 @@ pub fn key(kind: ObjectKind, ns: &str, name: &str) -> Key {
 pub struct World {
     pub catalog: FlavorCatalog,
     pub keda: bool,
+    /// What the KEDA identity loop reports for every transport.
+    pub keda_identity_problem: Option<String>,
     pub broker: Broker,
     pub objects: BTreeMap<Key, Stored>,
     pub pods: Vec<Arc<Pod>>,
@@ -83,6 +85,7 @@ impl Default for World {
         World {
             catalog: FlavorCatalog::new(),
             keda: true,
+            keda_identity_problem: None,
             broker: Broker::Up,
             objects: BTreeMap::new(),
             pods: vec![],
@@ -140,6 +143,10 @@ impl Cluster for Fake {
 
     fn keda_installed(&self) -> bool {
         self.world().keda
+    }
+
+    fn keda_identity_problem(&self, _transport: &str) -> Option<String> {
+        self.world().keda_identity_problem.clone()
     }
 
     fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live {

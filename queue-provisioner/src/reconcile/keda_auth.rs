@@ -33,6 +33,13 @@ pub fn shared_static_credentials_event(transport: &str, secret: &str) -> EventSp
     )
 }
 
+/// The scaling error of an actor whose transport's KEDA identity is not in place.
+pub fn identity_problem_message(why: &str) -> String {
+    format!(
+        "KEDA cannot read the queue depth (its ClusterTriggerAuthentication is not in place): {why}"
+    )
+}
+
 /// Records in `o` that the actor's pods cannot authenticate to SQS (the transport's condition
 /// says why, naming the settings); `true` when so.
 pub fn mark_sqs_identity_missing(

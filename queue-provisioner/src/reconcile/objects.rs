@@ -247,6 +247,11 @@ pub async fn apply<C: Cluster>(
             match res {
                 Ok(ta_sent) => {
                     if t.is_rabbitmq()
+                        && let Some(why) = c.keda_identity_problem(&r.transport)
+                    {
+                        o.scaling_error = Some(keda_auth::identity_problem_message(&why));
+                    }
+                    if t.is_rabbitmq()
                         && let Err(e) = keda_auth::remove_legacy_rabbitmq(rec, r).await
                     {
                         // Tried again on the next reconcile; KEDA no longer reads them.

@@ -867,3 +867,19 @@ async fn the_old_keda_credential_stays_while_the_scaled_object_could_not_move() 
         "a-trigger-auth"
     )));
 }
+
+#[tokio::test]
+async fn an_actor_says_when_keda_cannot_read_its_depth() {
+    let r = reconciler();
+    r.cluster.world().keda_identity_problem =
+        Some("transports.rabbitmq.config.managementPort is not set".into());
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    // The ScaledObject is applied all the same: it works as soon as the identity is there.
+    assert!(has(&log, "apply ScaledObject n/a"), "{log:#?}");
+    let c = condition(&a, crate::status::COND_SCALING);
+    assert_eq!(c.status, "False", "{c:?}");
+    assert!(c.message.contains("managementPort"), "{}", c.message);
+    assert_eq!(phase(&a), "Degraded", "{}", message(&a));
+}
