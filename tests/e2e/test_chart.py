@@ -156,8 +156,9 @@ def test_rbac_is_least_privilege():
     assert secret_rules[1] == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}
     # The provisioner never reads Secrets outside the credentials named by the configuration,
     # and writes only the names it copies into actors' namespaces.
-    # The one cluster-wide read: the per-namespace KEDA Secret of older releases
-    # (asya-transport-<rabbitmq transport>), read to check it is ours before it is deleted.
+    # The one cluster-wide read: copies of credentials older releases left in actor
+    # namespaces (here KEDA's asya-transport-<rabbitmq transport>), read to check they are
+    # ours before they are deleted.
     prov = roles[("ClusterRole", "asya-provisioner")]["rules"]
     for rule in prov:
         if "secrets" in rule["resources"]:

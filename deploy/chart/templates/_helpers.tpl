@@ -153,3 +153,27 @@ app.kubernetes.io/component: {{ .component }}
 {{- range .names }}{{ $out = append $out (printf "%s%s" $.prefix .) }}{{ end -}}
 {{- $out | toJson -}}
 {{- end -}}
+
+{{/* Secrets of older layouts the provisioner removes from actor namespaces (read first to
+     check the managed-by label, then deleted): KEDA's per-namespace RabbitMQ credential
+     asya-transport-<rabbitmq transport>, and for each SQS transport whose keys are not shared
+     the copies asya-transport-<t> and credentialsSecretRef.name; never a name the provisioner
+     writes for another transport (asya.actorSecrets). Sorted. */}}
+{{- define "asya.legacySecrets" -}}
+{{- $names := list -}}
+{{- range $name, $t := .Values.transports -}}
+{{- $c := $t.config | default dict -}}
+{{- if ne $t.enabled false -}}
+{{- if eq $t.type "rabbitmq" -}}
+{{- $names = append $names (printf "asya-transport-%s" $name) -}}
+{{- else if not $c.shareStaticCredentials -}}
+{{- $names = append $names (printf "asya-transport-%s" $name) -}}
+{{- with $c.credentialsSecretRef }}{{ $names = append $names .name }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $written := include "asya.actorSecrets" . | fromJsonArray -}}
+{{- $out := list -}}
+{{- range ($names | uniq | sortAlpha) }}{{ if not (has . $written) }}{{ $out = append $out . }}{{ end }}{{ end -}}
+{{- $out | toJson -}}
+{{- end -}}

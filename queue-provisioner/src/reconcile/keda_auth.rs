@@ -3,7 +3,8 @@
 //! per-namespace TriggerAuthentication and `asya-transport-{t}` Secret of older releases are
 //! removed once the ScaledObject refers to the cluster one); for SQS the actor's
 //! TriggerAuthentication (static keys only with `shareStaticCredentials`, announced by a
-//! `SharedStaticCredentials` Warning; otherwise the workload's IRSA identity).
+//! `SharedStaticCredentials` Warning; otherwise the workload's IRSA identity, and copies of
+//! the keys left from before are removed).
 
 use asya_api::config::Transport;
 use asya_api::{AsyncActor, ResolvedActor, naming};
@@ -83,6 +84,48 @@ pub async fn remove_legacy_rabbitmq<C: Cluster>(
     if !rec.memory.legacy_gone(&key) {
         c.delete_owned_secret(ns, &secret).await?;
         rec.memory.record_legacy_gone(key);
+    }
+    Ok(())
+}
+
+/// The copies of the platform's static SQS keys an older release (or a configuration that
+/// shared them before) left in the actor's namespace, deleted when they are no longer shared:
+/// `asya-transport-{t}` and the configured secret's name, each only if labelled ours, each
+/// asked about once per process.
+pub async fn remove_unshared_sqs_keys<C: Cluster>(
+    rec: &Reconciler<C>,
+    r: &ResolvedActor,
+    t: &Transport,
+) -> Result<(), kube::Error> {
+    if !t.is_sqs() || t.shares_static_credentials() {
+        return Ok(());
+    }
+    let ns = &r.namespace;
+    let mut names = vec![naming::transport_secret_name(&r.transport)];
+    // Not a secret another transport shares into the namespace under the same name.
+    let shared_elsewhere = |name: &str| {
+        rec.config.transports.values().any(|o| {
+            o.enabled
+                && o.shares_static_credentials()
+                && o.config
+                    .credentials_secret_ref
+                    .as_ref()
+                    .is_some_and(|s| s.name == name)
+        })
+    };
+    names.extend(
+        t.config
+            .credentials_secret_ref
+            .as_ref()
+            .map(|s| s.name.clone())
+            .filter(|n| !shared_elsewhere(n)),
+    );
+    for name in names {
+        let key = ObjectKey::new(ObjectKind::Secret, ns, &name);
+        if !rec.memory.legacy_gone(&key) {
+            rec.cluster.delete_owned_secret(ns, &name).await?;
+            rec.memory.record_legacy_gone(key);
+        }
     }
     Ok(())
 }

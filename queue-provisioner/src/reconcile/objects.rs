@@ -132,9 +132,14 @@ pub async fn apply<C: Cluster>(
             apply_changed(rec, ns, Object::Secret(s), Live::NotCached, None).await?;
         }
     }
-    // SQS without shared keys nor an IRSA role: the pods cannot authenticate; say so.
+    // SQS without shared keys nor an IRSA role: the pods cannot authenticate; say so. Keys
+    // no longer shared leave the namespace (a failure is retried on the next reconcile).
     if let Some(t) = transport.filter(|t| t.is_sqs()) {
         keda_auth::mark_sqs_identity_missing(o, &r.transport, t, config);
+        if let Err(e) = keda_auth::remove_unshared_sqs_keys(rec, r, t).await {
+            tracing::warn!(namespace = %ns, actor = %r.name, error = %e,
+                "removing copies of the platform's static SQS keys no longer shared");
+        }
     }
     let sa = render::service_account(r, labels, owner, config);
     let sa_live = c.live(

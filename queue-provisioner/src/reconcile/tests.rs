@@ -800,6 +800,40 @@ async fn sqs_without_shared_keys_nor_a_role_says_so_and_copies_nothing() {
 }
 
 #[tokio::test]
+async fn keys_no_longer_shared_leave_the_namespace_but_not_a_secret_we_did_not_create() {
+    let r = sqs_reconciler("{region: us-east-1, credentialsSecretRef: {name: sqs-credentials}}");
+    {
+        let mut w = r.cluster.world();
+        let managed = json!({"app.kubernetes.io/managed-by": "asya-queue-provisioner"});
+        w.objects.insert(
+            key(ObjectKind::Secret, "n", "asya-transport-sqs"),
+            stored(
+                json!({"metadata": {"name": "asya-transport-sqs", "labels": managed}}),
+                true,
+            ),
+        );
+        w.objects.insert(
+            key(ObjectKind::Secret, "n", "sqs-credentials"),
+            stored(json!({"metadata": {"name": "sqs-credentials"}}), false),
+        );
+    }
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(has(&log, "delete Secret n/asya-transport-sqs"), "{log:#?}");
+    assert!(!has(&log, "delete Secret n/sqs-credentials"), "{log:#?}");
+    let w = r.cluster.world();
+    assert!(
+        !w.objects
+            .contains_key(&key(ObjectKind::Secret, "n", "asya-transport-sqs"))
+    );
+    assert!(
+        w.objects
+            .contains_key(&key(ObjectKind::Secret, "n", "sqs-credentials"))
+    );
+}
+
+#[tokio::test]
 async fn sqs_with_a_role_pattern_needs_no_keys() {
     let cfg = ClusterConfig::from_yaml(
         "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: us-east-1, credentialsSecretRef: {name: sqs-credentials}}\nserviceAccount: {actorRoleArn: 'arn:aws:iam::1:role/{namespace}-{actor}'}\n",
@@ -882,4 +916,32 @@ async fn an_actor_says_when_keda_cannot_read_its_depth() {
     assert_eq!(c.status, "False", "{c:?}");
     assert!(c.message.contains("managementPort"), "{}", c.message);
     assert_eq!(phase(&a), "Degraded", "{}", message(&a));
+}
+
+#[tokio::test]
+async fn a_key_secret_another_transport_shares_is_not_removed() {
+    let cfg = ClusterConfig::from_yaml(
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: us-east-1, credentialsSecretRef: {name: sqs-credentials}, shareStaticCredentials: true}\n  private:\n    type: sqs\n    config: {region: us-east-1, credentialsSecretRef: {name: sqs-credentials}}\n",
+    )
+    .unwrap();
+    let r = Reconciler::new(Fake::default(), Arc::new(cfg));
+    let mut shared = actor(plain());
+    step(&r, &mut shared).await;
+    assert!(r.cluster.world().objects.contains_key(&key(
+        ObjectKind::Secret,
+        "n",
+        "sqs-credentials"
+    )));
+    r.cluster.take_log();
+    let mut private = actor(json!({"image": "py:3.12", "handler": "m.f", "transport": "private"}));
+    private.metadata.name = Some("b".into());
+    private.metadata.uid = Some("uid-2".into());
+    step(&r, &mut private).await;
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "delete Secret n/sqs-credentials"), "{log:#?}");
+    assert!(r.cluster.world().objects.contains_key(&key(
+        ObjectKind::Secret,
+        "n",
+        "sqs-credentials"
+    )));
 }
