@@ -178,6 +178,11 @@ pub struct TransportSettings {
     /// Static credentials (local emulators); IRSA is used when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret_ref: Option<CredentialsSecretRef>,
+    /// Copy the static keys of `credentialsSecretRef` into every actor namespace (the sidecar
+    /// and KEDA authenticate with them). Off by default: a tenant holding the platform's keys
+    /// reaches every namespace's queues; actors use IRSA (`serviceAccount.actorRoleArn`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share_static_credentials: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -394,12 +399,28 @@ impl ClusterConfig {
                             "a rabbitmq transport needs a host",
                         ));
                     }
+                    if t.config.share_static_credentials {
+                        errs.push(FieldError::invalid(
+                            format!("{path}.config.shareStaticCredentials"),
+                            true,
+                            "applies to sqs transports only (rabbitmq tenants get their own broker user)",
+                        ));
+                    }
                 }
                 TRANSPORT_SQS => {
                     if t.config.region.as_deref().is_none_or(str::is_empty) && t.enabled {
                         errs.push(FieldError::required(
                             format!("{path}.config.region"),
                             "an sqs transport needs a region",
+                        ));
+                    }
+                    if t.config.share_static_credentials
+                        && t.config.credentials_secret_ref.is_none()
+                    {
+                        errs.push(FieldError::invalid(
+                            format!("{path}.config.shareStaticCredentials"),
+                            true,
+                            "there are no static keys to share: set credentialsSecretRef too",
                         ));
                     }
                 }
@@ -497,6 +518,12 @@ impl Transport {
     pub fn is_rabbitmq(&self) -> bool {
         self.kind == TRANSPORT_RABBITMQ
     }
+    /// Whether actor namespaces get the platform's static SQS keys (explicit opt-in).
+    pub fn shares_static_credentials(&self) -> bool {
+        self.is_sqs()
+            && self.config.share_static_credentials
+            && self.config.credentials_secret_ref.is_some()
+    }
     /// Whether AMQP uses TLS: the explicit `tls` setting, else on exactly when the port is
     /// AMQPS's 5671. A stock RabbitMQ serves plain AMQP on 5672, and seed 001's values name
     /// that port without `tls`: deciding by host made every sidecar speak TLS to it.
@@ -557,6 +584,40 @@ transports:
         .unwrap();
         assert_eq!(c.enabled_transports(), vec!["sqs"]);
         assert!(c.transport("rabbitmq").is_none());
+    }
+
+    #[test]
+    fn sharing_static_keys_is_an_sqs_opt_in_that_needs_keys() {
+        let base = "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: ";
+        let c = ClusterConfig::from_yaml(&format!(
+            "{base}{{region: r, credentialsSecretRef: {{name: k}}}}"
+        ))
+        .unwrap();
+        assert!(!c.transport("sqs").unwrap().shares_static_credentials());
+        let c = ClusterConfig::from_yaml(&format!(
+            "{base}{{region: r, shareStaticCredentials: true, credentialsSecretRef: {{name: k}}}}"
+        ))
+        .unwrap();
+        assert!(c.transport("sqs").unwrap().shares_static_credentials());
+        let err = ClusterConfig::from_yaml(&format!(
+            "{base}{{region: r, shareStaticCredentials: true}}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("transports.sqs.config.shareStaticCredentials"),
+            "{err}"
+        );
+        assert!(err.contains("credentialsSecretRef"), "{err}");
+        let err = ClusterConfig::from_yaml(
+            "transports:\n  rabbitmq:\n    type: rabbitmq\n    config: {host: h, shareStaticCredentials: true}",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("transports.rabbitmq.config.shareStaticCredentials"),
+            "{err}"
+        );
     }
 
     #[test]

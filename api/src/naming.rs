@@ -56,6 +56,20 @@ pub fn transport_secret_name(transport: &str) -> String {
     format!("asya-transport-{transport}")
 }
 
+/// The broker user KEDA reads RabbitMQ queue depth with: tag `monitoring`, `^$` permissions
+/// on the vhost (statistics, no messages). Held in KEDA's namespace only, never by a tenant.
+pub const KEDA_MONITOR_USER: &str = "asya-keda-monitor";
+
+/// The ClusterTriggerAuthentication KEDA's triggers of a RabbitMQ transport refer to.
+pub fn cluster_trigger_authentication_name(transport: &str) -> String {
+    format!("asya-{transport}")
+}
+
+/// The Secret in KEDA's namespace behind [`cluster_trigger_authentication_name`].
+pub fn keda_secret_name(transport: &str) -> String {
+    format!("asya-keda-{transport}")
+}
+
 /// Characters SQS allows in a queue name.
 pub fn is_sqs_queue_name(name: &str) -> bool {
     !name.is_empty()

@@ -102,18 +102,27 @@ pub async fn run(
     client: Client,
     config: Arc<ClusterConfig>,
     own_namespace: String,
+    keda_namespace: String,
     metrics: Metrics,
     health: Health,
 ) {
     let actors: Api<AsyncActor> = Api::all(client.clone());
     let so_ar = scaled_object_resource();
-    let keda = if crd_exists(&client, &so_ar).await {
-        Some((so_ar, trigger_auth_resource()))
-    } else {
+    // RabbitMQ triggers authenticate through a ClusterTriggerAuthentication: KEDA without that
+    // CRD counts as no KEDA (as before KEDA 2.x had it).
+    let cta_ar = crate::keda_identity::io::cluster_trigger_auth_resource();
+    let keda = if !crd_exists(&client, &so_ar).await {
         warn!(
             "KEDA's ScaledObject CRD is not installed: actors with scaling stay without a ScaledObject"
         );
         None
+    } else if !crd_exists(&client, &cta_ar).await {
+        warn!(
+            "KEDA's ClusterTriggerAuthentication CRD is not installed: actors with scaling stay without a ScaledObject"
+        );
+        None
+    } else {
+        Some((so_ar, trigger_auth_resource()))
     };
     let ec_ar = asya_api::flavor::environment_config_resource();
     let has_ec = crd_exists(&client, &ec_ar).await;
@@ -321,6 +330,29 @@ pub async fn run(
         config.clone(),
         Api::namespaced(client.clone(), &own_namespace),
     ));
+    // Decidable from the configuration alone; each such actor's status says it too.
+    for name in config.enabled_transports() {
+        if let Some(why) = config
+            .transport(name)
+            .and_then(|t| crate::render::keda::sqs_identity_missing(name, t, &config))
+        {
+            warn!("{why}");
+        }
+    }
+    let keda_identity = crate::keda_identity::IdentityState::default();
+    if keda.is_some() && keda_namespace.is_empty() {
+        warn!(
+            "no KEDA namespace (keda.namespace): the provisioner does not manage KEDA's RabbitMQ credential; ScaledObjects refer to ClusterTriggerAuthentication asya-<transport>, which must then be provided by hand"
+        );
+    } else if keda.is_some() {
+        tokio::spawn(crate::keda_identity::io::run(
+            client.clone(),
+            config.clone(),
+            transports.clone(),
+            keda_namespace,
+            keda_identity.clone(),
+        ));
+    }
     let end_queues = crate::end_queues::Candidates::default();
     // Validated when the configuration was read; the default should it not parse.
     let retention = config
@@ -353,6 +385,7 @@ pub async fn run(
         trigger_auths,
         hpas,
         keda,
+        keda_identity,
     };
     let ctx = Arc::new(Reconciler::new(cluster, config));
     info!("controller starting");

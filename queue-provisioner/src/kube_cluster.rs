@@ -29,7 +29,7 @@ use crate::model::{ObjectKind, WorkloadKind};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object};
-use crate::render::TransportCredentials;
+use crate::render::{TransportCredentials, workload};
 use crate::status::{self, WorkloadObs};
 use crate::transports::Transports;
 use crate::watch;
@@ -83,6 +83,8 @@ pub struct KubeCluster {
     pub hpas: Store<HorizontalPodAutoscaler>,
     /// KEDA's API (ScaledObject, TriggerAuthentication), when its CRDs are installed.
     pub keda: Option<(ApiResource, ApiResource)>,
+    /// What the KEDA identity loop last found, by transport.
+    pub keda_identity: crate::keda_identity::IdentityState,
 }
 
 fn apply_params() -> PatchParams {
@@ -240,6 +242,10 @@ impl Cluster for KubeCluster {
 
     fn keda_installed(&self) -> bool {
         self.keda.is_some()
+    }
+
+    fn keda_identity_problem(&self, transport: &str) -> Option<String> {
+        self.keda_identity.problem(transport)
     }
 
     fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live {
@@ -469,6 +475,35 @@ impl Cluster for KubeCluster {
                 };
                 delete_ignore_missing(self.dynamic(ns, ar), name).await
             }
+        }
+    }
+
+    async fn delete_owned_secret(&self, ns: &str, name: &str) -> Result<bool, kube::Error> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        let Some(s) = api.get_opt(name).await? else {
+            return Ok(false);
+        };
+        let ours = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(workload::MANAGED_BY.0))
+            .is_some_and(|v| v == workload::MANAGED_BY.1);
+        if !ours {
+            return Ok(false);
+        }
+        // Only the object just read: not a same-named one created since.
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: s.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+            Err(e) => Err(e),
         }
     }
 

@@ -7,6 +7,7 @@ pub mod apply_skip;
 pub mod controller;
 pub mod end_queues;
 pub mod health;
+pub mod keda_identity;
 pub mod kube_cluster;
 pub mod leader;
 pub mod metrics;

@@ -36,6 +36,10 @@ struct Args {
     /// Namespace of the leader Lease and of the transport secrets the configuration names.
     #[arg(long, env = "POD_NAMESPACE", default_value = "asya-system")]
     namespace: String,
+    /// KEDA's namespace (its cluster object namespace): where the Secret behind each RabbitMQ
+    /// transport's ClusterTriggerAuthentication is written (chart value `keda.namespace`).
+    #[arg(long, env = "ASYA_KEDA_NAMESPACE", default_value = "keda")]
+    keda_namespace: String,
     /// Elect a leader through a Lease (turn off only for a single replica in development).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
@@ -142,9 +146,31 @@ async fn main() -> anyhow::Result<()> {
     }
     health.set(Phase::Syncing);
     // Returns on SIGTERM/SIGINT once in-flight reconciles finish.
-    controller::run(client, Arc::new(config), args.namespace, metrics, health).await;
+    controller::run(
+        client,
+        Arc::new(config),
+        args.namespace,
+        args.keda_namespace,
+        metrics,
+        health,
+    )
+    .await;
     if args.leader_elect {
         leader::release(&leases, &identity).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_keda_namespace_is_kept_empty_not_defaulted() {
+        // The chart renders `--keda-namespace=` when keda.namespace is empty (no KEDA).
+        let a = Args::try_parse_from(["p", "--keda-namespace="]).expect("parses");
+        assert_eq!(a.keda_namespace, "");
+        let a = Args::try_parse_from(["p"]).expect("parses");
+        assert_eq!(a.keda_namespace, "keda");
+    }
 }

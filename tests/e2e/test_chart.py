@@ -163,11 +163,28 @@ def test_rbac_is_least_privilege():
     assert secret_rules[1] == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}
     # The provisioner never reads Secrets outside the credentials named by the configuration,
     # and writes only the names it copies into actors' namespaces.
+    # The one cluster-wide read: copies of credentials older releases left in actor
+    # namespaces (here KEDA's asya-transport-<rabbitmq transport>), read to check they are
+    # ours before they are deleted.
     prov = roles[("ClusterRole", "asya-provisioner")]["rules"]
     for rule in prov:
         if "secrets" in rule["resources"]:
-            assert not {"get", "list", "watch"} & set(rule["verbs"]), rule
+            if {"get", "list", "watch"} & set(rule["verbs"]):
+                assert rule["verbs"] == ["get", "delete"], rule
+                assert rule["resourceNames"] == ["asya-transport-rabbitmq"], rule
             assert rule["verbs"] == ["create"] or rule.get("resourceNames"), rule
+    # KEDA's RabbitMQ credential: its ClusterTriggerAuthentication by name, its Secret in
+    # KEDA's namespace by name (create cannot be limited by name).
+    cta = [r for r in prov if "clustertriggerauthentications" in r["resources"]]
+    assert cta == [{"apiGroups": ["keda.sh"], "resources": ["clustertriggerauthentications"], "verbs": ["create"]},
+                   {"apiGroups": ["keda.sh"], "resources": ["clustertriggerauthentications"],
+                    "resourceNames": ["asya-rabbitmq"], "verbs": ["patch"]}], cta
+    keda_role = roles[("Role", "asya-provisioner-keda")]
+    assert keda_role["metadata"]["namespace"] == "keda"
+    assert keda_role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["asya-keda-rabbitmq"], "verbs": ["get", "patch"]},
+    ], keda_role["rules"]
     prov_ns = roles[("Role", "asya-provisioner")]["rules"]
     reads = [r for r in prov_ns if "secrets" in r["resources"]]
     assert reads and all(r["verbs"] == ["get"] and r["resourceNames"] for r in reads), reads
@@ -271,6 +288,10 @@ def test_default_transport_must_be_enabled():
     assert 'defaultTransport: "sqs" is not an enabled transport' in out.stderr, out.stderr
 
 
+def keda_namespace_exists() -> bool:
+    return kubectl("get", "namespace", "keda", check=False).returncode == 0
+
+
 @pytest.fixture
 def installed_release():
     """`helm install` of the chart into the cluster; uninstalled afterwards."""
@@ -280,6 +301,9 @@ def installed_release():
     # so they stay Pending (two provisioners would both reconcile every actor), and with
     # failure policy Fail its webhook would refuse other tests' AsyncActors meanwhile.
     args = ["--set", "webhook.failurePolicy.asyncActors=Ignore", "--set", "webhook.failurePolicy.pods=Ignore"]
+    if not keda_namespace_exists():
+        # A Role in a namespace that does not exist fails the install (values.yaml: keda).
+        args += ["--set", "keda.namespace="]
     if not crds_generated():
         args.append("--skip-crds")
     out = helm("install", release, CHART, "-n", ns, "--create-namespace", *args, "--wait=false", timeout=300)
@@ -369,8 +393,16 @@ def test_installed_rbac_grants_exactly_what_each_component_needs(installed_relea
     assert not can(prov, "update", "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system")
     assert not can(prov, "list", "secrets", "-A")
     assert not can(prov, "get", "secrets/anything", "-n", "default")
-    assert can(prov, "patch", "secrets/asya-transport-rabbitmq", "-n", "default")
+    # RabbitMQ's password secret is still copied (the broker slice replaces it); KEDA's
+    # credential is not: it lives in KEDA's namespace behind a ClusterTriggerAuthentication.
+    assert can(prov, "patch", "secrets/rabbitmq-secret", "-n", "default")
+    assert not can(prov, "patch", "secrets/asya-transport-rabbitmq", "-n", "default")
     assert not can(prov, "patch", "secrets/someone-elses", "-n", "default")
+    if keda_namespace_exists():
+        assert can(prov, "patch", "secrets/asya-keda-rabbitmq", "-n", "keda")
+        assert not can(prov, "get", "secrets/someone-elses", "-n", "keda")
+    assert can(prov, "patch", "clustertriggerauthentications.keda.sh/asya-rabbitmq")
+    assert not can(prov, "patch", "clustertriggerauthentications.keda.sh/someone-elses")
     # Pods: list/watch for status, delete to replace one without the sidecar, create only for
     # the dry-run probe of injection (no more power than creating Deployments).
     assert can(prov, "create", "pods", "-n", "default") and can(prov, "delete", "pods", "-n", "default")

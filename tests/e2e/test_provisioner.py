@@ -80,9 +80,11 @@ def test_rabbitmq_actor_gets_queue_workload_scaledobject_and_status(namespace):
     assert s["triggers"][0]["metadata"]["queueName"] == q
     assert s["triggers"][0]["metadata"]["value"] == "3"
     assert s["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 0
-    ta = get("triggerauthentication", ns, "doubler-trigger-auth")
-    assert ta["spec"]["secretTargetRef"][0]["name"] == "asya-transport-rabbitmq"
-    assert get("secret", ns, "asya-transport-rabbitmq") is not None
+    # KEDA's credential is the transport's ClusterTriggerAuthentication (its Secret in KEDA's
+    # namespace), not a copy in the actor's namespace (tests/e2e/test_tenancy_keda.py).
+    assert s["triggers"][0]["authenticationRef"] == {"name": "asya-rabbitmq", "kind": "ClusterTriggerAuthentication"}
+    assert get("triggerauthentication", ns, "doubler-trigger-auth") is None
+    assert get("secret", ns, "asya-transport-rabbitmq") is None
     assert get("secret", ns, "rabbitmq-secret") is not None, "the sidecar's password secret is in the namespace"
     assert get("serviceaccount", ns, "asya-doubler") is not None
 

@@ -127,12 +127,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- $names | uniq | sortAlpha | toJson -}}
 {{- end -}}
 
-{{/* The Secrets the provisioner writes into actor namespaces: the credential Secrets under
-     their own names and asya-transport-<transport> for KEDA (asya_api::naming). */}}
+{{/* The Secrets the provisioner writes into actor namespaces: RabbitMQ's password secret
+     under its own name; SQS's static keys (under their own name and asya-transport-<t>) only
+     with shareStaticCredentials (asya_api::naming). KEDA's RabbitMQ credential lives in KEDA's
+     namespace (keda.namespace). */}}
 {{- define "asya.actorSecrets" -}}
-{{- $names := include "asya.credentialSecrets" . | fromJsonArray -}}
-{{- range (include "asya.enabledTransports" . | fromJsonArray) -}}
-{{- $names = append $names (printf "asya-transport-%s" .) -}}
+{{- $names := list -}}
+{{- range $name, $t := .Values.transports -}}
+{{- $c := $t.config | default dict -}}
+{{- if ne $t.enabled false -}}
+{{- if eq $t.type "rabbitmq" -}}
+{{- with $c.passwordSecretRef }}{{ $names = append $names .name }}{{ end -}}
+{{- else if and $c.shareStaticCredentials $c.credentialsSecretRef -}}
+{{- $names = concat $names (list $c.credentialsSecretRef.name (printf "asya-transport-%s" $name)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- $names | uniq | sortAlpha | toJson -}}
 {{- end -}}
@@ -163,4 +172,44 @@ spec:
     matchLabels:
       {{- include "asya.selector" (dict "root" .root "component" .component) | nindent 6 }}
 {{- end -}}
+{{- end -}}
+{{/* The enabled RabbitMQ transports, sorted: each has a ClusterTriggerAuthentication
+     asya-<t> and its Secret asya-keda-<t> in KEDA's namespace (crate keda_identity). */}}
+{{- define "asya.rabbitmqTransports" -}}
+{{- $names := list -}}
+{{- range $name, $t := .Values.transports -}}
+{{- if and (ne $t.enabled false) (eq $t.type "rabbitmq") }}{{ $names = append $names $name }}{{ end -}}
+{{- end -}}
+{{- $names | sortAlpha | toJson -}}
+{{- end -}}
+
+{{/* A JSON list of prefix+name for each of names: (dict "prefix" P "names" LIST). */}}
+{{- define "asya.prefixed" -}}
+{{- $out := list -}}
+{{- range .names }}{{ $out = append $out (printf "%s%s" $.prefix .) }}{{ end -}}
+{{- $out | toJson -}}
+{{- end -}}
+
+{{/* Secrets of older layouts the provisioner removes from actor namespaces (read first to
+     check the managed-by label, then deleted): KEDA's per-namespace RabbitMQ credential
+     asya-transport-<rabbitmq transport>, and for each SQS transport whose keys are not shared
+     the copies asya-transport-<t> and credentialsSecretRef.name; never a name the provisioner
+     writes for another transport (asya.actorSecrets). Sorted. */}}
+{{- define "asya.legacySecrets" -}}
+{{- $names := list -}}
+{{- range $name, $t := .Values.transports -}}
+{{- $c := $t.config | default dict -}}
+{{- if ne $t.enabled false -}}
+{{- if eq $t.type "rabbitmq" -}}
+{{- $names = append $names (printf "asya-transport-%s" $name) -}}
+{{- else if not $c.shareStaticCredentials -}}
+{{- $names = append $names (printf "asya-transport-%s" $name) -}}
+{{- with $c.credentialsSecretRef }}{{ $names = append $names .name }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $written := include "asya.actorSecrets" . | fromJsonArray -}}
+{{- $out := list -}}
+{{- range ($names | uniq | sortAlpha) }}{{ if not (has . $written) }}{{ $out = append $out . }}{{ end }}{{ end -}}
+{{- $out | toJson -}}
 {{- end -}}

@@ -110,6 +110,9 @@ pub trait Cluster: Send + Sync {
     fn catalog(&self) -> FlavorCatalog;
     /// Whether KEDA's CRDs are installed.
     fn keda_installed(&self) -> bool;
+    /// Why KEDA cannot read the transport's queue depth (its monitor identity could not be
+    /// ensured, [`crate::keda_identity`]); `None` when it can or nothing was tried yet.
+    fn keda_identity_problem(&self, transport: &str) -> Option<String>;
     /// The cached object as [`crate::apply_skip::decide_apply`] compares it.
     fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live;
     /// What the cached workload says of itself.
@@ -178,6 +181,13 @@ pub trait Cluster: Send + Sync {
     fn delete(
         &self,
         kind: ObjectKind,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
+    /// Deletes the Secret only if it carries our managed-by label (read first; the delete is
+    /// conditional on that read's uid); `false` when it was absent or not ours.
+    fn delete_owned_secret(
+        &self,
         ns: &str,
         name: &str,
     ) -> impl Future<Output = Result<bool, kube::Error>> + Send;

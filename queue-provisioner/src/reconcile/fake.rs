@@ -58,6 +58,8 @@ pub fn key(kind: ObjectKind, ns: &str, name: &str) -> Key {
 pub struct World {
     pub catalog: FlavorCatalog,
     pub keda: bool,
+    /// What the KEDA identity loop reports for every transport.
+    pub keda_identity_problem: Option<String>,
     pub broker: Broker,
     pub objects: BTreeMap<Key, Stored>,
     pub pods: Vec<Arc<Pod>>,
@@ -83,6 +85,7 @@ impl Default for World {
         World {
             catalog: FlavorCatalog::new(),
             keda: true,
+            keda_identity_problem: None,
             broker: Broker::Up,
             objects: BTreeMap::new(),
             pods: vec![],
@@ -140,6 +143,10 @@ impl Cluster for Fake {
 
     fn keda_installed(&self) -> bool {
         self.world().keda
+    }
+
+    fn keda_identity_problem(&self, _transport: &str) -> Option<String> {
+        self.world().keda_identity_problem.clone()
     }
 
     fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live {
@@ -203,7 +210,7 @@ impl Cluster for Fake {
     async fn transport(&self, _transport: &str) -> Result<TransportCredentials, QueueError> {
         Ok(TransportCredentials {
             password: Some("pw".into()),
-            ..Default::default()
+            aws: Some(("AK".into(), "SK".into())),
         })
     }
 
@@ -343,6 +350,22 @@ impl Cluster for Fake {
             return Ok(w.pods.len() < before);
         }
         Ok(w.objects.remove(&key(kind, ns, name)).is_some())
+    }
+
+    async fn delete_owned_secret(&self, ns: &str, name: &str) -> Result<bool, kube::Error> {
+        let mut w = self.world();
+        let k = key(ObjectKind::Secret, ns, name);
+        let ours = w.objects.get(&k).is_some_and(|s| {
+            s.body.pointer(&format!(
+                "/metadata/labels/{}",
+                MANAGED_BY.0.replace('/', "~1")
+            )) == Some(&Value::from(MANAGED_BY.1))
+        });
+        if !ours {
+            return Ok(false);
+        }
+        w.log.push(format!("delete Secret {ns}/{name}"));
+        Ok(w.objects.remove(&k).is_some())
     }
 
     async fn injection_works(&self, _pod: &Pod) -> bool {

@@ -2,7 +2,7 @@
 //! actor (backoff), queues ensured recently, and what it applied last per object. Keys are
 //! typed, so a lookup cannot mix up kinds, namespaces and names.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,8 @@ pub struct Memory {
     ensured: Mutex<HashMap<QueueKey, Ensured>>,
     /// To skip applies that would not change anything.
     applied: Mutex<HashMap<ObjectKey, Applied>>,
+    /// Objects of an older layout removed (or found absent) already: not asked about again.
+    legacy_gone: Mutex<HashSet<ObjectKey>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -73,6 +75,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Memory {
+    /// Whether this legacy object was removed (or found absent) before by this process.
+    pub fn legacy_gone(&self, key: &ObjectKey) -> bool {
+        lock(&self.legacy_gone).contains(key)
+    }
+
+    pub fn record_legacy_gone(&self, key: ObjectKey) {
+        lock(&self.legacy_gone).insert(key);
+    }
+
     /// The next wait after a failure of actor `key` (counted), or zero after a success (the
     /// count starts again).
     pub fn backoff(&self, key: &str, failed: bool) -> Duration {

@@ -12,6 +12,7 @@ use crate::queue::QueueError;
 pub mod actor;
 pub mod cleanup;
 pub mod cluster;
+pub mod keda_auth;
 pub mod memory;
 pub mod objects;
 pub mod plan;

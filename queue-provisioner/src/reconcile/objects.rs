@@ -16,7 +16,7 @@ use crate::status::{Observed, WorkloadObs};
 
 use super::memory::ObjectKey;
 use super::plan::{self, EventSpec, ObjectsSeen, Reason, ScalingPlan, WorkloadPlan};
-use super::{Answer, Cluster, Object, Reconciler};
+use super::{Answer, Cluster, Object, Reconciler, keda_auth};
 
 /// Applies `desired` (server-side apply, with its hash in [`apply_skip::APPLIED_HASH`])
 /// unless the last apply sent the same and the live object (`live`, from a cache) is still
@@ -132,6 +132,15 @@ pub async fn apply<C: Cluster>(
             apply_changed(rec, ns, Object::Secret(s), Live::NotCached, None).await?;
         }
     }
+    // SQS without shared keys nor an IRSA role: the pods cannot authenticate; say so. Keys
+    // no longer shared leave the namespace (a failure is retried on the next reconcile).
+    if let Some(t) = transport.filter(|t| t.is_sqs()) {
+        keda_auth::mark_sqs_identity_missing(o, &r.transport, t, config);
+        if let Err(e) = keda_auth::remove_unshared_sqs_keys(rec, r, t).await {
+            tracing::warn!(namespace = %ns, actor = %r.name, error = %e,
+                "removing copies of the platform's static SQS keys no longer shared");
+        }
+    }
     let sa = render::service_account(r, labels, owner, config);
     let sa_live = c.live(
         ObjectKind::ServiceAccount,
@@ -215,9 +224,11 @@ pub async fn apply<C: Cluster>(
             let Some(t) = transport else {
                 return Ok(());
             };
-            let ta: DynamicObject =
-                serde_json::from_value(keda::trigger_authentication(r, labels, owner, t))
-                    .map_err(kube::Error::SerdeError)?;
+            // RabbitMQ: none (the transport's ClusterTriggerAuthentication); SQS: the actor's.
+            let ta: Option<DynamicObject> = keda::trigger_authentication(r, labels, owner, t)
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(kube::Error::SerdeError)?;
             let url = if t.kind == TRANSPORT_RABBITMQ {
                 None
             } else {
@@ -227,19 +238,40 @@ pub async fn apply<C: Cluster>(
                 serde_json::from_value(keda::scaled_object(r, labels, owner, t, url))
                     .map_err(kube::Error::SerdeError)?;
             let res = async {
-                let ta_live = c.live(ObjectKind::TriggerAuthentication, ns, &ta_name);
-                apply_changed(rec, ns, Object::TriggerAuthentication(ta), ta_live, None).await?;
+                let mut ta_sent = false;
+                if let Some(ta) = ta {
+                    let ta_live = c.live(ObjectKind::TriggerAuthentication, ns, &ta_name);
+                    let obj = Object::TriggerAuthentication(ta);
+                    ta_sent = apply_changed(rec, ns, obj, ta_live, None).await?.is_some();
+                }
                 let so_live = c.live(ObjectKind::ScaledObject, ns, &so_name);
-                apply_changed(rec, ns, Object::ScaledObject(so), so_live, None).await
+                apply_changed(rec, ns, Object::ScaledObject(so), so_live, None).await?;
+                Ok::<_, kube::Error>(ta_sent)
             }
             .await;
             match res {
-                Ok(_) if announce => {
-                    let note = "KEDA ScaledObject successfully created".to_string();
-                    c.event(actor, EventSpec::normal(Reason::ScaledObjectCreated, note))
-                        .await;
+                Ok(ta_sent) => {
+                    if t.is_rabbitmq()
+                        && let Some(why) = c.keda_identity_problem(&r.transport)
+                    {
+                        o.scaling_error = Some(keda_auth::identity_problem_message(&why));
+                    }
+                    if t.is_rabbitmq()
+                        && let Err(e) = keda_auth::remove_legacy_rabbitmq(rec, r).await
+                    {
+                        // Tried again on the next reconcile; KEDA no longer reads them.
+                        tracing::warn!(namespace = %ns, actor = %r.name, error = %e,
+                            "removing the per-namespace KEDA credential of an older release");
+                    }
+                    if ta_sent && t.shares_static_credentials() {
+                        keda_auth::announce_shared(c, actor, r, t).await;
+                    }
+                    if announce {
+                        let note = "KEDA ScaledObject successfully created".to_string();
+                        c.event(actor, EventSpec::normal(Reason::ScaledObjectCreated, note))
+                            .await;
+                    }
                 }
-                Ok(_) => {}
                 Err(e) => {
                     let ev = EventSpec::warning(Reason::ScaledObjectFailed, e.to_string());
                     c.event(actor, ev).await;

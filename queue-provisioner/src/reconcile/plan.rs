@@ -54,6 +54,8 @@ pub enum Reason {
     ScaledObjectFailed,
     PodWithoutSidecar,
     PodWithoutSidecarReplaced,
+    /// The platform's static SQS keys were copied into the actor's namespace (opt-in).
+    SharedStaticCredentials,
     /// A deleted actor annotated `asya.sh/skip-cleanup: "true"` released without cleanup.
     CleanupSkipped,
     /// A deleted actor released after cleanup gave up on its queue.
@@ -78,6 +80,7 @@ impl Reason {
             Reason::ScaledObjectFailed => "ScaledObjectFailed",
             Reason::PodWithoutSidecar => "PodWithoutSidecar",
             Reason::PodWithoutSidecarReplaced => "PodWithoutSidecarReplaced",
+            Reason::SharedStaticCredentials => "SharedStaticCredentials",
             Reason::CleanupSkipped => "CleanupSkipped",
             Reason::CleanupIncomplete => "CleanupIncomplete",
             Reason::NamespaceExcluded => "NamespaceExcluded",

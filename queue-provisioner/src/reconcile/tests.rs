@@ -124,13 +124,16 @@ async fn a_new_actor_gets_its_finalizer_queues_objects_and_status_in_one_reconci
         "apply Deployment n/a",
         "claim replicas Deployment n/a 0",
         "event Normal WorkloadCreated: Deployment a created",
-        "apply TriggerAuthentication n/a",
         "apply ScaledObject n/a",
         "event Normal ScaledObjectCreated: KEDA ScaledObject successfully created",
         "status ",
     ];
     let idx: Vec<usize> = order.iter().map(|p| at(&log, p)).collect();
     assert!(idx.windows(2).all(|w| w[0] < w[1]), "{log:#?}");
+    // RabbitMQ's trigger uses the transport's ClusterTriggerAuthentication: no KEDA
+    // credential (TriggerAuthentication, asya-transport-rabbitmq) in the actor's namespace.
+    assert!(!has(&log, "apply TriggerAuthentication"), "{log:#?}");
+    assert!(!has(&log, "apply Secret n/asya-transport-"), "{log:#?}");
     // Created at its minimum (0): nothing to run until messages come.
     let d = r.cluster.world().objects[&key(ObjectKind::Deployment, "n", "a")].clone();
     assert_eq!(d.replicas(), Some(0));
@@ -739,4 +742,280 @@ async fn an_actor_whose_flavor_config_map_is_past_the_bounds_says_why_in_a_condi
         message(&a)
     );
     assert!(r.cluster.world().objects.is_empty(), "nothing rendered");
+}
+
+fn stored(body: Value, managed: bool) -> Stored {
+    Stored {
+        body,
+        generation: 1,
+        managed,
+        ready: 0,
+    }
+}
+
+fn sqs_reconciler(config: &str) -> Reconciler<Fake> {
+    let cfg = ClusterConfig::from_yaml(&format!(
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {config}\n"
+    ))
+    .expect("config parses");
+    Reconciler::new(Fake::default(), Arc::new(cfg))
+}
+
+fn condition<'a>(
+    a: &'a AsyncActor,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    a.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .unwrap_or_else(|| panic!("no condition {type_} in {:?}", a.status))
+}
+
+#[tokio::test]
+async fn an_upgrade_removes_the_old_per_namespace_keda_credential_once_the_scaled_object_moved() {
+    let r = reconciler();
+    {
+        let mut w = r.cluster.world();
+        let managed = json!({"app.kubernetes.io/managed-by": "asya-queue-provisioner"});
+        w.objects.insert(
+            key(ObjectKind::TriggerAuthentication, "n", "a-trigger-auth"),
+            stored(
+                json!({"metadata": {"name": "a-trigger-auth", "labels": managed}}),
+                true,
+            ),
+        );
+        w.objects.insert(
+            key(ObjectKind::Secret, "n", "asya-transport-rabbitmq"),
+            stored(
+                json!({"metadata": {"name": "asya-transport-rabbitmq", "labels": managed}}),
+                true,
+            ),
+        );
+    }
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    let so = at(&log, "apply ScaledObject n/a");
+    assert!(
+        so < at(&log, "delete TriggerAuthentication n/a-trigger-auth"),
+        "{log:#?}"
+    );
+    assert!(
+        so < at(&log, "delete Secret n/asya-transport-rabbitmq"),
+        "{log:#?}"
+    );
+    let w = r.cluster.world();
+    assert_eq!(
+        w.objects[&key(ObjectKind::ScaledObject, "n", "a")].body["spec"]["triggers"][0]["authenticationRef"],
+        json!({"name": "asya-rabbitmq", "kind": "ClusterTriggerAuthentication"})
+    );
+    assert!(
+        !w.objects
+            .contains_key(&key(ObjectKind::Secret, "n", "asya-transport-rabbitmq"))
+    );
+}
+
+#[tokio::test]
+async fn a_same_named_secret_we_did_not_create_survives_the_upgrade_cleanup() {
+    let r = reconciler();
+    r.cluster.world().objects.insert(
+        key(ObjectKind::Secret, "n", "asya-transport-rabbitmq"),
+        stored(
+            json!({"metadata": {"name": "asya-transport-rabbitmq"}}),
+            false,
+        ),
+    );
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "delete Secret"), "{log:#?}");
+    assert!(r.cluster.world().objects.contains_key(&key(
+        ObjectKind::Secret,
+        "n",
+        "asya-transport-rabbitmq"
+    )));
+    // Asked once per process, not on every reconcile.
+    step(&r, &mut a).await;
+    assert!(!has(&r.cluster.take_log(), "delete Secret"));
+}
+
+#[tokio::test]
+async fn sqs_without_shared_keys_nor_a_role_says_so_and_copies_nothing() {
+    let r = sqs_reconciler("{region: us-east-1, credentialsSecretRef: {name: sqs-credentials}}");
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(
+        !has(&log, "apply Secret"),
+        "no static keys in the namespace: {log:#?}"
+    );
+    assert!(
+        !has(&log, "event Warning SharedStaticCredentials"),
+        "{log:#?}"
+    );
+    let ta = r.cluster.world().objects
+        [&key(ObjectKind::TriggerAuthentication, "n", "a-trigger-auth")]
+        .body["spec"]
+        .clone();
+    assert_eq!(
+        ta,
+        json!({"podIdentity": {"provider": "aws", "identityOwner": "workload"}})
+    );
+    let c = condition(&a, crate::status::COND_TRANSPORT);
+    assert_eq!(c.status, "False");
+    assert_eq!(c.reason, "NeitherShareStaticCredentialsNorRoleArn");
+    assert!(
+        c.message.contains("shareStaticCredentials")
+            && c.message.contains("actorServiceAccount.roleArn"),
+        "{}",
+        c.message
+    );
+    assert_eq!(phase(&a), "TransportError", "{}", message(&a));
+}
+
+#[tokio::test]
+async fn keys_no_longer_shared_leave_the_namespace_but_not_a_secret_we_did_not_create() {
+    let r = sqs_reconciler("{region: us-east-1, credentialsSecretRef: {name: sqs-credentials}}");
+    {
+        let mut w = r.cluster.world();
+        let managed = json!({"app.kubernetes.io/managed-by": "asya-queue-provisioner"});
+        w.objects.insert(
+            key(ObjectKind::Secret, "n", "asya-transport-sqs"),
+            stored(
+                json!({"metadata": {"name": "asya-transport-sqs", "labels": managed}}),
+                true,
+            ),
+        );
+        w.objects.insert(
+            key(ObjectKind::Secret, "n", "sqs-credentials"),
+            stored(json!({"metadata": {"name": "sqs-credentials"}}), false),
+        );
+    }
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(has(&log, "delete Secret n/asya-transport-sqs"), "{log:#?}");
+    assert!(!has(&log, "delete Secret n/sqs-credentials"), "{log:#?}");
+    let w = r.cluster.world();
+    assert!(
+        !w.objects
+            .contains_key(&key(ObjectKind::Secret, "n", "asya-transport-sqs"))
+    );
+    assert!(
+        w.objects
+            .contains_key(&key(ObjectKind::Secret, "n", "sqs-credentials"))
+    );
+}
+
+#[tokio::test]
+async fn sqs_with_a_role_pattern_needs_no_keys() {
+    let cfg = ClusterConfig::from_yaml(
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: us-east-1, credentialsSecretRef: {name: sqs-credentials}}\nserviceAccount: {actorRoleArn: 'arn:aws:iam::1:role/{namespace}-{actor}'}\n",
+    )
+    .unwrap();
+    let r = Reconciler::new(Fake::default(), Arc::new(cfg));
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "apply Secret"), "{log:#?}");
+    assert_eq!(condition(&a, crate::status::COND_TRANSPORT).status, "True");
+}
+
+#[tokio::test]
+async fn sqs_shared_keys_are_copied_and_announced_once_per_actor() {
+    let r = sqs_reconciler(
+        "{region: us-east-1, credentialsSecretRef: {name: sqs-credentials}, shareStaticCredentials: true}",
+    );
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(has(&log, "apply Secret n/sqs-credentials"), "{log:#?}");
+    assert!(has(&log, "apply Secret n/asya-transport-sqs"), "{log:#?}");
+    assert!(
+        has(
+            &log,
+            "event Warning SharedStaticCredentials: transports.sqs.config.shareStaticCredentials is true"
+        ),
+        "{log:#?}"
+    );
+    assert_eq!(condition(&a, crate::status::COND_TRANSPORT).status, "True");
+    step(&r, &mut a).await;
+    assert!(
+        !has(
+            &r.cluster.take_log(),
+            "event Warning SharedStaticCredentials"
+        ),
+        "not on every reconcile"
+    );
+}
+
+#[tokio::test]
+async fn the_old_keda_credential_stays_while_the_scaled_object_could_not_move() {
+    let r = reconciler();
+    {
+        let mut w = r.cluster.world();
+        let managed = json!({"app.kubernetes.io/managed-by": "asya-queue-provisioner"});
+        w.objects.insert(
+            key(ObjectKind::TriggerAuthentication, "n", "a-trigger-auth"),
+            stored(
+                json!({"metadata": {"name": "a-trigger-auth", "labels": managed}}),
+                true,
+            ),
+        );
+        w.refuse.insert(ObjectKind::ScaledObject);
+    }
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    // KEDA still reads through the old one: never left without credentials.
+    assert!(!has(&log, "delete TriggerAuthentication"), "{log:#?}");
+    assert!(r.cluster.world().objects.contains_key(&key(
+        ObjectKind::TriggerAuthentication,
+        "n",
+        "a-trigger-auth"
+    )));
+}
+
+#[tokio::test]
+async fn an_actor_says_when_keda_cannot_read_its_depth() {
+    let r = reconciler();
+    r.cluster.world().keda_identity_problem =
+        Some("transports.rabbitmq.config.managementPort is not set".into());
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    // The ScaledObject is applied all the same: it works as soon as the identity is there.
+    assert!(has(&log, "apply ScaledObject n/a"), "{log:#?}");
+    let c = condition(&a, crate::status::COND_SCALING);
+    assert_eq!(c.status, "False", "{c:?}");
+    assert!(c.message.contains("managementPort"), "{}", c.message);
+    assert_eq!(phase(&a), "Degraded", "{}", message(&a));
+}
+
+#[tokio::test]
+async fn a_key_secret_another_transport_shares_is_not_removed() {
+    let cfg = ClusterConfig::from_yaml(
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: us-east-1, credentialsSecretRef: {name: sqs-credentials}, shareStaticCredentials: true}\n  private:\n    type: sqs\n    config: {region: us-east-1, credentialsSecretRef: {name: sqs-credentials}}\n",
+    )
+    .unwrap();
+    let r = Reconciler::new(Fake::default(), Arc::new(cfg));
+    let mut shared = actor(plain());
+    step(&r, &mut shared).await;
+    assert!(r.cluster.world().objects.contains_key(&key(
+        ObjectKind::Secret,
+        "n",
+        "sqs-credentials"
+    )));
+    r.cluster.take_log();
+    let mut private = actor(json!({"image": "py:3.12", "handler": "m.f", "transport": "private"}));
+    private.metadata.name = Some("b".into());
+    private.metadata.uid = Some("uid-2".into());
+    step(&r, &mut private).await;
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "delete Secret n/sqs-credentials"), "{log:#?}");
+    assert!(r.cluster.world().objects.contains_key(&key(
+        ObjectKind::Secret,
+        "n",
+        "sqs-credentials"
+    )));
 }

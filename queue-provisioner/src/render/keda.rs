@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use super::workload::owned_labels;
 
 pub const KEDA_API_VERSION: &str = "keda.sh/v1alpha1";
+pub const CLUSTER_TRIGGER_AUTHENTICATION: &str = "ClusterTriggerAuthentication";
 /// Key of the AMQP URL (with password) in the transport secret, as KEDA's rabbitmq `host`.
 pub const SECRET_KEY_HOST: &str = "host";
 pub const SECRET_KEY_AWS_ACCESS: &str = "awsAccessKeyID";
@@ -37,12 +38,26 @@ pub fn behavior() -> Value {
     })
 }
 
+/// The trigger's `authenticationRef`. RabbitMQ: the transport's ClusterTriggerAuthentication
+/// (its Secret, with the monitor user's URL, lives in KEDA's namespace: no tenant holds it,
+/// see [`crate::keda_identity`]). SQS: the actor's own TriggerAuthentication.
+pub fn authentication_ref(actor: &ResolvedActor, transport: &Transport) -> Value {
+    if transport.kind == TRANSPORT_RABBITMQ {
+        json!({
+            "name": naming::cluster_trigger_authentication_name(&actor.transport),
+            "kind": CLUSTER_TRIGGER_AUTHENTICATION,
+        })
+    } else {
+        json!({"name": naming::trigger_authentication_name(&actor.name)})
+    }
+}
+
 fn trigger(actor: &ResolvedActor, transport: &Transport, queue_url: Option<&str>) -> Value {
     let s = actor.scaling();
     let queue_length = s.queue_length.unwrap_or(5).to_string();
-    let auth = json!({"name": naming::trigger_authentication_name(&actor.name)});
+    let auth = authentication_ref(actor, transport);
     if transport.kind == TRANSPORT_RABBITMQ {
-        // The protocol of the `host` the transport secret holds (super::keda_rabbitmq_host).
+        // The protocol of the `host` the monitor Secret holds (super::keda_rabbitmq_host).
         let protocol = super::keda_rabbitmq_protocol(&transport.config);
         json!({
             "type": "rabbitmq",
@@ -94,25 +109,29 @@ pub fn scaled_object(
     })
 }
 
+/// The actor's TriggerAuthentication, for SQS only (RabbitMQ's triggers use the transport's
+/// ClusterTriggerAuthentication, [`authentication_ref`]). The platform's static keys only
+/// with `shareStaticCredentials`; otherwise KEDA assumes the workload's own IRSA role
+/// (`identityOwner: workload`), so that it reads the queue with the actor's scoped identity.
 pub fn trigger_authentication(
     actor: &ResolvedActor,
     actor_labels: &BTreeMap<String, String>,
     owner: &OwnerReference,
     transport: &Transport,
-) -> Value {
+) -> Option<Value> {
+    if transport.kind == TRANSPORT_RABBITMQ {
+        return None;
+    }
     let secret = naming::transport_secret_name(&actor.transport);
-    let spec = if transport.kind == TRANSPORT_RABBITMQ {
-        json!({"secretTargetRef": [{"parameter": "host", "name": secret, "key": SECRET_KEY_HOST}]})
-    } else if transport.config.credentials_secret_ref.is_some() {
+    let spec = if transport.shares_static_credentials() {
         json!({"secretTargetRef": [
             {"parameter": "awsAccessKeyID", "name": secret, "key": SECRET_KEY_AWS_ACCESS},
             {"parameter": "awsSecretAccessKey", "name": secret, "key": SECRET_KEY_AWS_SECRET}
         ]})
     } else {
-        // No static keys configured: KEDA uses its own IRSA identity.
-        json!({"podIdentity": {"provider": "aws"}})
+        json!({"podIdentity": {"provider": "aws", "identityOwner": "workload"}})
     };
-    json!({
+    Some(json!({
         "apiVersion": KEDA_API_VERSION,
         "kind": "TriggerAuthentication",
         "metadata": {
@@ -122,7 +141,28 @@ pub fn trigger_authentication(
             "ownerReferences": [owner],
         },
         "spec": spec,
-    })
+    }))
+}
+
+/// Why actors on an SQS transport cannot authenticate at all: the platform's keys are not
+/// shared and no IRSA role pattern gives their ServiceAccounts an identity. `None` when they
+/// can (or the transport is not SQS).
+pub fn sqs_identity_missing(
+    transport_name: &str,
+    transport: &Transport,
+    config: &ClusterConfig,
+) -> Option<String> {
+    if !transport.is_sqs()
+        || transport.shares_static_credentials()
+        || config.service_account.actor_role_arn.is_some()
+    {
+        return None;
+    }
+    Some(format!(
+        "actors on sqs transport {transport_name} have no AWS identity: set \
+         transports.{transport_name}.config.shareStaticCredentials: true (copies the platform's \
+         static keys into the namespace) or actorServiceAccount.roleArn (an IRSA role per actor)"
+    ))
 }
 
 /// The IRSA role of the actor's ServiceAccount, with `{namespace}` and `{actor}` filled in.

@@ -85,7 +85,7 @@ pub fn keda_rabbitmq_host(c: &TransportSettings, password: Option<&str>) -> Stri
     }
 }
 
-fn secret(name: String, namespace: &str, data: BTreeMap<String, String>) -> Secret {
+pub(crate) fn secret(name: String, namespace: &str, data: BTreeMap<String, String>) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name),
@@ -105,9 +105,11 @@ fn secret(name: String, namespace: &str, data: BTreeMap<String, String>) -> Secr
     }
 }
 
-/// Secrets in the actor's namespace: the configured credential secret under its own name
-/// (the webhook points the sidecar's env at it) and `asya-transport-{name}` with the keys
-/// KEDA's trigger reads. Shared by the namespace's actors, so not owned by any one of them.
+/// Secrets in the actor's namespace, shared by its actors (so not owned by any one of them).
+/// RabbitMQ: the configured credential secret under its own name (the webhook points the
+/// sidecar's env at it); KEDA's credential is not among them (it reads through the
+/// transport's ClusterTriggerAuthentication, [`crate::keda_identity`]). SQS: see
+/// [`sqs_secrets`].
 pub fn transport_secrets(
     namespace: &str,
     transport_name: &str,
@@ -116,38 +118,56 @@ pub fn transport_secrets(
 ) -> Vec<Secret> {
     let c = &transport.config;
     let mut out = Vec::new();
-    let keda_name = naming::transport_secret_name(transport_name);
     if transport.kind == TRANSPORT_RABBITMQ {
-        let url = keda_rabbitmq_host(c, creds.password.as_deref());
-        let mut keda = BTreeMap::from([(keda::SECRET_KEY_HOST.to_string(), url)]);
         if let (Some(r), Some(p)) = (&c.password_secret_ref, &creds.password) {
-            keda.insert("password".into(), p.clone());
             out.push(secret(
                 r.name.clone(),
                 namespace,
                 BTreeMap::from([(r.key.clone(), p.clone())]),
             ));
         }
-        out.push(secret(keda_name, namespace, keda));
-    } else if let (Some(r), Some((id, key))) = (&c.credentials_secret_ref, &creds.aws) {
-        out.push(secret(
+    } else {
+        out.extend(sqs_secrets(namespace, transport_name, transport, creds));
+    }
+    out
+}
+
+/// The platform's static SQS keys, copied into the actor's namespace only with
+/// `shareStaticCredentials: true` (announced on each actor by a `SharedStaticCredentials`
+/// Warning): under the configured secret's name for the sidecar, and as
+/// `asya-transport-{name}` for KEDA's trigger. Otherwise none: actors use IRSA.
+pub fn sqs_secrets(
+    namespace: &str,
+    transport_name: &str,
+    transport: &Transport,
+    creds: &TransportCredentials,
+) -> Vec<Secret> {
+    let c = &transport.config;
+    let (Some(r), Some((id, key)), true) = (
+        &c.credentials_secret_ref,
+        &creds.aws,
+        transport.shares_static_credentials(),
+    ) else {
+        return Vec::new();
+    };
+    vec![
+        secret(
             r.name.clone(),
             namespace,
             BTreeMap::from([
                 (r.access_key_id_key.clone(), id.clone()),
                 (r.secret_access_key_key.clone(), key.clone()),
             ]),
-        ));
-        out.push(secret(
-            keda_name,
+        ),
+        secret(
+            naming::transport_secret_name(transport_name),
             namespace,
             BTreeMap::from([
                 (keda::SECRET_KEY_AWS_ACCESS.to_string(), id.clone()),
                 (keda::SECRET_KEY_AWS_SECRET.to_string(), key.clone()),
             ]),
-        ));
-    }
-    out
+        ),
+    ]
 }
 
 #[cfg(test)]

@@ -212,7 +212,11 @@ fn rabbitmq_scaled_object() {
         t["metadata"]["value"], "3",
         "KEDA metadata values are strings"
     );
-    assert_eq!(t["authenticationRef"]["name"], "doubler-trigger-auth");
+    // The transport's ClusterTriggerAuthentication: no KEDA credential in the namespace.
+    assert_eq!(
+        t["authenticationRef"],
+        json!({"name": "asya-rabbitmq", "kind": "ClusterTriggerAuthentication"})
+    );
     let b = &s["advanced"]["horizontalPodAutoscalerConfig"]["behavior"];
     assert_eq!(
         b["scaleUp"]["stabilizationWindowSeconds"], 0,
@@ -227,15 +231,15 @@ fn rabbitmq_scaled_object() {
     );
     let ta = trigger_authentication(&a, &labels(), &owner(), &cfg.transports["rabbitmq"]);
     assert_eq!(
-        ta["spec"]["secretTargetRef"][0],
-        json!({"parameter": "host", "name": "asya-transport-rabbitmq", "key": "host"})
+        ta, None,
+        "no per-namespace TriggerAuthentication for RabbitMQ"
     );
 }
 
 #[test]
-fn sqs_scaled_object_and_static_credentials() {
+fn sqs_scaled_object_and_shared_static_credentials() {
     let cfg = ClusterConfig::from_yaml(
-        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: eu-west-1, endpoint: 'http://127.0.0.1:4566', credentialsSecretRef: {name: sqs-credentials}}\n",
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: eu-west-1, endpoint: 'http://127.0.0.1:4566', credentialsSecretRef: {name: sqs-credentials}, shareStaticCredentials: true}\n",
     )
     .unwrap();
     let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &cfg);
@@ -253,7 +257,11 @@ fn sqs_scaled_object_and_static_credentials() {
     assert_eq!(tr["metadata"]["awsRegion"], "eu-west-1");
     assert_eq!(tr["metadata"]["awsEndpoint"], "http://127.0.0.1:4566");
     assert_eq!(tr["metadata"]["queueLength"], "5");
-    let ta = trigger_authentication(&a, &labels(), &owner(), t);
+    assert_eq!(
+        tr["authenticationRef"],
+        json!({"name": "doubler-trigger-auth"})
+    );
+    let ta = trigger_authentication(&a, &labels(), &owner(), t).expect("sqs has one");
     assert_eq!(
         ta["spec"]["secretTargetRef"][1]["key"],
         "awsSecretAccessKey"
@@ -278,14 +286,56 @@ fn sqs_without_keys_uses_pod_identity_and_irsa() {
     )
     .unwrap();
     let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &cfg);
-    let ta = trigger_authentication(&a, &labels(), &owner(), &cfg.transports["sqs"]);
-    assert_eq!(ta["spec"], json!({"podIdentity": {"provider": "aws"}}));
+    let ta = trigger_authentication(&a, &labels(), &owner(), &cfg.transports["sqs"]).unwrap();
+    // KEDA assumes the actor's own IRSA role, not an identity of its own.
+    assert_eq!(
+        ta["spec"],
+        json!({"podIdentity": {"provider": "aws", "identityOwner": "workload"}})
+    );
+    assert_eq!(
+        keda::sqs_identity_missing("sqs", &cfg.transports["sqs"], &cfg),
+        None
+    );
     let sa = service_account(&a, &labels(), &owner(), &cfg);
     assert_eq!(
         sa.metadata.annotations.unwrap()["eks.amazonaws.com/role-arn"],
         "arn:aws:iam::1:role/asya-team-doubler"
     );
     assert_eq!(sa.metadata.name.as_deref(), Some("asya-doubler"));
+}
+
+#[test]
+fn sqs_static_keys_stay_with_the_platform_unless_shared() {
+    let cfg = ClusterConfig::from_yaml(
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: eu-west-1, credentialsSecretRef: {name: sqs-credentials}}\n",
+    )
+    .unwrap();
+    let t = &cfg.transports["sqs"];
+    let creds = TransportCredentials {
+        password: None,
+        aws: Some(("AK".into(), "SK".into())),
+    };
+    assert!(transport_secrets("team", "sqs", t, &creds).is_empty());
+    let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &cfg);
+    let ta = trigger_authentication(&a, &labels(), &owner(), t).unwrap();
+    assert_eq!(ta["spec"]["podIdentity"]["identityOwner"], "workload");
+    assert!(ta["spec"].get("secretTargetRef").is_none());
+    // No role pattern either: the actor cannot authenticate, and the message says which two
+    // settings would fix it.
+    let why = keda::sqs_identity_missing("sqs", t, &cfg).expect("no identity");
+    assert!(
+        why.contains("transports.sqs.config.shareStaticCredentials"),
+        "{why}"
+    );
+    assert!(why.contains("actorServiceAccount.roleArn"), "{why}");
+    assert_eq!(
+        keda::sqs_identity_missing(
+            "rabbitmq",
+            &ClusterConfig::default().transports["rabbitmq"],
+            &cfg
+        ),
+        None
+    );
 }
 
 #[test]
@@ -307,11 +357,8 @@ fn rabbitmq_secrets_and_url() {
     let s = transport_secrets("team", "rabbitmq", t, &creds);
     assert_eq!(s[0].metadata.name.as_deref(), Some("rabbitmq-secret"));
     assert_eq!(s[0].data.as_ref().unwrap()["password"].0, b"pw");
-    assert_eq!(
-        s[1].metadata.name.as_deref(),
-        Some("asya-transport-rabbitmq")
-    );
-    assert!(String::from_utf8_lossy(&s[1].data.as_ref().unwrap()["host"].0).contains(":pw@"));
+    // KEDA's `host` is no longer copied into the namespace (crate::keda_identity).
+    assert_eq!(s.len(), 1);
 }
 
 #[test]
@@ -336,9 +383,10 @@ fn keda_reads_rabbitmq_over_the_management_api_when_configured() {
         aws: None,
     };
     let s = transport_secrets("team", "rabbitmq", t, &creds);
-    assert_eq!(
-        s[1].data.as_ref().unwrap()["host"].0,
-        b"http://guest:pw@10.0.0.5:15672/team%2Fa"
+    assert!(
+        s.iter()
+            .all(|s| !s.data.as_ref().unwrap().contains_key("host")),
+        "KEDA's host URL lives in KEDA's namespace only"
     );
 
     // Without it: AMQP, ready messages only.

@@ -40,10 +40,16 @@ fn transport_settings(name: &str, t: &Transport) -> Result<TransportSettings, In
         TRANSPORT_SQS => Ok(TransportSettings::Sqs {
             region: c.region.clone(),
             endpoint: c.endpoint.clone(),
-            credentials: c.credentials_secret_ref.as_ref().map(|s| SqsCredentials {
-                access_key_id: secret(&s.name, &s.access_key_id_key),
-                secret_access_key: secret(&s.name, &s.secret_access_key_key),
-            }),
+            // The platform's static keys reach actor namespaces only by explicit opt-in
+            // (`shareStaticCredentials`); otherwise the sidecar uses the pod's IRSA identity.
+            credentials: c
+                .credentials_secret_ref
+                .as_ref()
+                .filter(|_| t.shares_static_credentials())
+                .map(|s| SqsCredentials {
+                    access_key_id: secret(&s.name, &s.access_key_id_key),
+                    secret_access_key: secret(&s.name, &s.secret_access_key_key),
+                }),
         }),
         other => Err(InjectError::UnknownTransportType(name.into(), other.into())),
     }

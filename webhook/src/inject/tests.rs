@@ -402,3 +402,35 @@ fn the_injected_env_parses_back_as_the_sidecars_settings() {
         assert_eq!(s.gateway, None);
     }
 }
+
+#[test]
+fn the_sidecar_gets_the_platforms_sqs_keys_only_when_they_are_shared() {
+    let text = |share: bool| {
+        format!(
+            "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {{region: us-east-1, credentialsSecretRef: {{name: sqs-credentials}}, shareStaticCredentials: {share}}}\n"
+        )
+    };
+    let mut a = settings();
+    a.transport = "sqs".into();
+    for share in [false, true] {
+        let cfg = ClusterConfig::from_yaml(&text(share)).unwrap();
+        let mut p = pod();
+        run(&mut p, &a, &cfg, true).unwrap();
+        let s = p.spec.unwrap();
+        let sc = s
+            .init_containers
+            .iter()
+            .flatten()
+            .find(|c| c.name == "asya-sidecar")
+            .expect("native sidecar");
+        let key = env_of(sc, "AWS_ACCESS_KEY_ID");
+        if share {
+            let r = key.and_then(|e| e.value_from.as_ref()?.secret_key_ref.as_ref());
+            assert_eq!(r.map(|r| r.name.as_str()), Some("sqs-credentials"));
+        } else {
+            // IRSA: the pod's ServiceAccount identity, no static keys.
+            assert!(key.is_none(), "{key:?}");
+            assert!(env_of(sc, "AWS_SECRET_ACCESS_KEY").is_none());
+        }
+    }
+}
