@@ -20,7 +20,9 @@ use std::borrow::Cow;
 use tokio::sync::Notify;
 
 use crate::admission::ActorLookup;
+use crate::admission::collision::{Holder, spec_actor};
 use crate::server::Shared;
+use std::collections::BTreeSet;
 
 fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
@@ -120,6 +122,28 @@ impl ActorLookup for ActorStore {
             .metadata
             .resource_version
             .clone()
+    }
+
+    /// One pass over the store, parsing `spec.actor` only of the actors in `namespaces`.
+    fn holders_in(&self, namespaces: &BTreeSet<String>) -> Vec<Holder> {
+        let in_scope = |a: &CachedActor| {
+            a.metadata
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| namespaces.contains(ns))
+        };
+        self.0
+            .state_filter(in_scope)
+            .iter()
+            .filter_map(|a| {
+                let name = a.metadata.name.clone()?;
+                Some(Holder {
+                    namespace: a.metadata.namespace.clone()?,
+                    actor: spec_actor(&name, a.spec.as_deref().map(RawValue::get)),
+                    name,
+                })
+            })
+            .collect()
     }
 }
 

@@ -13,7 +13,7 @@ use super::response::{
     allowing, cannot_encode_patch, deny, deny_fields, handled, kind_mismatch, patched,
     with_warnings,
 };
-use super::{ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, op_name, wire};
+use super::{ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, collision, op_name, wire};
 
 /// The common validation (an AsyncActor CREATE or UPDATE whose spec has no unknown field)
 /// through the cheaper parse of [`super::wire`]: the spec is parsed from the request's
@@ -56,13 +56,17 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
     let resp = allowing(types, req.uid);
     let span = tracing::debug_span!("admit", endpoint = Endpoint::ValidateActors.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
     let _g = span.enter();
-    let review = review_parsed_decision(
+    let creating = old.is_none();
+    let mut review = review_parsed_decision(
         actor,
         old,
         req.namespace.as_deref(),
         ctx.catalog,
         ctx.config,
     );
+    if creating {
+        collision::check_create(&mut review, ctx.actors);
+    }
     Some(handled(validated(resp, review, &req.name), operation))
 }
 
@@ -138,7 +142,10 @@ pub(super) fn actor(
     }
     let ns = req.namespace.as_deref();
     let mutating = endpoint == Endpoint::MutateActors;
-    let review = actor_review(obj, old, ns, ctx, mutating);
+    let mut review = actor_review(obj, old, ns, ctx, mutating);
+    if !mutating && req.operation == Operation::Create {
+        collision::check_create(&mut review, ctx.actors);
+    }
     if !mutating || !review.allowed() {
         return validated(resp, review, &req.name);
     }
