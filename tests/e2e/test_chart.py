@@ -155,12 +155,16 @@ def test_rbac_is_least_privilege():
     assert secret_rules[0]["resourceNames"] == ["asya-webhook-tls"] and secret_rules[0]["verbs"] == ["get", "update"]
     assert secret_rules[1] == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}
     # The provisioner never reads Secrets outside the credentials named by the configuration,
-    # and writes only the names it copies into actors' namespaces.
+    # and writes only the names it copies into actors' namespaces. It reads those names
+    # (`get`, next to `patch`, whose answer is the object anyway) to see whose they are
+    # before it writes: a Secret of that name that is not its own is not taken over.
     prov = roles[("ClusterRole", "asya-provisioner")]["rules"]
     for rule in prov:
         if "secrets" in rule["resources"]:
-            assert not {"get", "list", "watch"} & set(rule["verbs"]), rule
+            assert not {"list", "watch"} & set(rule["verbs"]), rule
             assert rule["verbs"] == ["create"] or rule.get("resourceNames"), rule
+            if "get" in rule["verbs"]:
+                assert "patch" in rule["verbs"] and rule.get("resourceNames"), rule
     prov_ns = roles[("Role", "asya-provisioner")]["rules"]
     reads = [r for r in prov_ns if "secrets" in r["resources"]]
     assert reads and all(r["verbs"] == ["get"] and r["resourceNames"] for r in reads), reads

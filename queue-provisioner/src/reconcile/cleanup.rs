@@ -14,8 +14,9 @@ use crate::status::{self, TransportObs};
 
 use super::actor::{now, write_status};
 use super::memory::QueueKey;
+use super::ownership::Us;
 use super::plan::{self, CleanupStep, Next};
-use super::{Cluster, Error, Reconciler, actor_key};
+use super::{Cluster, Error, Reconciler, actor_key, objects};
 
 /// What the actor owns, by kind and name; deleted now rather than by the garbage collector,
 /// which frees the names at once for an actor recreated under the same name.
@@ -116,9 +117,18 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         }
     };
 
+    // Only what is the actor's (docs/DESIGN.md §9): an object of another holder with one of
+    // these names stays, and an event says so.
     let keda = c.keda_installed();
+    let uid = actor.uid().unwrap_or_default();
+    let us = Us {
+        uid: &uid,
+        name: &t.name,
+    };
     for (kind, n) in owned(&t.name, keda) {
-        c.delete(kind, &t.ns, &n).await?;
+        if let Err(kept) = objects::delete_if_ours(c, us, kind, &t.ns, &n).await? {
+            c.event(actor, objects::not_ours_event(&kept)).await;
+        }
     }
     forget(rec, &t);
     c.event(actor, closing).await;

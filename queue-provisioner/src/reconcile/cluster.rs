@@ -23,7 +23,8 @@ use crate::status::WorkloadObs;
 use super::Error;
 use super::plan::EventSpec;
 
-/// An object the controller applies (server-side apply, its field manager, forced).
+/// An object the controller applies (server-side apply, its field manager; forced only
+/// over an object that is ours, see [`super::ownership`]).
 #[derive(Clone, Debug)]
 pub enum Object {
     Secret(Secret),
@@ -153,12 +154,22 @@ pub trait Cluster: Send + Sync {
     /// The namespace's end queues are to be looked after (its actors were cleaned up).
     fn end_queues_candidate(&self, transport: &str, ns: &str);
 
-    /// Server-side apply.
+    /// Server-side apply; `force` only for an object that is ours ([`super::ownership`]): a
+    /// create is not forced, so an object someone made meanwhile is not taken over.
     fn apply(
         &self,
         ns: &str,
         obj: &Object,
+        force: bool,
     ) -> impl Future<Output = Result<Answer, kube::Error>> + Send;
+    /// The live object's metadata, read from the API server (the caches hold only objects
+    /// with our label): who holds the name ([`super::ownership::claim`]).
+    fn metadata(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ObjectMeta>, kube::Error>> + Send;
     /// The live workload's `spec.replicas` (read from the API server, not the cache).
     fn replicas(
         &self,
@@ -174,12 +185,14 @@ pub trait Cluster: Send + Sync {
         name: &str,
         n: i32,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
-    /// Deletes an object; `false` when it was not there.
+    /// Deletes an object; `false` when it was not there. `uid`: only if it is still that
+    /// object (a precondition: one replaced since it was read is not deleted).
     fn delete(
         &self,
         kind: ObjectKind,
         ns: &str,
         name: &str,
+        uid: Option<&str>,
     ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
     /// Whether the injection webhook works now (a dry-run create of a copy of `pod`).
     fn injection_works(&self, pod: &Pod) -> impl Future<Output = bool> + Send;

@@ -9,6 +9,7 @@ use asya_api::flavor::FlavorCatalog;
 use asya_api::types::Resiliency;
 use asya_api::{AsyncActor, AsyncActorStatus, labels};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::apply_skip::{self, Live};
@@ -71,6 +72,8 @@ pub struct World {
     pub injection_works: bool,
     /// Kinds whose applies the API server refuses.
     pub refuse: BTreeSet<ObjectKind>,
+    /// Objects applied without force (creations).
+    pub unforced: BTreeSet<Key>,
     pub end_queue_candidates: BTreeSet<(String, String)>,
     /// Every write, in order: `apply Deployment n/a`, `event Warning QueueRecreated: …`.
     pub log: Vec<String>,
@@ -92,6 +95,7 @@ impl Default for World {
             deleted_with: vec![],
             injection_works: true,
             refuse: BTreeSet::new(),
+            unforced: BTreeSet::new(),
             end_queue_candidates: BTreeSet::new(),
             log: vec![],
             events: vec![],
@@ -251,13 +255,24 @@ impl Cluster for Fake {
         w.end_queue_candidates.insert((transport.into(), ns.into()));
     }
 
-    async fn apply(&self, ns: &str, obj: &Object) -> Result<Answer, kube::Error> {
+    async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {
         let mut w = self.world();
         let kind = obj.kind();
         let name = obj.name();
         w.log.push(format!("apply {kind} {ns}/{name}"));
         if w.refuse.contains(&kind) {
             return Err(refused(kind.as_str()));
+        }
+        let k = key(kind, ns, &name);
+        if !force {
+            w.unforced.insert(k.clone());
+            // An unforced apply over another manager's object fails on its conflicts.
+            if w.objects.get(&k).is_some_and(|s| !s.managed) {
+                return Err(kube::Error::Api(Box::new(
+                    kube::core::Status::failure("Apply failed with conflicts", "Conflict")
+                        .with_code(409),
+                )));
+            }
         }
         let mut body = match obj {
             Object::Secret(o) => serde_json::to_value(o),
@@ -272,8 +287,13 @@ impl Cluster for Fake {
             .labels
             .as_ref()
             .is_some_and(|l| l.get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1));
-        let k = key(kind, ns, &name);
         let before = w.objects.get(&k).cloned();
+        // The API server gives a created object its uid and keeps it.
+        let uid = before
+            .as_ref()
+            .and_then(|b| b.body.pointer("/metadata/uid").cloned())
+            .unwrap_or_else(|| format!("uid-{kind}-{name}").into());
+        body["metadata"]["uid"] = uid;
         // Server-side apply keeps a field the apply leaves out while another manager (the
         // replica handoff) owns it; the fake keeps any replicas the apply leaves out.
         let kept = before.as_ref().and_then(Stored::replicas);
@@ -334,9 +354,40 @@ impl Cluster for Fake {
         Ok(())
     }
 
-    async fn delete(&self, kind: ObjectKind, ns: &str, name: &str) -> Result<bool, kube::Error> {
+    async fn metadata(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<ObjectMeta>, kube::Error> {
+        let w = self.world();
+        w.objects
+            .get(&key(kind, ns, name))
+            .map(|s| serde_json::from_value(s.body["metadata"].clone()))
+            .transpose()
+            .map_err(kube::Error::SerdeError)
+    }
+
+    async fn delete(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<bool, kube::Error> {
         let mut w = self.world();
         w.log.push(format!("delete {kind} {ns}/{name}"));
+        let stored_uid = w
+            .objects
+            .get(&key(kind, ns, name))
+            .and_then(|s| s.body.pointer("/metadata/uid").and_then(Value::as_str));
+        if let (Some(want), Some(have)) = (uid, stored_uid)
+            && want != have
+        {
+            return Err(kube::Error::Api(Box::new(
+                kube::core::Status::failure("Precondition failed: UID", "Conflict").with_code(409),
+            )));
+        }
         if kind == ObjectKind::Pod {
             let before = w.pods.len();
             w.pods.retain(|p| p.metadata.name.as_deref() != Some(name));

@@ -14,6 +14,7 @@ pub mod cleanup;
 pub mod cluster;
 pub mod memory;
 pub mod objects;
+pub mod ownership;
 pub mod plan;
 pub mod queues;
 

@@ -58,6 +58,8 @@ pub enum Reason {
     CleanupSkipped,
     /// A deleted actor released after cleanup gave up on its queue.
     CleanupIncomplete,
+    /// An object with a name the actor needs is someone else's: left untouched.
+    NameConflict,
     /// The actor entered this phase.
     Phase(Phase),
 }
@@ -78,6 +80,7 @@ impl Reason {
             Reason::PodWithoutSidecarReplaced => "PodWithoutSidecarReplaced",
             Reason::CleanupSkipped => "CleanupSkipped",
             Reason::CleanupIncomplete => "CleanupIncomplete",
+            Reason::NameConflict => "NameConflict",
             Reason::Phase(p) => p.as_str(),
         }
     }
@@ -155,6 +158,7 @@ pub fn base_observed(actor: &AsyncActor) -> Observed {
         workload_kind: None,
         workload: None,
         workload_error: None,
+        foreign: vec![],
         pods: vec![],
         scaling_enabled: true,
         scaling_error: None,

@@ -163,8 +163,9 @@ async fn replicas_are_handed_to_keda_before_the_apply_stops_setting_them_and_tak
         Some("Manual")
     );
     assert!(!has(&log, "claim replicas"), "{log:#?}");
-    // A new actor without scaling: nothing of KEDA's to keep, whatever is there goes.
-    assert!(has(&log, "delete ScaledObject n/a"));
+    // A new actor without scaling: nothing of KEDA's to keep, and nothing there to delete
+    // (it is read first: only an object of the actor's is deleted).
+    assert!(!has(&log, "delete ScaledObject n/a"), "{log:#?}");
     assert!(!has(&log, "event Normal ScaledObjectDeleted"));
     let replicas = |r: &Reconciler<Fake>| {
         r.cluster.world().objects[&key(ObjectKind::Deployment, "n", "a")].replicas()
@@ -292,7 +293,6 @@ async fn a_deleted_actor_is_cleaned_up_and_then_its_finalizer_goes() {
         "status Terminating",
         "delete queue asya-n-a",
         "delete Deployment n/a",
-        "delete StatefulSet n/a",
         "delete ScaledObject n/a",
         "delete TriggerAuthentication n/a",
         "event Normal QueueDeleted: queue asya-n-a deleted, with its retry delay queues asya-n-a-delay-1, asya-n-a-delay-2, asya-n-a-delay-3, asya-n-a-delay-4 and 2 more",
@@ -300,6 +300,8 @@ async fn a_deleted_actor_is_cleaned_up_and_then_its_finalizer_goes() {
     ];
     let idx: Vec<usize> = order.iter().map(|p| at(&log, p)).collect();
     assert!(idx.windows(2).all(|w| w[0] < w[1]), "{log:#?}");
+    // Only what exists is deleted: the actor never had a StatefulSet.
+    assert!(!has(&log, "delete StatefulSet"), "{log:#?}");
     assert!(
         has(
             &log,
@@ -378,7 +380,6 @@ async fn a_broker_down_past_the_bound_is_given_up_on_and_the_actor_released() {
     let order = [
         "status Terminating",
         "delete Deployment n/a",
-        "delete StatefulSet n/a",
         "delete ScaledObject n/a",
         "delete TriggerAuthentication n/a",
         "event Warning CleanupIncomplete: gave up after 30s: queue asya-n-a on rabbitmq (with its retry delay queues, if any) left behind, delete it by hand: transport unavailable: connection refused; deleted Deployment/StatefulSet a, ScaledObject a",
@@ -494,39 +495,135 @@ async fn cleanup_does_not_need_the_flavors_to_resolve() {
     assert_eq!(serde_json::to_value(used).unwrap(), own);
 }
 
+/// A Deployment someone else created under the actor's name.
+fn foreign_deployment() -> Stored {
+    Stored {
+        body: json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "a", "namespace": "n", "uid": "their-uid",
+                         "labels": {"team": "other"},
+                         "managedFields": [{"manager": "kubectl-create", "operation": "Update"}]},
+            "spec": {"replicas": 5, "template": {"spec": {"containers": [{"name": "web", "image": "nginx"}]}}}}),
+        generation: 7,
+        managed: false,
+        ready: 5,
+    }
+}
+
 #[tokio::test]
-async fn a_foreign_object_with_our_name_is_taken_over_by_the_forced_apply() {
-    // What the controller does today, documented: a Deployment someone else created under
-    // the actor's name (not managed by us, so not in the caches) counts as missing and is
-    // applied over with force, becoming ours, created at the KEDA minimum.
+async fn a_foreign_object_with_our_name_is_left_alone_and_named_in_a_condition() {
+    // Changed by issue 26 (finding 6): the controller used to apply over such a Deployment
+    // with force and take it over. Now it reads the name's holder first and leaves it be.
     let r = reconciler();
-    let foreign = json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "a", "namespace": "n", "labels": {"team": "other"}},
-        "spec": {"replicas": 5, "template": {"spec": {"containers": [{"name": "web", "image": "nginx"}]}}}});
+    let k = key(ObjectKind::Deployment, "n", "a");
+    r.cluster
+        .world()
+        .objects
+        .insert(k.clone(), foreign_deployment());
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "apply Deployment n/a"), "{log:#?}");
+    assert!(!has(&log, "claim replicas"), "{log:#?}");
+    let note = "Deployment n/a exists and is not this actor's (written by kubectl-create); left untouched: delete or rename it, or rename the actor";
+    assert!(
+        has(&log, &format!("event Warning NameConflict: {note}")),
+        "{log:#?}"
+    );
+    {
+        let w = r.cluster.world();
+        let d = &w.objects[&k];
+        assert!(!d.managed);
+        assert_eq!(d.replicas(), Some(5));
+        assert_eq!(
+            d.body["spec"]["template"]["spec"]["containers"][0]["name"],
+            "web"
+        );
+    }
+    let st = a.status.as_ref().expect("status");
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "NameConflict")
+        .expect("NameConflict condition");
+    assert_eq!((c.status.as_str(), c.message.as_str()), ("True", note));
+    let w = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "WorkloadReady")
+        .unwrap();
+    assert_eq!((w.status.as_str(), w.message.as_str()), ("False", note));
+
+    // Deleting the actor leaves it too, and says so.
+    a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    assert_eq!(step(&r, &mut a).await, Next::AwaitChange);
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "delete Deployment"), "{log:#?}");
+    assert!(
+        has(&log, "event Warning NameConflict: Deployment n/a"),
+        "{log:#?}"
+    );
+    assert!(has(&log, "remove finalizer"));
+    assert!(r.cluster.world().objects.contains_key(&k), "it survives");
+
+    // Once its holder removes it, a new actor of that name creates its own, unforced.
+    let r = reconciler();
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let w = r.cluster.world();
+    assert!(w.objects[&k].managed);
+    assert!(w.unforced.contains(&k), "a creation is not forced");
+    assert!(
+        w.status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "NameConflict")
+    );
+}
+
+#[tokio::test]
+async fn a_foreign_service_account_stops_the_workload_and_our_own_objects_are_forced() {
+    let r = reconciler();
+    let sa = key(ObjectKind::ServiceAccount, "n", "asya-a");
     r.cluster.world().objects.insert(
-        key(ObjectKind::Deployment, "n", "a"),
+        sa.clone(),
         Stored {
-            body: foreign,
-            generation: 7,
-            managed: false,
-            ready: 5,
+            body: json!({"metadata": {"name": "asya-a", "namespace": "n",
+                "labels": {"app.kubernetes.io/managed-by": "asya-queue-provisioner"}}}),
+            generation: 1,
+            managed: true,
+            ready: 0,
         },
     );
     let mut a = actor(plain());
     step(&r, &mut a).await;
     let log = r.cluster.take_log();
+    // Our label without the owner reference: not the actor's; its pods would run as it.
+    assert!(!has(&log, "apply ServiceAccount"), "{log:#?}");
+    assert!(!has(&log, "apply Deployment"), "{log:#?}");
+    assert!(has(
+        &log,
+        "event Warning NameConflict: ServiceAccount n/asya-a"
+    ));
+    assert_eq!(phase(&a), "Degraded");
     assert!(
-        at(&log, "apply Deployment n/a") < at(&log, "claim replicas Deployment n/a 0"),
-        "{log:#?}"
+        message(&a).starts_with("workload: ServiceAccount n/asya-a exists and is not this actor's"),
+        "{}",
+        message(&a)
     );
+
+    // Gone: everything is created; a later change to our own object is applied with force.
+    r.cluster.world().objects.remove(&sa);
+    step(&r, &mut a).await;
+    a.spec = serde_json::from_value(json!({"image": "py:3.13", "handler": "m.f"})).unwrap();
+    a.metadata.generation = Some(2);
+    r.cluster.world().unforced.clear();
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(has(&log, "apply Deployment n/a"), "{log:#?}");
     let w = r.cluster.world();
-    let d = &w.objects[&key(ObjectKind::Deployment, "n", "a")];
-    assert!(d.managed, "it carries our labels now");
-    assert_eq!(d.replicas(), Some(0));
-    assert_eq!(
-        d.body["spec"]["template"]["spec"]["containers"][0]["name"],
-        "asya-runtime"
-    );
+    assert!(!w.unforced.contains(&key(ObjectKind::Deployment, "n", "a")));
 }
 
 #[tokio::test]

@@ -39,6 +39,7 @@ fn base() -> Observed {
             failure: None,
         }),
         workload_error: None,
+        foreign: vec![],
         pods: vec![],
         scaling_enabled: true,
         scaling_error: None,
