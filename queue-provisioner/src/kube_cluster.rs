@@ -26,6 +26,7 @@ use tracing::warn;
 use crate::apply_skip::{self, Live};
 use crate::metrics::Metrics;
 use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::owner::Claimant;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object};
@@ -339,7 +340,7 @@ impl Cluster for KubeCluster {
         spec: &QueueSpec,
     ) -> Result<QueueInfo, QueueError> {
         let (backend, _) = self.transports.get(transport).await?;
-        let res = backend.ensure(spec).await;
+        let res = backend.ensure_owned(spec).await;
         self.backend_op(backend.kind(), "ensure", &res);
         res
     }
@@ -365,9 +366,10 @@ impl Cluster for KubeCluster {
         transport: &str,
         queue: &str,
         resiliency: Option<&Resiliency>,
+        who: &Claimant,
     ) -> Result<Vec<String>, QueueError> {
         let (backend, _) = self.transports.get(transport).await?;
-        let res = backend.delete_actor_queue(queue, resiliency).await;
+        let res = backend.delete_actor_queue(queue, resiliency, who).await;
         self.backend_op(backend.kind(), "delete", &res);
         res
     }

@@ -51,6 +51,9 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     o.transport = match queues::ensure(rec, actor, &resolved).await {
         Ok(t) => t,
         Err(e) => {
+            if let crate::queue::QueueError::NotOurs(not_ours) = &e {
+                c.event(actor, plan::queue_not_ours_event(not_ours)).await;
+            }
             let (obs, retry) = plan::transport_failure(&e);
             let wait = match retry {
                 Retry::After(d) => d,

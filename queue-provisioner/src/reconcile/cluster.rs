@@ -16,6 +16,7 @@ use kube::api::DynamicObject;
 
 use crate::apply_skip::Live;
 use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::owner::Claimant;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::render::TransportCredentials;
 use crate::status::WorkloadObs;
@@ -128,11 +129,6 @@ pub trait Cluster: Send + Sync {
         &self,
         transport: &str,
     ) -> impl Future<Output = Result<TransportCredentials, QueueError>> + Send;
-    fn queue_ensure(
-        &self,
-        transport: &str,
-        spec: &QueueSpec,
-    ) -> impl Future<Output = Result<QueueInfo, QueueError>> + Send;
     fn queue_exists(
         &self,
         transport: &str,
@@ -144,12 +140,21 @@ pub trait Cluster: Send + Sync {
         transport: &str,
         queue: &str,
     ) -> impl Future<Output = Result<Option<QueueDepth>, QueueError>> + Send;
-    /// Deletes an actor's queue and its retry delay queues; returns those delay queues.
+    /// Ensures a queue that is missing or proven the spec's actor's
+    /// ([`crate::queue::owner`]); [`QueueError::NotOurs`] otherwise.
+    fn queue_ensure(
+        &self,
+        transport: &str,
+        spec: &QueueSpec,
+    ) -> impl Future<Output = Result<QueueInfo, QueueError>> + Send;
+    /// Deletes an actor's queue and its retry delay queues once the queue is proven `who`'s
+    /// ([`QueueError::NotOurs`] otherwise); returns those delay queues.
     fn queue_delete(
         &self,
         transport: &str,
         queue: &str,
         resiliency: Option<&Resiliency>,
+        who: &Claimant,
     ) -> impl Future<Output = Result<Vec<String>, QueueError>> + Send;
     /// The namespace's end queues are to be looked after (its actors were cleaned up).
     fn end_queues_candidate(&self, transport: &str, ns: &str);

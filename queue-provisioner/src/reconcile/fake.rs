@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::apply_skip::{self, Live};
 use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::owner::{self, Claimant, QueueRecord};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, Object};
@@ -65,6 +66,9 @@ pub struct World {
     /// desiredReplicas of KEDA's HPA, by actor.
     pub hpa: BTreeMap<String, i32>,
     pub queues: BTreeMap<String, QueueDepth>,
+    /// What the broker records of each queue's owner (SQS tags set at creation); a queue
+    /// without an entry reads as [`QueueRecord::Unknown`].
+    pub queue_records: BTreeMap<String, QueueRecord>,
     /// What deleting an actor's queue reports as its delay queues.
     pub delay_queues: Vec<String>,
     /// The retry policies each queue delete was given (they name the delay queues).
@@ -91,6 +95,7 @@ impl Default for World {
             pods: vec![],
             hpa: BTreeMap::new(),
             queues: BTreeMap::new(),
+            queue_records: BTreeMap::new(),
             delay_queues: vec![],
             deleted_with: vec![],
             injection_works: true,
@@ -217,7 +222,16 @@ impl Cluster for Fake {
         let created = !w.queues.contains_key(&spec.name);
         if created {
             w.queues.insert(spec.name.clone(), QueueDepth::default());
+            let tags = [
+                (owner::TAG_NAMESPACE, &spec.namespace),
+                (owner::TAG_ACTOR, &spec.actor),
+            ];
+            let tags = tags.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+            w.queue_records
+                .insert(spec.name.clone(), QueueRecord::Tags(tags.collect()));
             w.log.push(format!("create queue {}", spec.name));
+        } else if let Some(r) = w.queue_records.get(&spec.name) {
+            owner::owns(&spec.name, r, &spec.claimant())?;
         }
         Ok(QueueInfo {
             url: format!("amqp://rabbitmq:5672/%2F/{}", spec.name),
@@ -241,9 +255,15 @@ impl Cluster for Fake {
         _t: &str,
         queue: &str,
         resiliency: Option<&Resiliency>,
+        who: &Claimant,
     ) -> Result<Vec<String>, QueueError> {
         self.broker()?;
         let mut w = self.world();
+        if let Some(r) = w.queue_records.get(queue)
+            && w.queues.contains_key(queue)
+        {
+            owner::owns(queue, r, who)?;
+        }
         w.deleted_with.push(resiliency.cloned());
         w.queues.remove(queue);
         w.log.push(format!("delete queue {queue}"));

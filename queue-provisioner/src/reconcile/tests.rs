@@ -763,3 +763,88 @@ async fn an_actor_that_switches_to_a_stateful_set_loses_its_deployment() {
             .contains_key(&key(ObjectKind::StatefulSet, "n", "a"))
     );
 }
+
+/// The queue `asya-n-a` recorded (tagged) as another actor's: namespace `n-a`'s actor `x`,
+/// whose queue has the same name.
+fn foreign_queue(r: &Reconciler<Fake>) {
+    use crate::queue::owner::{QueueRecord, TAG_ACTOR, TAG_NAMESPACE};
+    let mut w = r.cluster.world();
+    w.queues
+        .insert("asya-n-a".into(), crate::queue::QueueDepth::default());
+    let tags = [(TAG_NAMESPACE, "n-a"), (TAG_ACTOR, "x")];
+    w.queue_records.insert(
+        "asya-n-a".into(),
+        QueueRecord::Tags(
+            tags.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+    );
+}
+
+#[tokio::test]
+async fn a_queue_recorded_as_another_actors_is_not_adopted() {
+    let r = reconciler();
+    foreign_queue(&r);
+    let mut a = actor(plain());
+    // Retried with the actor's backoff, as a refusal of the broker is.
+    let next = step(&r, &mut a).await;
+    assert_eq!(next, Next::After(Duration::from_secs(5)));
+    let log = r.cluster.take_log();
+    let msg = "queue asya-n-a belongs to actor n-a/x (its tags asya.sh/namespace=\"n-a\", asya.sh/actor=\"x\"), not to actor n/a: not adopted, purged or deleted";
+    assert!(
+        has(&log, &format!("event Warning QueueNotOurs: {msg}")),
+        "{log:#?}"
+    );
+    assert!(
+        !has(&log, "apply "),
+        "nothing runs on another's queue: {log:#?}"
+    );
+    assert_eq!(phase(&a), "TransportError");
+    let c = a
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "TransportReady")
+        .unwrap();
+    assert_eq!(
+        (c.reason.as_str(), c.message.as_str()),
+        ("QueueNotOurs", msg)
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_actor_leaves_a_queue_recorded_as_another_actors() {
+    let r = reconciler();
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    // Recorded as another's since (a collision from before admission refused them).
+    foreign_queue(&r);
+    r.cluster.take_log();
+    a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    assert_eq!(
+        step(&r, &mut a).await,
+        Next::AwaitChange,
+        "released at once"
+    );
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "delete queue"), "{log:#?}");
+    assert!(has(
+        &log,
+        "event Warning QueueNotOurs: queue asya-n-a belongs to actor n-a/x"
+    ));
+    assert!(has(&log, "delete Deployment n/a") && has(&log, "remove finalizer"));
+    assert!(r.cluster.world().queues.contains_key("asya-n-a"));
+    let w = r.cluster.world();
+    let c = w
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "CleanupIncomplete")
+        .expect("condition");
+    assert_eq!(c.reason, "QueueNotOurs");
+}
