@@ -147,7 +147,7 @@ pub fn refusal(ns: &str, name: &str, actor: &str, c: &Collision) -> FieldError {
             c.queue
         ),
         Some(end) => format!(
-            "the end queue {:?} ({end}) that namespace {ns:?} gets with its first actor {ns}/{name}",
+            "the end queue {:?} ({end}) that namespace {ns:?} gets with its first actor, AsyncActor {ns}/{name},",
             c.queue
         ),
     };
@@ -333,6 +333,10 @@ mod tests {
         assert!(e.contains("AsyncActor team/a-x"), "{e}");
         assert!(e.contains("\"asya-team-a-x\""), "{e}");
         assert!(e.contains("must not be shared"), "{e}");
+        let c = find_collision("team-a", "y", "y", &[h("team", "a-x-sink")]).expect("c");
+        let e = refusal("team-a", "y", "y", &c).to_string();
+        assert!(e.contains("first actor, AsyncActor team-a/y,"), "{e}");
+        assert!(e.contains("the queue of AsyncActor team/a-x-sink"), "{e}");
         let c = find_collision("team", "a-x-sink", "a-x-sink", &[h("team-a", "y")]).expect("c");
         let e = refusal("team", "a-x-sink", "a-x-sink", &c).to_string();
         assert!(e.contains("AsyncActor team/a-x-sink"), "{e}");
