@@ -395,6 +395,34 @@ mod tests {
     }
 
     #[test]
+    fn holders_are_the_actors_of_the_namespaces_asked_with_their_queue_actor() {
+        let mut w = reflector::store::Writer::<CachedActor>::new(());
+        for (ns, name, spec) in [
+            ("team", "a-x", json!({"image": "i", "handler": "m.f"})),
+            ("team", "renamed", json!({"actor": "shared", "image": "i"})),
+            ("other", "a-x", json!({"image": "i"})),
+        ] {
+            let a: CachedActor = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns}, "spec": spec
+            }))
+            .unwrap();
+            w.apply_watcher_event(&watcher::Event::Apply(a));
+        }
+        let store = ActorStore(w.as_reader());
+        let mut got = store.holders_in(&BTreeSet::from(["team".to_string(), "none".to_string()]));
+        got.sort_by(|a, b| a.name.cmp(&b.name));
+        let h = |ns: &str, name: &str, actor: &str| Holder {
+            namespace: ns.into(),
+            name: name.into(),
+            actor: actor.into(),
+        };
+        assert_eq!(
+            got,
+            vec![h("team", "a-x", "a-x"), h("team", "renamed", "shared")]
+        );
+    }
+
+    #[test]
     fn catalog_from_all_sources_with_namespaced_shadowing() {
         let flavor: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "asya.sh/v1alpha1", "kind": "Flavor",
