@@ -157,6 +157,8 @@ def test_a_deployment_the_actor_did_not_create_survives_it_and_is_named_in_its_c
     assert not d["metadata"].get("ownerReferences"), d["metadata"]
     assert d["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx:1.27"
     assert d["spec"]["replicas"] == 0
+    # Nor handed to KEDA: a ScaledObject targets the workload by name.
+    assert get("scaledobject", ns, "web") is None
 
     kubectl("delete", "asyncactor", "web", "-n", ns, "--wait=false")
     wait_for("actor gone", lambda: get("asyncactor", ns, "web") is None, timeout=60)

@@ -244,6 +244,7 @@ pub async fn apply<C: Cluster>(
             Object::Deployment(workload::deployment(r, labels, owner, config))
         }
     };
+    let mut workload_foreign = false;
     match apply_workload(rec, us, wp, ns, desired, seen.workload_live).await {
         Ok(w) => {
             if wp.announce {
@@ -257,6 +258,7 @@ pub async fn apply<C: Cluster>(
             c.event(actor, not_ours_event(&m)).await;
             o.foreign.push(m.clone());
             o.workload_error = Some(m);
+            workload_foreign = true;
         }
         Err(e) => {
             c.event(
@@ -293,6 +295,14 @@ pub async fn apply<C: Cluster>(
             }
         }
         ScalingPlan::Apply { announce } => {
+            // A ScaledObject targets the workload by name: over someone else's Deployment it
+            // would hand that one to KEDA.
+            if workload_foreign {
+                o.scaling_error = Some(format!(
+                    "not applied: {kind} {ns}/{name} is not this actor's"
+                ));
+                return Ok(());
+            }
             let Some(t) = transport else {
                 return Ok(());
             };

@@ -524,6 +524,8 @@ async fn a_foreign_object_with_our_name_is_left_alone_and_named_in_a_condition()
     let log = r.cluster.take_log();
     assert!(!has(&log, "apply Deployment n/a"), "{log:#?}");
     assert!(!has(&log, "claim replicas"), "{log:#?}");
+    // Nor is it handed to KEDA: a ScaledObject targets the workload by name.
+    assert!(!has(&log, "apply ScaledObject"), "{log:#?}");
     let note = "Deployment n/a exists and is not this actor's (written by kubectl-create); left untouched: delete or rename it, or rename the actor";
     assert!(
         has(&log, &format!("event Warning NameConflict: {note}")),
@@ -552,6 +554,12 @@ async fn a_foreign_object_with_our_name_is_left_alone_and_named_in_a_condition()
         .find(|c| c.type_ == "WorkloadReady")
         .unwrap();
     assert_eq!((w.status.as_str(), w.message.as_str()), ("False", note));
+    let sc = st.conditions.iter().find(|c| c.type_ == "ScalingReady");
+    let sc = sc.expect("ScalingReady");
+    assert_eq!(
+        (sc.status.as_str(), sc.message.as_str()),
+        ("False", "not applied: Deployment n/a is not this actor's")
+    );
 
     // Deleting the actor leaves it too, and says so.
     a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
