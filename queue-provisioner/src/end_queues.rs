@@ -21,7 +21,8 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
-use crate::queue::{QueueError, QueueOps};
+use crate::queue::QueueError;
+use crate::queue::owner::Claimant;
 use crate::transports::Transports;
 
 /// The ConfigMap (in the provisioner's namespace) of end queues kept after their namespace.
@@ -227,8 +228,25 @@ impl Sweeper {
                     }
                 }
                 Fate::Delete { reason } => {
-                    let res = backend.delete(&q).await;
+                    // Only the namespace's own end queue: a queue of that name recorded as
+                    // another actor's is left (docs/DESIGN.md §9).
+                    let end = if q == naming::sink_queue(&ns) {
+                        naming::SINK_ACTOR
+                    } else {
+                        naming::SUMP_ACTOR
+                    };
+                    let res = backend
+                        .delete_owned(&q, &Claimant::new(&ns, end, false))
+                        .await;
                     self.metrics.queue_op(backend.kind(), "delete", res.is_ok());
+                    if let Err(QueueError::NotOurs(e)) = &res {
+                        warn!(queue = %q, namespace = %ns, transport = %t, error = %e,
+                            "end queue of a deleted namespace not deleted: not its own");
+                        if since.is_some() {
+                            changes.insert(key, None);
+                        }
+                        continue;
+                    }
                     res?;
                     info!(queue = %q, namespace = %ns, transport = %t, reason, messages,
                         "end queue of a deleted namespace deleted");

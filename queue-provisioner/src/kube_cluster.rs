@@ -26,6 +26,7 @@ use tracing::warn;
 use crate::apply_skip::{self, Live};
 use crate::metrics::Metrics;
 use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::owner::Claimant;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object};
@@ -87,27 +88,49 @@ pub struct KubeCluster {
     pub keda_identity: crate::keda_identity::IdentityState,
 }
 
-fn apply_params() -> PatchParams {
-    PatchParams::apply(MANAGER).force()
+/// Forced only over our own objects ([`crate::reconcile::ownership`]): a create that meets
+/// an object made meanwhile by someone else fails on its conflicts instead of taking it.
+fn apply_params(force: bool) -> PatchParams {
+    let p = PatchParams::apply(MANAGER);
+    if force { p.force() } else { p }
 }
 
-async fn apply_typed<K>(api: Api<K>, obj: &K) -> Result<K, kube::Error>
+async fn apply_typed<K>(api: Api<K>, obj: &K, force: bool) -> Result<K, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
     let name = obj.meta().name.clone().unwrap_or_default();
-    api.patch(&name, &apply_params(), &Patch::Apply(obj)).await
+    api.patch(&name, &apply_params(force), &Patch::Apply(obj))
+        .await
 }
 
-async fn delete_ignore_missing<K>(api: Api<K>, name: &str) -> Result<bool, kube::Error>
+async fn delete_ignore_missing<K>(
+    api: Api<K>,
+    name: &str,
+    uid: Option<&str>,
+) -> Result<bool, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    match api.delete(name, &DeleteParams::background()).await {
+    let mut dp = DeleteParams::background();
+    if let Some(uid) = uid {
+        dp = dp.preconditions(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        });
+    }
+    match api.delete(name, &dp).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+async fn metadata_of<K>(api: Api<K>, name: &str) -> Result<Option<ObjectMeta>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api.get_metadata_opt(name).await?.map(|m| m.metadata))
 }
 
 async fn replicas_of<K>(api: Api<K>, name: &str) -> Result<Option<i32>, kube::Error>
@@ -323,7 +346,7 @@ impl Cluster for KubeCluster {
         spec: &QueueSpec,
     ) -> Result<QueueInfo, QueueError> {
         let (backend, _) = self.transports.get(transport).await?;
-        let res = backend.ensure(spec).await;
+        let res = backend.ensure_owned(spec).await;
         self.backend_op(backend.kind(), "ensure", &res);
         res
     }
@@ -349,9 +372,10 @@ impl Cluster for KubeCluster {
         transport: &str,
         queue: &str,
         resiliency: Option<&Resiliency>,
+        who: &Claimant,
     ) -> Result<Vec<String>, QueueError> {
         let (backend, _) = self.transports.get(transport).await?;
-        let res = backend.delete_actor_queue(queue, resiliency).await;
+        let res = backend.delete_actor_queue(queue, resiliency, who).await;
         self.backend_op(backend.kind(), "delete", &res);
         res
     }
@@ -360,33 +384,33 @@ impl Cluster for KubeCluster {
         self.end_queues.add(transport, ns);
     }
 
-    async fn apply(&self, ns: &str, obj: &Object) -> Result<Answer, kube::Error> {
+    async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {
         let c = || self.client.clone();
         let generation = |m: &ObjectMeta| m.generation;
         Ok(match obj {
             Object::Secret(s) => {
-                let out = apply_typed(Api::<Secret>::namespaced(c(), ns), s).await?;
+                let out = apply_typed(Api::<Secret>::namespaced(c(), ns), s, force).await?;
                 Answer {
                     generation: generation(&out.metadata),
                     workload: None,
                 }
             }
             Object::ServiceAccount(s) => {
-                let out = apply_typed(Api::<ServiceAccount>::namespaced(c(), ns), s).await?;
+                let out = apply_typed(Api::<ServiceAccount>::namespaced(c(), ns), s, force).await?;
                 Answer {
                     generation: generation(&out.metadata),
                     workload: None,
                 }
             }
             Object::Deployment(d) => {
-                let out = apply_typed(Api::<Deployment>::namespaced(c(), ns), d).await?;
+                let out = apply_typed(Api::<Deployment>::namespaced(c(), ns), d, force).await?;
                 Answer {
                     generation: generation(&out.metadata),
                     workload: Some(deployment_obs(&out)),
                 }
             }
             Object::StatefulSet(s) => {
-                let out = apply_typed(Api::<StatefulSet>::namespaced(c(), ns), s).await?;
+                let out = apply_typed(Api::<StatefulSet>::namespaced(c(), ns), s, force).await?;
                 Answer {
                     generation: generation(&out.metadata),
                     workload: Some(stateful_set_obs(&out)),
@@ -405,7 +429,7 @@ impl Cluster for KubeCluster {
                 let name = o.metadata.name.clone().unwrap_or_default();
                 let out = self
                     .dynamic(ns, ar)
-                    .patch(&name, &apply_params(), &Patch::Apply(o))
+                    .patch(&name, &apply_params(force), &Patch::Apply(o))
                     .await?;
                 Answer {
                     generation: generation(&out.metadata),
@@ -448,22 +472,61 @@ impl Cluster for KubeCluster {
         }
     }
 
-    async fn delete(&self, kind: ObjectKind, ns: &str, name: &str) -> Result<bool, kube::Error> {
+    async fn metadata(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<ObjectMeta>, kube::Error> {
+        let c = self.client.clone();
+        match kind {
+            ObjectKind::Secret => metadata_of(Api::<Secret>::namespaced(c, ns), name).await,
+            ObjectKind::ServiceAccount => {
+                metadata_of(Api::<ServiceAccount>::namespaced(c, ns), name).await
+            }
+            ObjectKind::Deployment => metadata_of(Api::<Deployment>::namespaced(c, ns), name).await,
+            ObjectKind::StatefulSet => {
+                metadata_of(Api::<StatefulSet>::namespaced(c, ns), name).await
+            }
+            ObjectKind::Pod => metadata_of(Api::<Pod>::namespaced(c, ns), name).await,
+            ObjectKind::ScaledObject | ObjectKind::TriggerAuthentication => {
+                let Some((so, ta)) = &self.keda else {
+                    return Ok(None);
+                };
+                let ar = if kind == ObjectKind::ScaledObject {
+                    so
+                } else {
+                    ta
+                };
+                metadata_of(self.dynamic(ns, ar), name).await
+            }
+        }
+    }
+
+    async fn delete(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<bool, kube::Error> {
         let c = self.client.clone();
         match kind {
             ObjectKind::Secret => {
-                delete_ignore_missing(Api::<Secret>::namespaced(c, ns), name).await
+                delete_ignore_missing(Api::<Secret>::namespaced(c, ns), name, uid).await
             }
             ObjectKind::ServiceAccount => {
-                delete_ignore_missing(Api::<ServiceAccount>::namespaced(c, ns), name).await
+                delete_ignore_missing(Api::<ServiceAccount>::namespaced(c, ns), name, uid).await
             }
             ObjectKind::Deployment => {
-                delete_ignore_missing(Api::<Deployment>::namespaced(c, ns), name).await
+                delete_ignore_missing(Api::<Deployment>::namespaced(c, ns), name, uid).await
             }
             ObjectKind::StatefulSet => {
-                delete_ignore_missing(Api::<StatefulSet>::namespaced(c, ns), name).await
+                delete_ignore_missing(Api::<StatefulSet>::namespaced(c, ns), name, uid).await
             }
-            ObjectKind::Pod => delete_ignore_missing(Api::<Pod>::namespaced(c, ns), name).await,
+            ObjectKind::Pod => {
+                delete_ignore_missing(Api::<Pod>::namespaced(c, ns), name, uid).await
+            }
             ObjectKind::ScaledObject | ObjectKind::TriggerAuthentication => {
                 let Some((so, ta)) = &self.keda else {
                     return Ok(false);
@@ -473,7 +536,7 @@ impl Cluster for KubeCluster {
                 } else {
                     ta
                 };
-                delete_ignore_missing(self.dynamic(ns, ar), name).await
+                delete_ignore_missing(self.dynamic(ns, ar), name, uid).await
             }
         }
     }
@@ -574,7 +637,7 @@ impl Cluster for KubeCluster {
             Api::namespaced(self.client.clone(), &actor.namespace().unwrap_or_default());
         let body =
             json!({"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor", "status": status});
-        api.patch_status(&actor.name_any(), &apply_params(), &Patch::Apply(&body))
+        api.patch_status(&actor.name_any(), &apply_params(true), &Patch::Apply(&body))
             .await?;
         Ok(())
     }

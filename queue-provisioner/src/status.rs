@@ -15,6 +15,8 @@ pub const COND_SCALING: &str = "ScalingReady";
 pub const COND_FLAVORS: &str = "FlavorsResolved";
 /// False only with reason `NamespaceExcluded`: the provisioner does not reconcile the actor.
 pub const COND_RECONCILED: &str = "Reconciled";
+/// Present while an object with a name the actor needs is someone else's.
+pub const COND_NAME_CONFLICT: &str = "NameConflict";
 
 /// Container waiting reasons Kubernetes keeps retrying with backoff (a failing pod).
 const FAILING_REASONS: [&str; 8] = [
@@ -198,6 +200,9 @@ pub struct Observed {
     /// Workload applied and read back.
     pub workload: Option<WorkloadObs>,
     pub workload_error: Option<String>,
+    /// Objects holding a name the actor needs that are not its own (left untouched): what
+    /// [`crate::reconcile::ownership::not_ours_message`] says of each.
+    pub foreign: Vec<String>,
     pub pods: Vec<PodState>,
     pub scaling_enabled: bool,
     pub scaling_error: Option<String>,
@@ -507,6 +512,17 @@ pub fn derive(prev: &AsyncActorStatus, o: &Observed, now: Time) -> AsyncActorSta
             &now,
         ),
     });
+    if !o.foreign.is_empty() {
+        conditions.push(condition(
+            pc,
+            COND_NAME_CONFLICT,
+            Some(true),
+            "ObjectNotOurs",
+            o.foreign.join("; "),
+            g,
+            &now,
+        ));
+    }
 
     // A change of the target replica count is a scale event.
     let (last_scale_time, last_scale_direction, last_scale) = match (prev.desired_replicas, desired)

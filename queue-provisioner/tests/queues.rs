@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
+use asya_queue_provisioner::queue::owner::{Claimant, OwnershipError};
 use asya_queue_provisioner::queue::rabbitmq::RabbitQueues;
 use asya_queue_provisioner::queue::sqs::{SqsQueues, StaticCredentials};
-use asya_queue_provisioner::queue::{QueueDepth, QueueError, QueueOps, QueueSpec};
+use asya_queue_provisioner::queue::{Backend, QueueDepth, QueueError, QueueOps, QueueSpec};
 
 #[path = "../../tests/services/require.rs"]
 mod require;
@@ -52,6 +53,7 @@ fn spec(ns: &str, actor: &str) -> QueueSpec {
         namespace: ns.into(),
         actor: actor.into(),
         visibility_timeout: Duration::from_secs(120),
+        adopt_untagged: false,
     }
 }
 
@@ -472,4 +474,147 @@ async fn sqs_attributes_tags_delete_recreate() {
         Err(QueueError::RecreateCooldown(_)) => {}
         Err(e) => panic!("unexpected error on recreate: {e}"),
     }
+}
+
+/// Issue 26 finding 2: an SQS queue tagged for another actor is neither adopted nor deleted;
+/// an untagged one only with the actor's `asya.sh/adopt-queue` (then tagged as its own).
+#[tokio::test]
+async fn sqs_a_queue_tagged_for_another_actor_is_not_adopted_or_deleted() {
+    if !sqs_up() {
+        return;
+    }
+    let b = Backend::Sqs(sqs().await);
+    let Backend::Sqs(q) = &b else { unreachable!() };
+    // `team-a`'s end queue x-sink, and `team`'s actor `a-x-sink` that shares its name.
+    let team = unique("tn");
+    let theirs = spec(&format!("{team}-a"), "x-sink");
+    let ours = spec(&team, "a-x-sink");
+    assert_eq!(theirs.name, ours.name);
+    b.ensure_owned(&theirs).await.unwrap();
+    match b.ensure_owned(&ours).await {
+        Err(QueueError::NotOurs(OwnershipError::Foreign { owner, .. })) => {
+            assert!(owner.contains(&format!("{team}-a/x-sink")), "{owner}")
+        }
+        other => panic!("adopted another actor's queue: {other:?}"),
+    }
+    let who = Claimant::new(&team, "a-x-sink", true);
+    assert!(matches!(
+        b.delete_actor_queue(&ours.name, None, &who).await,
+        Err(QueueError::NotOurs(_))
+    ));
+    assert!(q.exists(&theirs.name).await.unwrap(), "not deleted");
+    let c = q.client();
+    let url = c
+        .get_queue_url()
+        .queue_name(&theirs.name)
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    let tags = c.list_queue_tags().queue_url(&url).send().await.unwrap();
+    assert_eq!(
+        tags.tags().unwrap()["asya.sh/actor"],
+        "x-sink",
+        "not re-tagged"
+    );
+    b.delete_actor_queue(&theirs.name, None, &theirs.claimant())
+        .await
+        .unwrap();
+
+    // Untagged (made by hand): refused, then adopted on request and tagged.
+    let hand = spec(&unique("tn"), "hand");
+    c.create_queue()
+        .queue_name(&hand.name)
+        .send()
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.ensure_owned(&hand).await,
+        Err(QueueError::NotOurs(OwnershipError::Untagged { .. }))
+    ));
+    assert!(matches!(
+        b.delete_actor_queue(&hand.name, None, &hand.claimant())
+            .await,
+        Err(QueueError::NotOurs(_))
+    ));
+    let adopting = QueueSpec {
+        adopt_untagged: true,
+        ..hand.clone()
+    };
+    assert!(!b.ensure_owned(&adopting).await.unwrap().created);
+    // Tagged now: owned without the annotation.
+    b.ensure_owned(&hand).await.unwrap();
+    b.delete_actor_queue(&hand.name, None, &hand.claimant())
+        .await
+        .unwrap();
+    assert!(!q.exists(&hand.name).await.unwrap());
+}
+
+/// The RabbitMQ record: a queue bound to another namespace's exchange `asya.{ns}` is not
+/// adopted or deleted; one bound to no namespace exchange (from before them) is adopted.
+#[tokio::test]
+async fn rabbitmq_a_queue_bound_to_another_namespace_is_not_adopted_or_deleted() {
+    if !rabbitmq_up() {
+        return;
+    }
+    let url = env("ASYA_TEST_RABBITMQ_URL");
+    let q = RabbitQueues::new(url.clone(), "asya").with_management(
+        &env("ASYA_TEST_RABBITMQ_MANAGEMENT_URL"),
+        "/",
+        "guest",
+        "guest",
+    );
+    let b = Backend::Rabbit(Box::new(q));
+    let team = unique("tn");
+    let theirs = spec(&format!("{team}-a"), "x-sink");
+    let ours = spec(&team, "a-x-sink");
+    // From before the namespace exchanges: adopted by either.
+    b.ensure_owned(&theirs).await.unwrap();
+    b.ensure_owned(&ours).await.unwrap();
+    // team-a's exchange binds it (as the broker's tenancy does): team's actor is refused.
+    let conn = lapin::Connection::connect(&url, Default::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let exchange = format!("asya.{team}-a");
+    ch.exchange_declare(
+        exchange.as_str().into(),
+        lapin::ExchangeKind::Direct,
+        lapin::options::ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    ch.queue_bind(
+        theirs.name.as_str().into(),
+        exchange.as_str().into(),
+        theirs.name.as_str().into(),
+        Default::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        b.ensure_owned(&ours).await,
+        Err(QueueError::NotOurs(OwnershipError::Foreign { .. }))
+    ));
+    assert!(matches!(
+        b.delete_actor_queue(&ours.name, None, &ours.claimant())
+            .await,
+        Err(QueueError::NotOurs(_))
+    ));
+    assert!(b.exists(&theirs.name).await.unwrap(), "not deleted");
+    b.ensure_owned(&theirs).await.unwrap();
+    b.delete_actor_queue(&theirs.name, None, &theirs.claimant())
+        .await
+        .unwrap();
+    ch.exchange_delete(exchange.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    conn.close(200, "done".into()).await.unwrap();
 }

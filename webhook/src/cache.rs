@@ -22,7 +22,9 @@ use std::borrow::Cow;
 use tokio::sync::Notify;
 
 use crate::admission::ActorLookup;
+use crate::admission::collision::{Holder, spec_actor};
 use crate::server::Shared;
+use std::collections::BTreeSet;
 
 fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
@@ -122,6 +124,28 @@ impl ActorLookup for ActorStore {
             .metadata
             .resource_version
             .clone()
+    }
+
+    /// One pass over the store, parsing `spec.actor` only of the actors in `namespaces`.
+    fn holders_in(&self, namespaces: &BTreeSet<String>) -> Vec<Holder> {
+        let in_scope = |a: &CachedActor| {
+            a.metadata
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| namespaces.contains(ns))
+        };
+        self.0
+            .state_filter(in_scope)
+            .iter()
+            .filter_map(|a| {
+                let name = a.metadata.name.clone()?;
+                Some(Holder {
+                    namespace: a.metadata.namespace.clone()?,
+                    actor: spec_actor(&name, a.spec.as_deref().map(RawValue::get)),
+                    name,
+                })
+            })
+            .collect()
     }
 }
 
@@ -462,6 +486,34 @@ mod tests {
         let changed = watcher::Event::Apply(cm("more", "env: []\n"));
         w.apply_watcher_event(&bound_flavor_map(&mut gate, changed));
         assert!(get("more").data.is_some());
+    }
+
+    #[test]
+    fn holders_are_the_actors_of_the_namespaces_asked_with_their_queue_actor() {
+        let mut w = reflector::store::Writer::<CachedActor>::new(());
+        for (ns, name, spec) in [
+            ("team", "a-x", json!({"image": "i", "handler": "m.f"})),
+            ("team", "renamed", json!({"actor": "shared", "image": "i"})),
+            ("other", "a-x", json!({"image": "i"})),
+        ] {
+            let a: CachedActor = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns}, "spec": spec
+            }))
+            .unwrap();
+            w.apply_watcher_event(&watcher::Event::Apply(a));
+        }
+        let store = ActorStore(w.as_reader());
+        let mut got = store.holders_in(&BTreeSet::from(["team".to_string(), "none".to_string()]));
+        got.sort_by(|a, b| a.name.cmp(&b.name));
+        let h = |ns: &str, name: &str, actor: &str| Holder {
+            namespace: ns.into(),
+            name: name.into(),
+            actor: actor.into(),
+        };
+        assert_eq!(
+            got,
+            vec![h("team", "a-x", "a-x"), h("team", "renamed", "shared")]
+        );
     }
 
     #[test]

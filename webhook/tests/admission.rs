@@ -865,3 +865,79 @@ fn injection_settings_are_kept_per_actor_version_and_catalog() {
     assert_ne!(changed.id(), env.catalog.id());
     assert_eq!(handler(&changed).as_deref(), Some("e.f"));
 }
+
+/// Finding 2 of issue 26: `team/a-x-sink` and namespace `team-a`'s end queue are one queue.
+/// The refusal comes from both parses (the text fast path and `handle_general`), names the
+/// field, the value, the rule and both owners, and holds in either order of creation.
+#[test]
+fn a_queue_name_owned_by_another_namespace_is_refused_naming_both() {
+    let spec = json!({"image": "python:3.13", "handler": "echo.handle"});
+    let in_ns = |ns: &str, name: &str| {
+        let mut a = actor(name, spec.clone());
+        a["metadata"]["namespace"] = json!(ns);
+        a
+    };
+    let create = |ns: &str, a: &Value| {
+        let mut r = review(actor_kind(), "CREATE", Some(a.clone()), None);
+        r["request"]["namespace"] = json!(ns);
+        r
+    };
+    // `team-a` has an actor (so its end queues exist); `team/a-x-sink` would drain them.
+    let mut env = Env::new();
+    env.actors
+        .insert(("team-a".into(), "y".into()), in_ns("team-a", "y"));
+    let body = create("team", &in_ns("team", "a-x-sink"));
+    for r in [env.run(Endpoint::ValidateActors, &body), {
+        let h = handle_general(
+            Endpoint::ValidateActors,
+            &serde_json::to_vec(&body).unwrap(),
+            &env.ctx(),
+        )
+        .unwrap();
+        let wire: Value = serde_json::from_slice(&encode_review(&h.review).unwrap()).unwrap();
+        wire["response"].clone()
+    }] {
+        assert_eq!(r["allowed"], false, "{r}");
+        let msg = r["status"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("metadata.name: Invalid value: \"a-x-sink\""),
+            "{msg}"
+        );
+        assert!(msg.contains("AsyncActor team/a-x-sink"), "{msg}");
+        assert!(
+            msg.contains("end queue x-sink of namespace \"team-a\""),
+            "{msg}"
+        );
+        assert_eq!(
+            r["status"]["details"]["causes"][0]["field"],
+            "metadata.name"
+        );
+    }
+    // The mutating endpoint does not refuse (the validating one does, once).
+    let r = env.run(Endpoint::MutateActors, &body);
+    assert_eq!(r["allowed"], true, "{r}");
+
+    // The reverse order: `team/a-x-sink` exists; `team-a`'s first actor would create its
+    // end queue `asya-team-a-x-sink`.
+    let mut env = Env::new();
+    env.actors.insert(
+        ("team".into(), "a-x-sink".into()),
+        in_ns("team", "a-x-sink"),
+    );
+    let r = env.run(
+        Endpoint::ValidateActors,
+        &create("team-a", &in_ns("team-a", "y")),
+    );
+    assert_eq!(r["allowed"], false, "{r}");
+    let msg = r["status"]["message"].as_str().unwrap();
+    assert!(msg.contains("AsyncActor team/a-x-sink"), "{msg}");
+    assert!(msg.contains("\"asya-team-a-x-sink\""), "{msg}");
+
+    // An UPDATE claims no new queue: an actor admitted before the check stays editable.
+    let old = in_ns("team-a", "y");
+    let mut new = old.clone();
+    new["spec"]["image"] = json!("python:3.12");
+    let mut body = review(actor_kind(), "UPDATE", Some(new), Some(old));
+    body["request"]["namespace"] = json!("team-a");
+    assert_eq!(env.run(Endpoint::ValidateActors, &body)["allowed"], true);
+}

@@ -3,8 +3,11 @@
 
 use std::time::Duration;
 
+pub mod owner;
 pub mod rabbitmq;
 pub mod sqs;
+
+use owner::{Claimant, OwnershipError, QueueRecord};
 
 /// What the provisioner needs to create one queue.
 #[derive(Clone, Debug, PartialEq)]
@@ -15,6 +18,15 @@ pub struct QueueSpec {
     pub actor: String,
     /// SQS visibility timeout: a message stays hidden this long while one handler call runs.
     pub visibility_timeout: Duration,
+    /// An existing SQS queue without owner tags may be adopted ([`owner::ADOPT_QUEUE`]).
+    pub adopt_untagged: bool,
+}
+
+impl QueueSpec {
+    /// Who claims the queue.
+    pub fn claimant(&self) -> Claimant {
+        Claimant::new(&self.namespace, &self.actor, self.adopt_untagged)
+    }
 }
 
 /// Where a created queue lives.
@@ -46,6 +58,9 @@ pub enum QueueError {
     /// The broker refused the request (bad name, conflicting arguments, access denied).
     #[error("transport rejected the request: {0}")]
     Rejected(String),
+    /// The queue exists and its owner record says it is not the actor's (docs/DESIGN.md §9).
+    #[error("{0}")]
+    NotOurs(#[from] OwnershipError),
 }
 
 impl QueueError {
@@ -54,7 +69,7 @@ impl QueueError {
         match self {
             QueueError::RecreateCooldown(_) => Duration::from_secs(65),
             QueueError::Unavailable(_) => Duration::from_secs(5),
-            QueueError::Rejected(_) => Duration::from_secs(60),
+            QueueError::Rejected(_) | QueueError::NotOurs(_) => Duration::from_secs(60),
         }
     }
 }
@@ -91,13 +106,45 @@ impl Backend {
         }
     }
 
+    /// What the broker records of the queue's owner; `None`: no such queue.
+    pub async fn owner_record(&self, name: &str) -> Result<Option<QueueRecord>, QueueError> {
+        match self {
+            Backend::Rabbit(b) => b.owner_record(name).await,
+            Backend::Sqs(b) => b.owner_record(name).await,
+        }
+    }
+
+    /// Fails with [`QueueError::NotOurs`] when the queue exists and is not `who`'s.
+    pub async fn check_owner(&self, name: &str, who: &Claimant) -> Result<(), QueueError> {
+        match self.owner_record(name).await? {
+            Some(record) => Ok(owner::owns(name, &record, who)?),
+            None => Ok(()),
+        }
+    }
+
+    /// [`QueueOps::ensure`] of a queue that is missing or proven the spec's actor's: an
+    /// existing queue is adopted only then.
+    pub async fn ensure_owned(&self, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
+        self.check_owner(&spec.name, &spec.claimant()).await?;
+        self.ensure(spec).await
+    }
+
+    /// [`QueueOps::delete`] of a queue proven `who`'s (a missing one is no error).
+    pub async fn delete_owned(&self, name: &str, who: &Claimant) -> Result<(), QueueError> {
+        self.check_owner(name, who).await?;
+        self.delete(name).await
+    }
+
     /// Deletes a deleted actor's queue and what the transport keeps beside it for retries
-    /// (RabbitMQ's delay queues; SQS delays in the queue itself). Returns those extra queues.
+    /// (RabbitMQ's delay queues; SQS delays in the queue itself), once the queue is proven
+    /// `who`'s. Returns those extra queues.
     pub async fn delete_actor_queue(
         &self,
         name: &str,
         resiliency: Option<&asya_api::types::Resiliency>,
+        who: &Claimant,
     ) -> Result<Vec<String>, QueueError> {
+        self.check_owner(name, who).await?;
         match self {
             Backend::Rabbit(b) => b.delete_with_delay_queues(name, resiliency).await,
             Backend::Sqs(b) => b.delete(name).await.map(|()| Vec::new()),

@@ -25,6 +25,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::sync::{Mutex, Semaphore};
 
+use super::owner::{self, QueueRecord};
 use super::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 
 pub struct RabbitQueues {
@@ -176,6 +177,37 @@ impl Management {
             .map_err(|e| format!("GET {uri}: {e}"))?
             .to_bytes();
         serde_json::from_slice(&body).map_err(|e| format!("GET {uri}: {e}"))
+    }
+}
+
+impl Management {
+    /// The queue's bindings (`GET /api/queues/{vhost}/{queue}/bindings`).
+    async fn bindings(&self, queue: &str) -> Result<serde_json::Value, String> {
+        let uri = format!(
+            "{}/api/queues/{}/{}/bindings",
+            self.base,
+            asya_api::percent::encode(&self.vhost),
+            asya_api::percent::encode(queue),
+        );
+        self.get_json(&uri).await
+    }
+}
+
+impl RabbitQueues {
+    /// The record of the queue's owner: the namespaces whose exchange `asya.{ns}` binds it
+    /// ([`owner`]); [`QueueRecord::Unknown`] without the management API. `None`: no such
+    /// queue.
+    pub async fn owner_record(&self, name: &str) -> Result<Option<QueueRecord>, QueueError> {
+        if !self.exists(name).await? {
+            return Ok(None);
+        }
+        let Some(m) = &self.management else {
+            return Ok(Some(QueueRecord::Unknown));
+        };
+        let b = m.bindings(name).await.map_err(QueueError::Unavailable)?;
+        Ok(Some(QueueRecord::TenantBindings(owner::tenant_bindings(
+            name, &b,
+        ))))
     }
 }
 

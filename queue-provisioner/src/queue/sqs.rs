@@ -8,6 +8,7 @@ use std::time::Duration;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::QueueAttributeName;
 
+use super::owner::{self, QueueRecord};
 use super::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 
 pub const RETENTION_SECONDS: u32 = 345_600;
@@ -47,10 +48,11 @@ pub fn attributes(spec: &QueueSpec) -> HashMap<QueueAttributeName, String> {
     ])
 }
 
+/// The owner tags (seed 003), read back before a queue is adopted or deleted ([`owner`]).
 pub fn tags(spec: &QueueSpec) -> HashMap<String, String> {
     HashMap::from([
-        ("asya.sh/namespace".to_string(), spec.namespace.clone()),
-        ("asya.sh/actor".to_string(), spec.actor.clone()),
+        (owner::TAG_NAMESPACE.to_string(), spec.namespace.clone()),
+        (owner::TAG_ACTOR.to_string(), spec.actor.clone()),
     ])
 }
 
@@ -112,6 +114,25 @@ impl SqsQueues {
             }
             Err(e) => Err(unavailable(e)),
         }
+    }
+
+    /// The queue's tags, the record of its owner; `None`: no such queue.
+    pub async fn owner_record(&self, name: &str) -> Result<Option<QueueRecord>, QueueError> {
+        let Some(url) = self.url(name).await? else {
+            return Ok(None);
+        };
+        let out = self
+            .client
+            .list_queue_tags()
+            .queue_url(url)
+            .send()
+            .await
+            .map_err(unavailable)?;
+        let tags = out
+            .tags()
+            .map(|t| t.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        Ok(Some(QueueRecord::Tags(tags)))
     }
 
     async fn arn(&self, url: &str) -> Result<String, QueueError> {
@@ -238,6 +259,7 @@ mod tests {
             namespace: "ns".into(),
             actor: "a".into(),
             visibility_timeout: Duration::from_secs(90),
+            adopt_untagged: false,
         };
         let a = attributes(&spec);
         assert_eq!(a[&QueueAttributeName::VisibilityTimeout], "90");

@@ -51,6 +51,9 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     o.transport = match queues::ensure(rec, actor, &resolved).await {
         Ok(t) => t,
         Err(e) => {
+            if let crate::queue::QueueError::NotOurs(not_ours) = &e {
+                c.event(actor, plan::queue_not_ours_event(not_ours)).await;
+            }
             let (obs, retry) = plan::transport_failure(&e);
             let wait = match retry {
                 Retry::After(d) => d,
@@ -82,6 +85,10 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     )
     .await;
     if let Err(e) = res {
+        if let objects::ApplyError::NotOurs(m) = &e {
+            c.event(actor, objects::not_ours_event(m)).await;
+            o.foreign.push(m.clone());
+        }
         o.workload_error.get_or_insert_with(|| e.to_string());
     }
 
@@ -103,7 +110,8 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         match plan::bare_pod(&pn, injection_down) {
             PodStep::Keep(ev) => c.event(actor, ev).await,
             PodStep::Replace(ev) => {
-                c.delete(ObjectKind::Pod, &resolved.namespace, &pn).await?;
+                c.delete(ObjectKind::Pod, &resolved.namespace, &pn, None)
+                    .await?;
                 c.event(actor, ev).await;
             }
         }

@@ -10,12 +10,14 @@ use tracing::{info, warn};
 
 use crate::model::ObjectKind;
 use crate::queue::QueueError;
+use crate::queue::owner::{self, Claimant};
 use crate::status::{self, TransportObs};
 
 use super::actor::{now, write_status};
 use super::memory::QueueKey;
+use super::ownership::Us;
 use super::plan::{self, CleanupStep, Next};
-use super::{Cluster, Error, Reconciler, actor_key};
+use super::{Cluster, Error, Reconciler, actor_key, objects};
 
 /// What the actor owns, by kind and name; deleted now rather than by the garbage collector,
 /// which frees the names at once for an actor recreated under the same name.
@@ -41,6 +43,8 @@ struct Target {
     name: String,
     transport: String,
     queue: String,
+    /// Who the queue must be recorded as before it is deleted.
+    who: Claimant,
 }
 
 impl Target {
@@ -54,7 +58,9 @@ impl Target {
             .clone()
             .unwrap_or_else(|| rec.config.default_transport.clone());
         let queue = naming::actor_queue(&ns, &actor_name);
+        let adopt = owner::adopt_annotation(actor.metadata.annotations.as_ref());
         Ok(Target {
+            who: Claimant::new(&ns, &actor_name, adopt),
             ns,
             name,
             transport,
@@ -88,6 +94,18 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
 
     let closing = match delete_queue(rec, actor, &t).await {
         Ok(delay_queues) => plan::queue_deleted_event(&t.queue, &delay_queues),
+        // Recorded as another actor's: left at once (no retry would change the record).
+        Err(QueueError::NotOurs(e)) => {
+            warn!(namespace = %t.ns, name = %t.name, queue = %t.queue, error = %e, "queue not deleted: not this actor's");
+            let mut st = terminating;
+            st.conditions.push(plan::queue_not_ours_condition(
+                e.to_string(),
+                actor.metadata.generation,
+                now(),
+            ));
+            let _ = c.patch_status(actor, &st).await;
+            plan::queue_not_ours_event(&e)
+        }
         Err(e) => {
             let since = plan::since_deletion(actor, &now());
             let backoff = rec.memory.backoff(&actor_key(actor), true);
@@ -116,9 +134,18 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         }
     };
 
+    // Only what is the actor's (docs/DESIGN.md §9): an object of another holder with one of
+    // these names stays, and an event says so.
     let keda = c.keda_installed();
+    let uid = actor.uid().unwrap_or_default();
+    let us = Us {
+        uid: &uid,
+        name: &t.name,
+    };
     for (kind, n) in owned(&t.name, keda) {
-        c.delete(kind, &t.ns, &n).await?;
+        if let Err(kept) = objects::delete_if_ours(c, us, kind, &t.ns, &n).await? {
+            c.event(actor, objects::not_ours_event(&kept)).await;
+        }
     }
     forget(rec, &t);
     c.event(actor, closing).await;
@@ -152,7 +179,8 @@ async fn delete_queue<C: Cluster>(
         Some(r) => r.spec.resiliency.as_ref(),
         None => actor.spec.resiliency.as_ref(),
     };
-    c.queue_delete(&t.transport, &t.queue, resiliency).await
+    c.queue_delete(&t.transport, &t.queue, resiliency, &t.who)
+        .await
 }
 
 /// Forgets what this process remembered of the actor's queues and objects.

@@ -16,6 +16,7 @@ use kube::api::DynamicObject;
 
 use crate::apply_skip::Live;
 use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::owner::Claimant;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::render::TransportCredentials;
 use crate::status::WorkloadObs;
@@ -23,7 +24,8 @@ use crate::status::WorkloadObs;
 use super::Error;
 use super::plan::EventSpec;
 
-/// An object the controller applies (server-side apply, its field manager, forced).
+/// An object the controller applies (server-side apply, its field manager; forced only
+/// over an object that is ours, see [`super::ownership`]).
 #[derive(Clone, Debug)]
 pub enum Object {
     Secret(Secret),
@@ -130,11 +132,6 @@ pub trait Cluster: Send + Sync {
         &self,
         transport: &str,
     ) -> impl Future<Output = Result<TransportCredentials, QueueError>> + Send;
-    fn queue_ensure(
-        &self,
-        transport: &str,
-        spec: &QueueSpec,
-    ) -> impl Future<Output = Result<QueueInfo, QueueError>> + Send;
     fn queue_exists(
         &self,
         transport: &str,
@@ -146,22 +143,41 @@ pub trait Cluster: Send + Sync {
         transport: &str,
         queue: &str,
     ) -> impl Future<Output = Result<Option<QueueDepth>, QueueError>> + Send;
-    /// Deletes an actor's queue and its retry delay queues; returns those delay queues.
+    /// Ensures a queue that is missing or proven the spec's actor's
+    /// ([`crate::queue::owner`]); [`QueueError::NotOurs`] otherwise.
+    fn queue_ensure(
+        &self,
+        transport: &str,
+        spec: &QueueSpec,
+    ) -> impl Future<Output = Result<QueueInfo, QueueError>> + Send;
+    /// Deletes an actor's queue and its retry delay queues once the queue is proven `who`'s
+    /// ([`QueueError::NotOurs`] otherwise); returns those delay queues.
     fn queue_delete(
         &self,
         transport: &str,
         queue: &str,
         resiliency: Option<&Resiliency>,
+        who: &Claimant,
     ) -> impl Future<Output = Result<Vec<String>, QueueError>> + Send;
     /// The namespace's end queues are to be looked after (its actors were cleaned up).
     fn end_queues_candidate(&self, transport: &str, ns: &str);
 
-    /// Server-side apply.
+    /// Server-side apply; `force` only for an object that is ours ([`super::ownership`]): a
+    /// create is not forced, so an object someone made meanwhile is not taken over.
     fn apply(
         &self,
         ns: &str,
         obj: &Object,
+        force: bool,
     ) -> impl Future<Output = Result<Answer, kube::Error>> + Send;
+    /// The live object's metadata, read from the API server (the caches hold only objects
+    /// with our label): who holds the name ([`super::ownership::claim`]).
+    fn metadata(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ObjectMeta>, kube::Error>> + Send;
     /// The live workload's `spec.replicas` (read from the API server, not the cache).
     fn replicas(
         &self,
@@ -177,12 +193,14 @@ pub trait Cluster: Send + Sync {
         name: &str,
         n: i32,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
-    /// Deletes an object; `false` when it was not there.
+    /// Deletes an object; `false` when it was not there. `uid`: only if it is still that
+    /// object (a precondition: one replaced since it was read is not deleted).
     fn delete(
         &self,
         kind: ObjectKind,
         ns: &str,
         name: &str,
+        uid: Option<&str>,
     ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
     /// Deletes the Secret only if it carries our managed-by label (read first; the delete is
     /// conditional on that read's uid); `false` when it was absent or not ours.

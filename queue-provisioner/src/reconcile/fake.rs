@@ -9,10 +9,12 @@ use asya_api::flavor::FlavorCatalog;
 use asya_api::types::Resiliency;
 use asya_api::{AsyncActor, AsyncActorStatus, labels};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::apply_skip::{self, Live};
 use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::owner::{self, Claimant, QueueRecord};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, Object};
@@ -66,6 +68,9 @@ pub struct World {
     /// desiredReplicas of KEDA's HPA, by actor.
     pub hpa: BTreeMap<String, i32>,
     pub queues: BTreeMap<String, QueueDepth>,
+    /// What the broker records of each queue's owner (SQS tags set at creation); a queue
+    /// without an entry reads as [`QueueRecord::Unknown`].
+    pub queue_records: BTreeMap<String, QueueRecord>,
     /// What deleting an actor's queue reports as its delay queues.
     pub delay_queues: Vec<String>,
     /// The retry policies each queue delete was given (they name the delay queues).
@@ -73,6 +78,8 @@ pub struct World {
     pub injection_works: bool,
     /// Kinds whose applies the API server refuses.
     pub refuse: BTreeSet<ObjectKind>,
+    /// Objects applied without force (creations).
+    pub unforced: BTreeSet<Key>,
     pub end_queue_candidates: BTreeSet<(String, String)>,
     /// Every write, in order: `apply Deployment n/a`, `event Warning QueueRecreated: …`.
     pub log: Vec<String>,
@@ -91,10 +98,12 @@ impl Default for World {
             pods: vec![],
             hpa: BTreeMap::new(),
             queues: BTreeMap::new(),
+            queue_records: BTreeMap::new(),
             delay_queues: vec![],
             deleted_with: vec![],
             injection_works: true,
             refuse: BTreeSet::new(),
+            unforced: BTreeSet::new(),
             end_queue_candidates: BTreeSet::new(),
             log: vec![],
             events: vec![],
@@ -220,7 +229,16 @@ impl Cluster for Fake {
         let created = !w.queues.contains_key(&spec.name);
         if created {
             w.queues.insert(spec.name.clone(), QueueDepth::default());
+            let tags = [
+                (owner::TAG_NAMESPACE, &spec.namespace),
+                (owner::TAG_ACTOR, &spec.actor),
+            ];
+            let tags = tags.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+            w.queue_records
+                .insert(spec.name.clone(), QueueRecord::Tags(tags.collect()));
             w.log.push(format!("create queue {}", spec.name));
+        } else if let Some(r) = w.queue_records.get(&spec.name) {
+            owner::owns(&spec.name, r, &spec.claimant())?;
         }
         Ok(QueueInfo {
             url: format!("amqp://rabbitmq:5672/%2F/{}", spec.name),
@@ -244,9 +262,15 @@ impl Cluster for Fake {
         _t: &str,
         queue: &str,
         resiliency: Option<&Resiliency>,
+        who: &Claimant,
     ) -> Result<Vec<String>, QueueError> {
         self.broker()?;
         let mut w = self.world();
+        if let Some(r) = w.queue_records.get(queue)
+            && w.queues.contains_key(queue)
+        {
+            owner::owns(queue, r, who)?;
+        }
         w.deleted_with.push(resiliency.cloned());
         w.queues.remove(queue);
         w.log.push(format!("delete queue {queue}"));
@@ -258,13 +282,24 @@ impl Cluster for Fake {
         w.end_queue_candidates.insert((transport.into(), ns.into()));
     }
 
-    async fn apply(&self, ns: &str, obj: &Object) -> Result<Answer, kube::Error> {
+    async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {
         let mut w = self.world();
         let kind = obj.kind();
         let name = obj.name();
         w.log.push(format!("apply {kind} {ns}/{name}"));
         if w.refuse.contains(&kind) {
             return Err(refused(kind.as_str()));
+        }
+        let k = key(kind, ns, &name);
+        if !force {
+            w.unforced.insert(k.clone());
+            // An unforced apply over another manager's object fails on its conflicts.
+            if w.objects.get(&k).is_some_and(|s| !s.managed) {
+                return Err(kube::Error::Api(Box::new(
+                    kube::core::Status::failure("Apply failed with conflicts", "Conflict")
+                        .with_code(409),
+                )));
+            }
         }
         let mut body = match obj {
             Object::Secret(o) => serde_json::to_value(o),
@@ -279,8 +314,13 @@ impl Cluster for Fake {
             .labels
             .as_ref()
             .is_some_and(|l| l.get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1));
-        let k = key(kind, ns, &name);
         let before = w.objects.get(&k).cloned();
+        // The API server gives a created object its uid and keeps it.
+        let uid = before
+            .as_ref()
+            .and_then(|b| b.body.pointer("/metadata/uid").cloned())
+            .unwrap_or_else(|| format!("uid-{kind}-{name}").into());
+        body["metadata"]["uid"] = uid;
         // Server-side apply keeps a field the apply leaves out while another manager (the
         // replica handoff) owns it; the fake keeps any replicas the apply leaves out.
         let kept = before.as_ref().and_then(Stored::replicas);
@@ -341,9 +381,40 @@ impl Cluster for Fake {
         Ok(())
     }
 
-    async fn delete(&self, kind: ObjectKind, ns: &str, name: &str) -> Result<bool, kube::Error> {
+    async fn metadata(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<ObjectMeta>, kube::Error> {
+        let w = self.world();
+        w.objects
+            .get(&key(kind, ns, name))
+            .map(|s| serde_json::from_value(s.body["metadata"].clone()))
+            .transpose()
+            .map_err(kube::Error::SerdeError)
+    }
+
+    async fn delete(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<bool, kube::Error> {
         let mut w = self.world();
         w.log.push(format!("delete {kind} {ns}/{name}"));
+        let stored_uid = w
+            .objects
+            .get(&key(kind, ns, name))
+            .and_then(|s| s.body.pointer("/metadata/uid").and_then(Value::as_str));
+        if let (Some(want), Some(have)) = (uid, stored_uid)
+            && want != have
+        {
+            return Err(kube::Error::Api(Box::new(
+                kube::core::Status::failure("Precondition failed: UID", "Conflict").with_code(409),
+            )));
+        }
         if kind == ObjectKind::Pod {
             let before = w.pods.len();
             w.pods.retain(|p| p.metadata.name.as_deref() != Some(name));

@@ -67,6 +67,7 @@ pub fn mark_sqs_identity_missing(
 pub async fn remove_legacy_rabbitmq<C: Cluster>(
     rec: &Reconciler<C>,
     r: &ResolvedActor,
+    us: super::ownership::Us<'_>,
 ) -> Result<(), kube::Error> {
     let c = &rec.cluster;
     let ns = &r.namespace;
@@ -75,7 +76,9 @@ pub async fn remove_legacy_rabbitmq<C: Cluster>(
         c.live(ObjectKind::TriggerAuthentication, ns, &ta),
         Live::Present { .. }
     ) {
-        c.delete(ObjectKind::TriggerAuthentication, ns, &ta).await?;
+        // Only the actor's own (owner uid): a same-named one of someone else's stays.
+        let _ = super::objects::delete_if_ours(c, us, ObjectKind::TriggerAuthentication, ns, &ta)
+            .await?;
         rec.memory
             .forget_applied(ObjectKind::TriggerAuthentication, ns, &ta);
     }

@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod keda_auth;
 pub mod memory;
 pub mod objects;
+pub mod ownership;
 pub mod plan;
 pub mod queues;
 

@@ -1,5 +1,6 @@
 //! The Kubernetes objects step: transport Secrets, ServiceAccount, workload and KEDA objects,
-//! as [`plan::workload`] and [`plan::scaling`] decide, each applied only when it changed.
+//! as [`plan::workload`] and [`plan::scaling`] decide, each applied only when it changed, and
+//! only over (or deleting) an object that is the actor's ([`ownership`]).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -15,8 +16,54 @@ use crate::render::{self, keda, workload};
 use crate::status::{Observed, WorkloadObs};
 
 use super::memory::ObjectKey;
+use super::ownership::{self, Claim, DeleteStep, Us};
 use super::plan::{self, EventSpec, ObjectsSeen, Reason, ScalingPlan, WorkloadPlan};
 use super::{Answer, Cluster, Object, Reconciler, keda_auth};
+
+/// Why an object step did not write.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    /// The name is held by an object that is not the actor's: left untouched (the message
+    /// names its kind, name and holder).
+    #[error("{0}")]
+    NotOurs(String),
+}
+
+/// Who holds `kind` `ns/name` now, read from the API server.
+async fn claim_of<C: Cluster>(
+    c: &C,
+    us: Us<'_>,
+    kind: ObjectKind,
+    ns: &str,
+    name: &str,
+) -> Result<Claim, kube::Error> {
+    let meta = c.metadata(kind, ns, name).await?;
+    Ok(ownership::claim(kind, meta.as_ref(), us))
+}
+
+/// Deletes the object if it is the actor's (and still the object read). `Ok(Err(message))`:
+/// it is someone else's and was kept; `Ok(Ok(deleted))` otherwise.
+pub async fn delete_if_ours<C: Cluster>(
+    c: &C,
+    us: Us<'_>,
+    kind: ObjectKind,
+    ns: &str,
+    name: &str,
+) -> Result<Result<bool, String>, kube::Error> {
+    let meta = c.metadata(kind, ns, name).await?;
+    match ownership::delete_step(kind, ns, name, meta.as_ref(), us) {
+        DeleteStep::Nothing => Ok(Ok(false)),
+        DeleteStep::Delete { uid } => Ok(Ok(c.delete(kind, ns, name, uid.as_deref()).await?)),
+        DeleteStep::Keep { message } => Ok(Err(message)),
+    }
+}
+
+/// The event of an object left untouched because another holds its name.
+pub fn not_ours_event(message: &str) -> EventSpec {
+    EventSpec::warning(Reason::NameConflict, message.to_string())
+}
 
 /// Applies `desired` (server-side apply, with its hash in [`apply_skip::APPLIED_HASH`])
 /// unless the last apply sent the same and the live object (`live`, from a cache) is still
@@ -25,11 +72,12 @@ use super::{Answer, Cluster, Object, Reconciler, keda_auth};
 /// out without it counting as a change. `None` when skipped.
 async fn apply_changed<C: Cluster>(
     r: &Reconciler<C>,
+    us: Us<'_>,
     ns: &str,
     mut desired: Object,
     live: Live,
     initial: Option<i32>,
-) -> Result<Option<Answer>, kube::Error> {
+) -> Result<Option<Answer>, ApplyError> {
     let key = ObjectKey::new(desired.kind(), ns, &desired.name());
     let hash = desired.hash();
     let now = Instant::now();
@@ -49,6 +97,18 @@ async fn apply_changed<C: Cluster>(
             return Ok(None);
         }
         ApplyDecision::Apply => {
+            // Read first: a name held by someone else is not taken over; ours is applied
+            // with force, a creation without (docs/DESIGN.md §9).
+            let kind = desired.kind();
+            let name = desired.name();
+            let force = match claim_of(&r.cluster, us, kind, ns, &name).await? {
+                Claim::Absent => false,
+                Claim::Ours => true,
+                Claim::Foreign { holder } => {
+                    let m = ownership::not_ours_message(kind, ns, &name, &holder);
+                    return Err(ApplyError::NotOurs(m));
+                }
+            };
             if let Some(n) = initial {
                 desired.set_replicas(n);
             }
@@ -57,7 +117,7 @@ async fn apply_changed<C: Cluster>(
                 .annotations
                 .get_or_insert_default()
                 .insert(apply_skip::APPLIED_HASH.into(), format!("{hash:016x}"));
-            r.cluster.apply(ns, &desired).await?
+            r.cluster.apply(ns, &desired, force).await?
         }
     };
     let applied = Applied {
@@ -75,13 +135,14 @@ async fn apply_changed<C: Cluster>(
 /// the HPA) do not reset them.
 async fn apply_workload<C: Cluster>(
     r: &Reconciler<C>,
+    us: Us<'_>,
     wp: &WorkloadPlan,
     ns: &str,
     desired: Object,
     live: Live,
-) -> Result<WorkloadObs, kube::Error> {
+) -> Result<WorkloadObs, ApplyError> {
     let name = desired.name();
-    let sent = apply_changed(r, ns, desired, live, wp.initial).await?;
+    let sent = apply_changed(r, us, ns, desired, live, wp.initial).await?;
     if let (Some(n), Some(_)) = (wp.initial, &sent) {
         r.cluster.claim_replicas(wp.kind, ns, &name, n).await?;
     }
@@ -119,17 +180,21 @@ pub async fn apply<C: Cluster>(
     owner: &OwnerReference,
     o: &mut Observed,
     queue_url: Option<&str>,
-) -> Result<(), kube::Error> {
+) -> Result<(), ApplyError> {
     let c = &rec.cluster;
     let config = &rec.config;
     let ns = &r.namespace;
+    let us = Us {
+        uid: &owner.uid,
+        name: &r.name,
+    };
     let transport = config.transports.get(&r.transport);
     let prev = actor.status.as_ref();
 
     // Transport credentials in the actor's namespace (shared by its actors: one apply).
     if let (Some(t), Ok(creds)) = (transport, c.transport(&r.transport).await) {
         for s in render::transport_secrets(ns, &r.transport, t, &creds) {
-            apply_changed(rec, ns, Object::Secret(s), Live::NotCached, None).await?;
+            apply_changed(rec, us, ns, Object::Secret(s), Live::NotCached, None).await?;
         }
     }
     // SQS without shared keys nor an IRSA role: the pods cannot authenticate; say so. Keys
@@ -147,7 +212,9 @@ pub async fn apply<C: Cluster>(
         ns,
         &naming::service_account_name(&r.name),
     );
-    apply_changed(rec, ns, Object::ServiceAccount(sa), sa_live, None).await?;
+    // A ServiceAccount of that name that is not the actor's stops the step here: its pods
+    // would run as someone else's identity.
+    apply_changed(rec, us, ns, Object::ServiceAccount(sa), sa_live, None).await?;
 
     // What to do with the workload and KEDA's objects, from what the caches and this
     // process know before any of it is written.
@@ -169,11 +236,13 @@ pub async fn apply<C: Cluster>(
     let wp = &plan.workload;
 
     // The workload; the other kind goes when the actor switched kinds.
-    if wp.hand_over {
+    if wp.hand_over && claim_of(c, us, kind.object(), ns, &name).await? == Claim::Ours {
         hand_replicas_over(rec, kind, ns, &name).await?;
     }
     if let Some(other) = wp.remove {
-        c.delete(other.object(), ns, &name).await?;
+        if let Err(kept) = delete_if_ours(c, us, other.object(), ns, &name).await? {
+            o.foreign.push(kept);
+        }
         rec.memory.forget_applied(other.object(), ns, &name);
     }
     let desired = match kind {
@@ -184,7 +253,8 @@ pub async fn apply<C: Cluster>(
             Object::Deployment(workload::deployment(r, labels, owner, config))
         }
     };
-    match apply_workload(rec, wp, ns, desired, seen.workload_live).await {
+    let mut workload_foreign = false;
+    match apply_workload(rec, us, wp, ns, desired, seen.workload_live).await {
         Ok(w) => {
             if wp.announce {
                 let note = format!("{kind} {name} created");
@@ -192,6 +262,12 @@ pub async fn apply<C: Cluster>(
                     .await;
             }
             o.workload = Some(w);
+        }
+        Err(ApplyError::NotOurs(m)) => {
+            c.event(actor, not_ours_event(&m)).await;
+            o.foreign.push(m.clone());
+            o.workload_error = Some(m);
+            workload_foreign = true;
         }
         Err(e) => {
             c.event(
@@ -208,9 +284,16 @@ pub async fn apply<C: Cluster>(
         ScalingPlan::Unavailable(why) => o.scaling_error = Some(why),
         ScalingPlan::Nothing => {}
         ScalingPlan::Remove { note } => {
-            let removed = c.delete(ObjectKind::ScaledObject, ns, &so_name).await?;
-            c.delete(ObjectKind::TriggerAuthentication, ns, &ta_name)
-                .await?;
+            let mut removed = false;
+            for (kind, n) in [
+                (ObjectKind::ScaledObject, &so_name),
+                (ObjectKind::TriggerAuthentication, &ta_name),
+            ] {
+                match delete_if_ours(c, us, kind, ns, n).await? {
+                    Ok(gone) => removed |= gone && kind == ObjectKind::ScaledObject,
+                    Err(kept) => o.foreign.push(kept),
+                }
+            }
             rec.memory
                 .forget_applied(ObjectKind::ScaledObject, ns, &so_name);
             rec.memory
@@ -221,6 +304,14 @@ pub async fn apply<C: Cluster>(
             }
         }
         ScalingPlan::Apply { announce } => {
+            // A ScaledObject targets the workload by name: over someone else's Deployment it
+            // would hand that one to KEDA.
+            if workload_foreign {
+                o.scaling_error = Some(format!(
+                    "not applied: {kind} {ns}/{name} is not this actor's"
+                ));
+                return Ok(());
+            }
             let Some(t) = transport else {
                 return Ok(());
             };
@@ -242,11 +333,13 @@ pub async fn apply<C: Cluster>(
                 if let Some(ta) = ta {
                     let ta_live = c.live(ObjectKind::TriggerAuthentication, ns, &ta_name);
                     let obj = Object::TriggerAuthentication(ta);
-                    ta_sent = apply_changed(rec, ns, obj, ta_live, None).await?.is_some();
+                    ta_sent = apply_changed(rec, us, ns, obj, ta_live, None)
+                        .await?
+                        .is_some();
                 }
                 let so_live = c.live(ObjectKind::ScaledObject, ns, &so_name);
-                apply_changed(rec, ns, Object::ScaledObject(so), so_live, None).await?;
-                Ok::<_, kube::Error>(ta_sent)
+                apply_changed(rec, us, ns, Object::ScaledObject(so), so_live, None).await?;
+                Ok::<_, ApplyError>(ta_sent)
             }
             .await;
             match res {
@@ -257,7 +350,7 @@ pub async fn apply<C: Cluster>(
                         o.scaling_error = Some(keda_auth::identity_problem_message(&why));
                     }
                     if t.is_rabbitmq()
-                        && let Err(e) = keda_auth::remove_legacy_rabbitmq(rec, r).await
+                        && let Err(e) = keda_auth::remove_legacy_rabbitmq(rec, r, us).await
                     {
                         // Tried again on the next reconcile; KEDA no longer reads them.
                         tracing::warn!(namespace = %ns, actor = %r.name, error = %e,
@@ -271,6 +364,11 @@ pub async fn apply<C: Cluster>(
                         c.event(actor, EventSpec::normal(Reason::ScaledObjectCreated, note))
                             .await;
                     }
+                }
+                Err(ApplyError::NotOurs(m)) => {
+                    c.event(actor, not_ours_event(&m)).await;
+                    o.foreign.push(m.clone());
+                    o.scaling_error = Some(m);
                 }
                 Err(e) => {
                     let ev = EventSpec::warning(Reason::ScaledObjectFailed, e.to_string());

@@ -62,6 +62,10 @@ pub enum Reason {
     CleanupIncomplete,
     /// The actor is in a namespace the admission webhook skips: nothing is created for it.
     NamespaceExcluded,
+    /// An object with a name the actor needs is someone else's: left untouched.
+    NameConflict,
+    /// The queue of the actor's name is recorded as another actor's: left untouched.
+    QueueNotOurs,
     /// The actor entered this phase.
     Phase(Phase),
 }
@@ -84,6 +88,8 @@ impl Reason {
             Reason::CleanupSkipped => "CleanupSkipped",
             Reason::CleanupIncomplete => "CleanupIncomplete",
             Reason::NamespaceExcluded => "NamespaceExcluded",
+            Reason::NameConflict => "NameConflict",
+            Reason::QueueNotOurs => "QueueNotOurs",
             Reason::Phase(p) => p.as_str(),
         }
     }
@@ -196,6 +202,7 @@ pub fn base_observed(actor: &AsyncActor) -> Observed {
         workload_kind: None,
         workload: None,
         workload_error: None,
+        foreign: vec![],
         pods: vec![],
         scaling_enabled: true,
         scaling_error: None,
@@ -276,12 +283,18 @@ pub fn transport_failure(e: &QueueError) -> (TransportObs, Retry) {
         QueueError::Unavailable(_) => "Unavailable",
         QueueError::RecreateCooldown(_) => "RecreateCooldown",
         QueueError::Rejected(_) => "Rejected",
+        QueueError::NotOurs(_) => "QueueNotOurs",
     };
     let obs = TransportObs::Failed {
         reason: reason.into(),
         message: e.to_string(),
     };
     (obs, retry)
+}
+
+/// The Warning event of a queue recorded as another actor's (the message names both).
+pub fn queue_not_ours_event(e: &crate::queue::owner::OwnershipError) -> EventSpec {
+    EventSpec::warning(Reason::QueueNotOurs, e.to_string())
 }
 
 /// The event for a queue this reconcile created: a first creation, or (the status already
@@ -655,6 +668,19 @@ pub fn cleanup_incomplete_condition(
         type_: CLEANUP_INCOMPLETE.into(),
         status: "True".into(),
         reason: "QueueLeftBehind".into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: now,
+    }
+}
+
+/// The condition a deleted actor's last status carries when its queue was left as not its
+/// own.
+pub fn queue_not_ours_condition(message: String, generation: Option<i64>, now: Time) -> Condition {
+    Condition {
+        type_: CLEANUP_INCOMPLETE.into(),
+        status: "True".into(),
+        reason: "QueueNotOurs".into(),
         message,
         observed_generation: generation,
         last_transition_time: now,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use asya_api::{AsyncActor, ResolvedActor, naming};
 
-use crate::queue::{QueueError, QueueInfo, QueueSpec};
+use crate::queue::{QueueError, QueueInfo, QueueSpec, owner};
 use crate::status::TransportObs;
 
 use super::memory::QueueKey;
@@ -16,12 +16,15 @@ use super::{Cluster, Reconciler, plan};
 /// namespace ensures them (actors with different timeouts would rewrite it in turn).
 pub const END_QUEUE_VISIBILITY: Duration = Duration::from_secs(300);
 
-pub fn queue_spec(ns: &str, actor: &str, timeout: Duration) -> QueueSpec {
+/// `adopt_untagged`: the actor's [`owner::ADOPT_QUEUE`] annotation (end queues: never, the
+/// provisioner always made them).
+pub fn queue_spec(ns: &str, actor: &str, timeout: Duration, adopt_untagged: bool) -> QueueSpec {
     QueueSpec {
         name: naming::actor_queue(ns, actor),
         namespace: ns.into(),
         actor: actor.into(),
         visibility_timeout: timeout,
+        adopt_untagged,
     }
 }
 
@@ -57,10 +60,11 @@ pub async fn ensure<C: Cluster>(
 ) -> Result<TransportObs, QueueError> {
     rec.cluster.transport(&r.transport).await?;
     for end in [naming::SINK_ACTOR, naming::SUMP_ACTOR] {
-        let spec = queue_spec(&r.namespace, end, END_QUEUE_VISIBILITY);
+        let spec = queue_spec(&r.namespace, end, END_QUEUE_VISIBILITY, false);
         ensure_cached(rec, &r.transport, spec).await?;
     }
-    let spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout);
+    let adopt = owner::adopt_annotation(actor.metadata.annotations.as_ref());
+    let spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout, adopt);
     let mut info = ensure_cached(rec, &r.transport, spec.clone()).await?;
     let mut depth = rec.cluster.queue_depth(&r.transport, &r.queue).await;
     if !info.created && matches!(depth, Ok(None)) {

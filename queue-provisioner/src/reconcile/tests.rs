@@ -166,8 +166,9 @@ async fn replicas_are_handed_to_keda_before_the_apply_stops_setting_them_and_tak
         Some("Manual")
     );
     assert!(!has(&log, "claim replicas"), "{log:#?}");
-    // A new actor without scaling: nothing of KEDA's to keep, whatever is there goes.
-    assert!(has(&log, "delete ScaledObject n/a"));
+    // A new actor without scaling: nothing of KEDA's to keep, and nothing there to delete
+    // (it is read first: only an object of the actor's is deleted).
+    assert!(!has(&log, "delete ScaledObject n/a"), "{log:#?}");
     assert!(!has(&log, "event Normal ScaledObjectDeleted"));
     let replicas = |r: &Reconciler<Fake>| {
         r.cluster.world().objects[&key(ObjectKind::Deployment, "n", "a")].replicas()
@@ -197,7 +198,9 @@ async fn replicas_are_handed_to_keda_before_the_apply_stops_setting_them_and_tak
     step(&r, &mut a).await;
     let log = r.cluster.take_log();
     assert!(has(&log, "delete ScaledObject n/a"));
-    assert!(has(&log, "delete TriggerAuthentication n/a"));
+    // RabbitMQ actors have no TriggerAuthentication of their own (KEDA reads through the
+    // ClusterTriggerAuthentication), and cleanup deletes only what exists.
+    assert!(!has(&log, "delete TriggerAuthentication"));
     assert!(has(
         &log,
         "event Normal ScaledObjectDeleted: scaling disabled: ScaledObject removed, 2 fixed replica(s)"
@@ -295,14 +298,14 @@ async fn a_deleted_actor_is_cleaned_up_and_then_its_finalizer_goes() {
         "status Terminating",
         "delete queue asya-n-a",
         "delete Deployment n/a",
-        "delete StatefulSet n/a",
         "delete ScaledObject n/a",
-        "delete TriggerAuthentication n/a",
         "event Normal QueueDeleted: queue asya-n-a deleted, with its retry delay queues asya-n-a-delay-1, asya-n-a-delay-2, asya-n-a-delay-3, asya-n-a-delay-4 and 2 more",
         "remove finalizer",
     ];
     let idx: Vec<usize> = order.iter().map(|p| at(&log, p)).collect();
     assert!(idx.windows(2).all(|w| w[0] < w[1]), "{log:#?}");
+    // Only what exists is deleted: the actor never had a StatefulSet.
+    assert!(!has(&log, "delete StatefulSet"), "{log:#?}");
     assert!(
         has(
             &log,
@@ -381,9 +384,7 @@ async fn a_broker_down_past_the_bound_is_given_up_on_and_the_actor_released() {
     let order = [
         "status Terminating",
         "delete Deployment n/a",
-        "delete StatefulSet n/a",
         "delete ScaledObject n/a",
-        "delete TriggerAuthentication n/a",
         "event Warning CleanupIncomplete: gave up after 30s: queue asya-n-a on rabbitmq (with its retry delay queues, if any) left behind, delete it by hand: transport unavailable: connection refused; deleted Deployment/StatefulSet a, ScaledObject a",
         "remove finalizer",
     ];
@@ -497,39 +498,143 @@ async fn cleanup_does_not_need_the_flavors_to_resolve() {
     assert_eq!(serde_json::to_value(used).unwrap(), own);
 }
 
+/// A Deployment someone else created under the actor's name.
+fn foreign_deployment() -> Stored {
+    Stored {
+        body: json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "a", "namespace": "n", "uid": "their-uid",
+                         "labels": {"team": "other"},
+                         "managedFields": [{"manager": "kubectl-create", "operation": "Update"}]},
+            "spec": {"replicas": 5, "template": {"spec": {"containers": [{"name": "web", "image": "nginx"}]}}}}),
+        generation: 7,
+        managed: false,
+        ready: 5,
+    }
+}
+
 #[tokio::test]
-async fn a_foreign_object_with_our_name_is_taken_over_by_the_forced_apply() {
-    // What the controller does today, documented: a Deployment someone else created under
-    // the actor's name (not managed by us, so not in the caches) counts as missing and is
-    // applied over with force, becoming ours, created at the KEDA minimum.
+async fn a_foreign_object_with_our_name_is_left_alone_and_named_in_a_condition() {
+    // Changed by issue 26 (finding 6): the controller used to apply over such a Deployment
+    // with force and take it over. Now it reads the name's holder first and leaves it be.
     let r = reconciler();
-    let foreign = json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "a", "namespace": "n", "labels": {"team": "other"}},
-        "spec": {"replicas": 5, "template": {"spec": {"containers": [{"name": "web", "image": "nginx"}]}}}});
+    let k = key(ObjectKind::Deployment, "n", "a");
+    r.cluster
+        .world()
+        .objects
+        .insert(k.clone(), foreign_deployment());
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "apply Deployment n/a"), "{log:#?}");
+    assert!(!has(&log, "claim replicas"), "{log:#?}");
+    // Nor is it handed to KEDA: a ScaledObject targets the workload by name.
+    assert!(!has(&log, "apply ScaledObject"), "{log:#?}");
+    let note = "Deployment n/a exists and is not this actor's (written by kubectl-create); left untouched: delete or rename it, or rename the actor";
+    assert!(
+        has(&log, &format!("event Warning NameConflict: {note}")),
+        "{log:#?}"
+    );
+    {
+        let w = r.cluster.world();
+        let d = &w.objects[&k];
+        assert!(!d.managed);
+        assert_eq!(d.replicas(), Some(5));
+        assert_eq!(
+            d.body["spec"]["template"]["spec"]["containers"][0]["name"],
+            "web"
+        );
+    }
+    let st = a.status.as_ref().expect("status");
+    let c = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "NameConflict")
+        .expect("NameConflict condition");
+    assert_eq!((c.status.as_str(), c.message.as_str()), ("True", note));
+    let w = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "WorkloadReady")
+        .unwrap();
+    assert_eq!((w.status.as_str(), w.message.as_str()), ("False", note));
+    let sc = st.conditions.iter().find(|c| c.type_ == "ScalingReady");
+    let sc = sc.expect("ScalingReady");
+    assert_eq!(
+        (sc.status.as_str(), sc.message.as_str()),
+        ("False", "not applied: Deployment n/a is not this actor's")
+    );
+
+    // Deleting the actor leaves it too, and says so.
+    a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    assert_eq!(step(&r, &mut a).await, Next::AwaitChange);
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "delete Deployment"), "{log:#?}");
+    assert!(
+        has(&log, "event Warning NameConflict: Deployment n/a"),
+        "{log:#?}"
+    );
+    assert!(has(&log, "remove finalizer"));
+    assert!(r.cluster.world().objects.contains_key(&k), "it survives");
+
+    // Once its holder removes it, a new actor of that name creates its own, unforced.
+    let r = reconciler();
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    let w = r.cluster.world();
+    assert!(w.objects[&k].managed);
+    assert!(w.unforced.contains(&k), "a creation is not forced");
+    assert!(
+        w.status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "NameConflict")
+    );
+}
+
+#[tokio::test]
+async fn a_foreign_service_account_stops_the_workload_and_our_own_objects_are_forced() {
+    let r = reconciler();
+    let sa = key(ObjectKind::ServiceAccount, "n", "asya-a");
     r.cluster.world().objects.insert(
-        key(ObjectKind::Deployment, "n", "a"),
+        sa.clone(),
         Stored {
-            body: foreign,
-            generation: 7,
-            managed: false,
-            ready: 5,
+            body: json!({"metadata": {"name": "asya-a", "namespace": "n",
+                "labels": {"app.kubernetes.io/managed-by": "asya-queue-provisioner"}}}),
+            generation: 1,
+            managed: true,
+            ready: 0,
         },
     );
     let mut a = actor(plain());
     step(&r, &mut a).await;
     let log = r.cluster.take_log();
+    // Our label without the owner reference: not the actor's; its pods would run as it.
+    assert!(!has(&log, "apply ServiceAccount"), "{log:#?}");
+    assert!(!has(&log, "apply Deployment"), "{log:#?}");
+    assert!(has(
+        &log,
+        "event Warning NameConflict: ServiceAccount n/asya-a"
+    ));
+    assert_eq!(phase(&a), "Degraded");
     assert!(
-        at(&log, "apply Deployment n/a") < at(&log, "claim replicas Deployment n/a 0"),
-        "{log:#?}"
+        message(&a).starts_with("workload: ServiceAccount n/asya-a exists and is not this actor's"),
+        "{}",
+        message(&a)
     );
+
+    // Gone: everything is created; a later change to our own object is applied with force.
+    r.cluster.world().objects.remove(&sa);
+    step(&r, &mut a).await;
+    a.spec = serde_json::from_value(json!({"image": "py:3.13", "handler": "m.f"})).unwrap();
+    a.metadata.generation = Some(2);
+    r.cluster.world().unforced.clear();
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(has(&log, "apply Deployment n/a"), "{log:#?}");
     let w = r.cluster.world();
-    let d = &w.objects[&key(ObjectKind::Deployment, "n", "a")];
-    assert!(d.managed, "it carries our labels now");
-    assert_eq!(d.replicas(), Some(0));
-    assert_eq!(
-        d.body["spec"]["template"]["spec"]["containers"][0]["name"],
-        "asya-runtime"
-    );
+    assert!(!w.unforced.contains(&key(ObjectKind::Deployment, "n", "a")));
 }
 
 #[tokio::test]
@@ -780,7 +885,9 @@ async fn an_upgrade_removes_the_old_per_namespace_keda_credential_once_the_scale
         w.objects.insert(
             key(ObjectKind::TriggerAuthentication, "n", "a-trigger-auth"),
             stored(
-                json!({"metadata": {"name": "a-trigger-auth", "labels": managed}}),
+                json!({"metadata": {"name": "a-trigger-auth", "labels": managed,
+                    "ownerReferences": [{"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+                                         "name": "a", "uid": "uid-1"}]}}),
                 true,
             ),
         );
@@ -1018,4 +1125,89 @@ async fn a_key_secret_another_transport_shares_is_not_removed() {
         "n",
         "sqs-credentials"
     )));
+}
+
+/// The queue `asya-n-a` recorded (tagged) as another actor's: namespace `n-a`'s actor `x`,
+/// whose queue has the same name.
+fn foreign_queue(r: &Reconciler<Fake>) {
+    use crate::queue::owner::{QueueRecord, TAG_ACTOR, TAG_NAMESPACE};
+    let mut w = r.cluster.world();
+    w.queues
+        .insert("asya-n-a".into(), crate::queue::QueueDepth::default());
+    let tags = [(TAG_NAMESPACE, "n-a"), (TAG_ACTOR, "x")];
+    w.queue_records.insert(
+        "asya-n-a".into(),
+        QueueRecord::Tags(
+            tags.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+    );
+}
+
+#[tokio::test]
+async fn a_queue_recorded_as_another_actors_is_not_adopted() {
+    let r = reconciler();
+    foreign_queue(&r);
+    let mut a = actor(plain());
+    // Retried with the actor's backoff, as a refusal of the broker is.
+    let next = step(&r, &mut a).await;
+    assert_eq!(next, Next::After(Duration::from_secs(5)));
+    let log = r.cluster.take_log();
+    let msg = "queue asya-n-a belongs to actor n-a/x (its tags asya.sh/namespace=\"n-a\", asya.sh/actor=\"x\"), not to actor n/a: not adopted, purged or deleted";
+    assert!(
+        has(&log, &format!("event Warning QueueNotOurs: {msg}")),
+        "{log:#?}"
+    );
+    assert!(
+        !has(&log, "apply "),
+        "nothing runs on another's queue: {log:#?}"
+    );
+    assert_eq!(phase(&a), "TransportError");
+    let c = a
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "TransportReady")
+        .unwrap();
+    assert_eq!(
+        (c.reason.as_str(), c.message.as_str()),
+        ("QueueNotOurs", msg)
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_actor_leaves_a_queue_recorded_as_another_actors() {
+    let r = reconciler();
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    // Recorded as another's since (a collision from before admission refused them).
+    foreign_queue(&r);
+    r.cluster.take_log();
+    a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    assert_eq!(
+        step(&r, &mut a).await,
+        Next::AwaitChange,
+        "released at once"
+    );
+    let log = r.cluster.take_log();
+    assert!(!has(&log, "delete queue"), "{log:#?}");
+    assert!(has(
+        &log,
+        "event Warning QueueNotOurs: queue asya-n-a belongs to actor n-a/x"
+    ));
+    assert!(has(&log, "delete Deployment n/a") && has(&log, "remove finalizer"));
+    assert!(r.cluster.world().queues.contains_key("asya-n-a"));
+    let w = r.cluster.world();
+    let c = w
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "CleanupIncomplete")
+        .expect("condition");
+    assert_eq!(c.reason, "QueueNotOurs");
 }

@@ -40,6 +40,7 @@ fn base() -> Observed {
             failure: None,
         }),
         workload_error: None,
+        foreign: vec![],
         pods: vec![],
         scaling_enabled: true,
         scaling_error: None,

@@ -14,7 +14,7 @@ use super::response::{
     allowing, cannot_encode_patch, deny, deny_fields, handled, kind_mismatch, patched,
     with_warnings,
 };
-use super::{ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, op_name, wire};
+use super::{ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, collision, op_name, wire};
 
 /// The common validation (an AsyncActor CREATE or UPDATE whose spec has no unknown field)
 /// through the cheaper parse of [`super::wire`]: the spec is parsed from the request's
@@ -57,13 +57,17 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
     let resp = allowing(types, req.uid);
     let span = tracing::debug_span!("admit", endpoint = Endpoint::ValidateActors.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
     let _g = span.enter();
-    let review = review_parsed_decision(
+    let creating = old.is_none();
+    let mut review = review_parsed_decision(
         actor,
         old,
         req.namespace.as_deref(),
         ctx.catalog,
         ctx.config,
     );
+    if creating {
+        collision::check_create(&mut review, ctx.actors);
+    }
     let pending = PendingPrivilege::of(&review, &req.user_info);
     let mut h = handled(validated(resp, review, &req.name), operation);
     h.privilege = pending;
@@ -145,8 +149,11 @@ pub(super) fn actor(
     }
     let ns = req.namespace.as_deref();
     let mutating = endpoint == Endpoint::MutateActors;
-    let review = actor_review(obj, old, ns, ctx, mutating);
+    let mut review = actor_review(obj, old, ns, ctx, mutating);
     if !mutating {
+        if req.operation == Operation::Create {
+            collision::check_create(&mut review, ctx.actors);
+        }
         // Only the validating endpoint asks: it sees the object as stored, after mutation.
         let pending = PendingPrivilege::of(&review, &req.user_info);
         return (validated(resp, review, &req.name), pending);

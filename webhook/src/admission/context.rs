@@ -1,12 +1,13 @@
 //! What admission reads besides the request: the configuration, snapshots of the caches,
 //! and the memo of injection settings. No API calls.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use asya_api::config::ClusterConfig;
 use asya_api::flavor::FlavorCatalog;
 use serde_json::Value;
 
+use super::collision::Holder;
 use crate::inject::ActorSettings;
 
 /// AsyncActors by namespace and name, as the injection path needs them.
@@ -23,11 +24,33 @@ pub trait ActorLookup: Send + Sync {
     fn version(&self, _namespace: &str, _name: &str) -> Option<String> {
         None
     }
+
+    /// The AsyncActors of `namespaces`, each with the actor its queue is named after, for
+    /// the queue collision check ([`super::collision`]). A lookup that cannot list answers
+    /// none (nothing is refused).
+    fn holders_in(&self, _namespaces: &BTreeSet<String>) -> Vec<Holder> {
+        Vec::new()
+    }
 }
 
 impl ActorLookup for HashMap<(String, String), Value> {
     fn get(&self, namespace: &str, name: &str) -> Option<Value> {
         HashMap::get(self, &(namespace.to_string(), name.to_string())).cloned()
+    }
+
+    fn holders_in(&self, namespaces: &BTreeSet<String>) -> Vec<Holder> {
+        self.iter()
+            .filter(|((ns, _), _)| namespaces.contains(ns))
+            .map(|((ns, name), v)| Holder {
+                namespace: ns.clone(),
+                name: name.clone(),
+                actor: v
+                    .pointer("/spec/actor")
+                    .and_then(Value::as_str)
+                    .unwrap_or(name)
+                    .to_string(),
+            })
+            .collect()
     }
 }
 

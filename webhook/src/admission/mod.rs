@@ -5,6 +5,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 
 mod actor;
+pub mod collision;
 mod context;
 mod pod;
 pub mod privilege;

@@ -256,6 +256,16 @@ impl crate::admission::ActorLookup for LazyActors {
         let c = self.0.get()?;
         ActorStore(c.actors.clone()).version(namespace, name)
     }
+
+    fn holders_in(
+        &self,
+        namespaces: &std::collections::BTreeSet<String>,
+    ) -> Vec<crate::admission::collision::Holder> {
+        match self.0.get() {
+            Some(c) => ActorStore(c.actors.clone()).holders_in(namespaces),
+            None => Vec::new(),
+        }
+    }
 }
 
 #[cfg(test)]
