@@ -120,11 +120,27 @@ pub struct GatewayConfig {
     /// A Secret in each actor namespace holding a bearer token the gateway accepts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret_ref: Option<SecretKeySelector>,
+    /// The gateway's report key, in the release namespace. With `tokenSecretRef` set, the
+    /// provisioner issues each actor namespace's report token into that Secret there
+    /// (docs/DESIGN.md §9, "Gateway tokens").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_key_secret_ref: Option<SecretKeySelector>,
 }
 
 impl GatewayConfig {
     pub fn is_off(&self) -> bool {
-        self.url.is_none() && self.token_secret_ref.is_none()
+        self.url.is_none()
+            && self.token_secret_ref.is_none()
+            && self.report_key_secret_ref.is_none()
+    }
+
+    /// Where the provisioner reads the report key and where it writes each namespace's
+    /// report token (`(key, token)`), when it issues them: both must be configured.
+    pub fn report_tokens(&self) -> Option<(&SecretKeySelector, &SecretKeySelector)> {
+        Some((
+            self.report_key_secret_ref.as_ref()?,
+            self.token_secret_ref.as_ref()?,
+        ))
     }
 }
 

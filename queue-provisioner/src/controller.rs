@@ -352,6 +352,8 @@ pub async fn run(
         service_accounts,
         trigger_auths,
         hpas,
+        actors: store.clone(),
+        own_namespace: own_namespace.clone(),
         keda,
     };
     let ctx = Arc::new(Reconciler::new(cluster, config));

@@ -70,6 +70,7 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     let t = Target::of(rec, actor)?;
     if plan::skip_cleanup(actor) {
         forget(rec, &t);
+        crate::gateway_report::release(rec, actor, &t.ns).await;
         c.event(
             actor,
             plan::cleanup_skipped_event(&t.name, &t.queue, &t.transport),
@@ -120,6 +121,8 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     for (kind, n) in owned(&t.name, keda) {
         c.delete(kind, &t.ns, &n).await?;
     }
+    // The namespace's gateway report token goes with its last actor.
+    crate::gateway_report::release(rec, actor, &t.ns).await;
     forget(rec, &t);
     c.event(actor, closing).await;
     c.remove_finalizer(actor).await?;

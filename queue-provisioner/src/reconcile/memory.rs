@@ -66,6 +66,8 @@ pub struct Memory {
     ensured: Mutex<HashMap<QueueKey, Ensured>>,
     /// To skip applies that would not change anything.
     applied: Mutex<HashMap<ObjectKey, Applied>>,
+    /// The gateway report key as last read, and namespaces whose token Secret is foreign.
+    pub gateway_report: crate::gateway_report::Remembered,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

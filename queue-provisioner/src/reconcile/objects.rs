@@ -132,6 +132,8 @@ pub async fn apply<C: Cluster>(
             apply_changed(rec, ns, Object::Secret(s), Live::NotCached, None).await?;
         }
     }
+    // The namespace's gateway report token, which its sidecars read at start.
+    crate::gateway_report::ensure(rec, actor, ns).await;
     let sa = render::service_account(r, labels, owner, config);
     let sa_live = c.live(
         ObjectKind::ServiceAccount,

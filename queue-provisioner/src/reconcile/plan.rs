@@ -54,6 +54,9 @@ pub enum Reason {
     ScaledObjectFailed,
     PodWithoutSidecar,
     PodWithoutSidecarReplaced,
+    /// The namespace's gateway report token could not be issued (key unreadable, or a
+    /// Secret of that name the provisioner did not create).
+    GatewayReportToken,
     /// A deleted actor annotated `asya.sh/skip-cleanup: "true"` released without cleanup.
     CleanupSkipped,
     /// A deleted actor released after cleanup gave up on its queue.
@@ -78,6 +81,7 @@ impl Reason {
             Reason::ScaledObjectFailed => "ScaledObjectFailed",
             Reason::PodWithoutSidecar => "PodWithoutSidecar",
             Reason::PodWithoutSidecarReplaced => "PodWithoutSidecarReplaced",
+            Reason::GatewayReportToken => "GatewayReportToken",
             Reason::CleanupSkipped => "CleanupSkipped",
             Reason::CleanupIncomplete => "CleanupIncomplete",
             Reason::NamespaceExcluded => "NamespaceExcluded",
