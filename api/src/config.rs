@@ -623,4 +623,31 @@ transports:
         let err = ClusterConfig::from_yaml("flavorLimits: {maxByte: 1}").unwrap_err();
         assert!(err.to_string().contains("maxByte"), "{err}");
     }
+
+    #[test]
+    fn the_gateway_report_tokens_are_issued_only_with_key_and_token_secret() {
+        let cfg = ClusterConfig::from_yaml(
+            "gateway:\n  url: http://gw:8080\n  tokenSecretRef: {name: asya-gateway-report, key: token}\n  reportKeySecretRef: {name: asya-gateway-report-key, key: key}\n",
+        )
+        .unwrap();
+        let (key, token) = cfg.gateway.report_tokens().expect("both set");
+        assert_eq!(
+            (key.name.as_str(), key.key.as_str()),
+            ("asya-gateway-report-key", "key")
+        );
+        assert_eq!(
+            (token.name.as_str(), token.key.as_str()),
+            ("asya-gateway-report", "token")
+        );
+        // A token Secret made by hand (no key for the provisioner): not issued.
+        let cfg = ClusterConfig::from_yaml(
+            "gateway:\n  url: http://gw:8080\n  tokenSecretRef: {name: t, key: token}\n",
+        )
+        .unwrap();
+        assert!(cfg.gateway.report_tokens().is_none());
+        assert!(!cfg.gateway.is_off());
+        let cfg =
+            ClusterConfig::from_yaml("gateway: {reportKeySecretRef: {name: k, key: key}}").unwrap();
+        assert!(cfg.gateway.report_tokens().is_none() && !cfg.gateway.is_off());
+    }
 }
