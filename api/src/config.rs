@@ -120,11 +120,27 @@ pub struct GatewayConfig {
     /// A Secret in each actor namespace holding a bearer token the gateway accepts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret_ref: Option<SecretKeySelector>,
+    /// The gateway's report key, in the release namespace. With `tokenSecretRef` set, the
+    /// provisioner issues each actor namespace's report token into that Secret there
+    /// (docs/DESIGN.md §9, "Gateway tokens").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_key_secret_ref: Option<SecretKeySelector>,
 }
 
 impl GatewayConfig {
     pub fn is_off(&self) -> bool {
-        self.url.is_none() && self.token_secret_ref.is_none()
+        self.url.is_none()
+            && self.token_secret_ref.is_none()
+            && self.report_key_secret_ref.is_none()
+    }
+
+    /// Where the provisioner reads the report key and where it writes each namespace's
+    /// report token (`(key, token)`), when it issues them: both must be configured.
+    pub fn report_tokens(&self) -> Option<(&SecretKeySelector, &SecretKeySelector)> {
+        Some((
+            self.report_key_secret_ref.as_ref()?,
+            self.token_secret_ref.as_ref()?,
+        ))
     }
 }
 
@@ -667,5 +683,32 @@ transports:
         );
         let err = ClusterConfig::from_yaml("flavorLimits: {maxByte: 1}").unwrap_err();
         assert!(err.to_string().contains("maxByte"), "{err}");
+    }
+
+    #[test]
+    fn the_gateway_report_tokens_are_issued_only_with_key_and_token_secret() {
+        let cfg = ClusterConfig::from_yaml(
+            "gateway:\n  url: http://gw:8080\n  tokenSecretRef: {name: asya-gateway-report, key: token}\n  reportKeySecretRef: {name: asya-gateway-report-key, key: key}\n",
+        )
+        .unwrap();
+        let (key, token) = cfg.gateway.report_tokens().expect("both set");
+        assert_eq!(
+            (key.name.as_str(), key.key.as_str()),
+            ("asya-gateway-report-key", "key")
+        );
+        assert_eq!(
+            (token.name.as_str(), token.key.as_str()),
+            ("asya-gateway-report", "token")
+        );
+        // A token Secret made by hand (no key for the provisioner): not issued.
+        let cfg = ClusterConfig::from_yaml(
+            "gateway:\n  url: http://gw:8080\n  tokenSecretRef: {name: t, key: token}\n",
+        )
+        .unwrap();
+        assert!(cfg.gateway.report_tokens().is_none());
+        assert!(!cfg.gateway.is_off());
+        let cfg =
+            ClusterConfig::from_yaml("gateway: {reportKeySecretRef: {name: k, key: key}}").unwrap();
+        assert!(cfg.gateway.report_tokens().is_none() && !cfg.gateway.is_off());
     }
 }

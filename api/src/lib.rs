@@ -15,6 +15,7 @@ pub mod labels;
 pub mod naming;
 pub mod normalize;
 pub mod percent;
+pub mod report_token;
 pub mod restricted;
 pub mod schema;
 pub mod sidecar_settings;

@@ -384,6 +384,8 @@ pub async fn run(
         service_accounts,
         trigger_auths,
         hpas,
+        actors: store.clone(),
+        own_namespace: own_namespace.clone(),
         keda,
         keda_identity,
     };

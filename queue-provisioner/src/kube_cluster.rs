@@ -82,6 +82,10 @@ pub struct KubeCluster {
     pub trigger_auths: Option<Store<PartialObjectMeta<DynamicObject>>>,
     /// The HPAs KEDA makes for the ScaledObjects (desired replicas).
     pub hpas: Store<HorizontalPodAutoscaler>,
+    /// The controller's own store of actors (a namespace's actors name its permissions).
+    pub actors: Store<AsyncActor>,
+    /// The provisioner's namespace (the platform's credentials are never removed there).
+    pub own_namespace: String,
     /// KEDA's API (ScaledObject, TriggerAuthentication), when its CRDs are installed.
     pub keda: Option<(ApiResource, ApiResource)>,
     /// What the KEDA identity loop last found, by transport.
@@ -382,6 +386,24 @@ impl Cluster for KubeCluster {
 
     fn end_queues_candidate(&self, transport: &str, ns: &str) {
         self.end_queues.add(transport, ns);
+    }
+
+    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>> {
+        self.actors
+            .state()
+            .into_iter()
+            .filter(|a| a.metadata.namespace.as_deref() == Some(ns))
+            .collect()
+    }
+
+    fn platform_namespace(&self) -> &str {
+        &self.own_namespace
+    }
+
+    async fn read_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
+        Api::<Secret>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
     }
 
     async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {

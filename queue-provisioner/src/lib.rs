@@ -6,6 +6,7 @@
 pub mod apply_skip;
 pub mod controller;
 pub mod end_queues;
+pub mod gateway_report;
 pub mod health;
 pub mod keda_identity;
 pub mod kube_cluster;

@@ -562,12 +562,17 @@ def test_gateway_renders_deployment_service_and_tools_config_map(tmp_path):
     assert svc["spec"]["selector"].items() <= labels.items()
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
 
-    # The cluster configuration points the sidecars at the Service.
-    assert rendered_config("--set", "gateway.enabled=true")["gateway"] == {"url": "http://asya-gateway.asya-system.svc:8080"}
+    # The cluster configuration points the sidecars at the Service, and the provisioner at
+    # the report key and the per-namespace token Secret it issues (issue 26).
+    assert rendered_config("--set", "gateway.enabled=true")["gateway"] == {
+        "url": "http://asya-gateway.asya-system.svc:8080",
+        "tokenSecretRef": {"name": "asya-gateway-report", "key": "token"},
+        "reportKeySecretRef": {"name": "asya-gateway-report-key", "key": "key"}}
     cfg = rendered_config("--set", "gateway.enabled=true", "--set", "gateway.port=9000",
                           "--set", "gateway.auth.sidecarTokenSecretRef.name=gw-sidecar")
     assert cfg["gateway"] == {"url": "http://asya-gateway.asya-system.svc:9000",
-                              "tokenSecretRef": {"name": "gw-sidecar", "key": "token"}}
+                              "tokenSecretRef": {"name": "gw-sidecar", "key": "token"},
+                              "reportKeySecretRef": {"name": "asya-gateway-report-key", "key": "key"}}
 
 
 def test_gateway_report_key_is_generated_once_mounted_and_optional(tmp_path):
@@ -596,6 +601,44 @@ def test_gateway_report_key_is_generated_once_mounted_and_optional(tmp_path):
         docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, **values}}))
         assert ("Secret", "asya-gateway-report-key") not in component(docs, "gateway")
         assert "ASYA_GATEWAY_REPORT_KEY_FILE" not in env_by_name(gateway_container(docs))
+
+
+def provisioner_secret_rules(docs) -> tuple[list, list]:
+    """The provisioner's rules on Secrets: cluster-wide (actor namespaces), and in the release
+    namespace."""
+    def rules(kind):
+        role = next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == "asya-provisioner")
+        return [r for r in role["rules"] if "secrets" in r["resources"]]
+    return rules("ClusterRole"), rules("Role")
+
+
+def test_gateway_report_tokens_are_issued_by_the_provisioner(tmp_path):
+    """Issue 26: no manual step per namespace. With the gateway on, the provisioner reads
+    the report key (by name, in the release namespace) and writes, reads back and deletes
+    each namespace's token Secret by name only; it may list no Secret."""
+    cluster, release = provisioner_secret_rules(render("--set", "gateway.enabled=true"))
+    assert {"resources": ["secrets"], "apiGroups": [""], "resourceNames": ["asya-gateway-report"],
+            "verbs": ["get", "patch", "delete"]} in cluster
+    assert {"resources": ["secrets"], "apiGroups": [""], "verbs": ["create"]} in cluster
+    assert {"resources": ["secrets"], "apiGroups": [""], "resourceNames": ["asya-gateway-report-key"],
+            "verbs": ["get"]} in release
+    for r in cluster + release:
+        assert not {"list", "watch"} & set(r["verbs"]), r
+
+    # Auth off, no report key, or no token Secret name: no token, nothing to read or write.
+    for values in ({"auth": {"disabled": True}}, {"auth": {"reportKeySecretRef": {"name": ""}}},
+                   {"auth": {"sidecarTokenSecretRef": {"name": ""}}}):
+        docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, **values}}))
+        cfg = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap"
+                                  and d["metadata"]["name"] == "asya-config")["data"]["config.yaml"])
+        assert cfg["gateway"] == {"url": "http://asya-gateway.asya-system.svc:8080"}, values
+        cluster, release = provisioner_secret_rules(docs)
+        names = [n for r in cluster + release for n in r.get("resourceNames", [])]
+        assert "asya-gateway-report" not in names and "asya-gateway-report-key" not in names, values
+    # The gateway off: neither.
+    cluster, release = provisioner_secret_rules(render())
+    names = [n for r in cluster + release for n in r.get("resourceNames", [])]
+    assert "asya-gateway-report" not in names and "asya-gateway-report-key" not in names
 
 
 @pytest.mark.parametrize("config, expected_env", [

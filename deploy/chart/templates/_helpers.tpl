@@ -107,8 +107,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- if .Values.gateway.enabled -}}
 {{- $gw := dict "url" (printf "http://%s.%s.svc:%v" (include "asya.gateway.name" .) .Release.Namespace .Values.gateway.port) -}}
-{{- with .Values.gateway.auth.sidecarTokenSecretRef -}}
-{{- if .name }}{{ $_ := set $gw "tokenSecretRef" (dict "name" .name "key" .key) }}{{ end -}}
+{{- if include "asya.gatewayReportTokens" . -}}
+{{- with .Values.gateway.auth.sidecarTokenSecretRef }}{{ $_ := set $gw "tokenSecretRef" (dict "name" .name "key" .key) }}{{ end -}}
+{{- with .Values.gateway.auth.reportKeySecretRef }}{{ $_ := set $gw "reportKeySecretRef" (dict "name" .name "key" .key) }}{{ end -}}
 {{- end -}}
 {{- $_ := set $cfg "gateway" $gw -}}
 {{- end -}}
@@ -212,4 +213,13 @@ spec:
 {{- $out := list -}}
 {{- range ($names | uniq | sortAlpha) }}{{ if not (has . $written) }}{{ $out = append $out . }}{{ end }}{{ end -}}
 {{- $out | toJson -}}
+
+{{/* "true" when the provisioner issues each actor namespace's gateway report token (the
+gateway is on, with auth, a report key and sidecarTokenSecretRef): docs/DESIGN.md §9. Without
+a report key no report is accepted, so the sidecars get no token to start with. */}}
+{{- define "asya.gatewayReportTokens" -}}
+{{- $g := .Values.gateway -}}
+{{- $rk := $g.auth.reportKeySecretRef | default dict -}}
+{{- $st := $g.auth.sidecarTokenSecretRef | default dict -}}
+{{- if and $g.enabled (not $g.auth.disabled) $rk.name $st.name -}}true{{- end -}}
 {{- end -}}

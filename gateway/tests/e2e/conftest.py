@@ -35,7 +35,7 @@ CREW = ROOT / "deploy" / "crew"
 TOKEN = "test-token-" + "0123456789abcdef"
 # A client token limited to a namespace no test uses (gateway/src/access/tokens.rs).
 ELSEWHERE_TOKEN = "elsewhere-token-" + "0123456789abcdef"
-# The key report tokens are derived from (gateway/src/access/report_key.rs).
+# The key report tokens are derived from (api/src/report_token.rs, shared by the gateway and the provisioner).
 REPORT_KEY = b"test-report-key-" + b"0123456789abcdef"
 
 

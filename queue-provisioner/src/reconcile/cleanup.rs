@@ -76,6 +76,7 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     let t = Target::of(rec, actor)?;
     if plan::skip_cleanup(actor) {
         forget(rec, &t);
+        crate::gateway_report::release(rec, actor, &t.ns).await;
         c.event(
             actor,
             plan::cleanup_skipped_event(&t.name, &t.queue, &t.transport),
@@ -147,6 +148,8 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
             c.event(actor, objects::not_ours_event(&kept)).await;
         }
     }
+    // The namespace's gateway report token goes with its last actor.
+    crate::gateway_report::release(rec, actor, &t.ns).await;
     forget(rec, &t);
     c.event(actor, closing).await;
     c.remove_finalizer(actor).await?;

@@ -162,6 +162,18 @@ pub trait Cluster: Send + Sync {
     /// The namespace's end queues are to be looked after (its actors were cleaned up).
     fn end_queues_candidate(&self, transport: &str, ns: &str);
 
+    /// The cached actors of namespace `ns`.
+    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>>;
+    /// The provisioner's own namespace, where the platform's credentials live.
+    fn platform_namespace(&self) -> &str;
+    /// A Secret as the API server has it now (Secrets are not cached: the provisioner may
+    /// not list them).
+    fn read_secret(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Secret>, kube::Error>> + Send;
+
     /// Server-side apply; `force` only for an object that is ours ([`super::ownership`]): a
     /// create is not forced, so an object someone made meanwhile is not taken over.
     fn apply(

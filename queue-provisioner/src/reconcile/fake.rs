@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use asya_api::flavor::FlavorCatalog;
 use asya_api::types::Resiliency;
 use asya_api::{AsyncActor, AsyncActorStatus, labels};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
@@ -21,6 +21,9 @@ use crate::reconcile::{Answer, Cluster, Error, FINALIZER, Object};
 use crate::render::TransportCredentials;
 use crate::render::workload::MANAGED_BY;
 use crate::status::WorkloadObs;
+
+/// The provisioner's own namespace in the fake.
+pub const PLATFORM_NAMESPACE: &str = "asya-system";
 
 /// How the broker answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +88,8 @@ pub struct World {
     pub log: Vec<String>,
     pub events: Vec<EventSpec>,
     pub status: Option<AsyncActorStatus>,
+    /// The actors cache (`actors_in`).
+    pub actors: Vec<Arc<AsyncActor>>,
 }
 
 impl Default for World {
@@ -108,6 +113,7 @@ impl Default for World {
             log: vec![],
             events: vec![],
             status: None,
+            actors: vec![],
         }
     }
 }
@@ -280,6 +286,28 @@ impl Cluster for Fake {
     fn end_queues_candidate(&self, transport: &str, ns: &str) {
         let mut w = self.world();
         w.end_queue_candidates.insert((transport.into(), ns.into()));
+    }
+
+    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>> {
+        let w = self.world();
+        w.actors
+            .iter()
+            .filter(|a| a.metadata.namespace.as_deref() == Some(ns))
+            .cloned()
+            .collect()
+    }
+
+    fn platform_namespace(&self) -> &str {
+        PLATFORM_NAMESPACE
+    }
+
+    async fn read_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
+        let mut w = self.world();
+        w.log.push(format!("read Secret {ns}/{name}"));
+        w.objects
+            .get(&key(ObjectKind::Secret, ns, name))
+            .map(|s| serde_json::from_value(s.body.clone()).map_err(kube::Error::SerdeError))
+            .transpose()
     }
 
     async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {

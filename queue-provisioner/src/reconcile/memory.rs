@@ -68,6 +68,8 @@ pub struct Memory {
     applied: Mutex<HashMap<ObjectKey, Applied>>,
     /// Objects of an older layout removed (or found absent) already: not asked about again.
     legacy_gone: Mutex<HashSet<ObjectKey>>,
+    /// The gateway report key as last read, and namespaces whose token Secret is foreign.
+    pub gateway_report: crate::gateway_report::Remembered,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -22,6 +22,8 @@ pub mod queues;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
+mod gateway_report_tests;
+#[cfg(test)]
 mod tests;
 
 pub use cluster::{Answer, Cluster, Object};

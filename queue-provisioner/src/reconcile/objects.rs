@@ -206,6 +206,8 @@ pub async fn apply<C: Cluster>(
                 "removing copies of the platform's static SQS keys no longer shared");
         }
     }
+    // The namespace's gateway report token, which its sidecars read at start.
+    crate::gateway_report::ensure(rec, actor, ns).await;
     let sa = render::service_account(r, labels, owner, config);
     let sa_live = c.live(
         ObjectKind::ServiceAccount,

@@ -56,6 +56,9 @@ pub enum Reason {
     PodWithoutSidecarReplaced,
     /// The platform's static SQS keys were copied into the actor's namespace (opt-in).
     SharedStaticCredentials,
+    /// The namespace's gateway report token could not be issued (key unreadable, or a
+    /// Secret of that name the provisioner did not create).
+    GatewayReportToken,
     /// A deleted actor annotated `asya.sh/skip-cleanup: "true"` released without cleanup.
     CleanupSkipped,
     /// A deleted actor released after cleanup gave up on its queue.
@@ -85,6 +88,7 @@ impl Reason {
             Reason::PodWithoutSidecar => "PodWithoutSidecar",
             Reason::PodWithoutSidecarReplaced => "PodWithoutSidecarReplaced",
             Reason::SharedStaticCredentials => "SharedStaticCredentials",
+            Reason::GatewayReportToken => "GatewayReportToken",
             Reason::CleanupSkipped => "CleanupSkipped",
             Reason::CleanupIncomplete => "CleanupIncomplete",
             Reason::NamespaceExcluded => "NamespaceExcluded",

@@ -1,0 +1,321 @@
+//! Each actor namespace's gateway report token (docs/DESIGN.md §9, "Gateway tokens"): with
+//! `gateway.reportKeySecretRef` and `gateway.tokenSecretRef` in the cluster configuration,
+//! the provisioner reads the report key in its own namespace and applies, in every namespace
+//! that has actors, the Secret `tokenSecretRef` names with that namespace's token
+//! ([`asya_api::report_token`], the gateway's own derivation), labelled managed-by. The
+//! Secret goes with the namespace's last actor.
+//!
+//! A Secret of that name the provisioner did not create is never overwritten nor deleted: a
+//! Warning event says so instead. The key and the tokens are never logged nor put in an
+//! event. A new key reaches the namespaces within [`RECHECK`] plus a periodic reconcile;
+//! sidecars read the token at start, so they report with the new one once restarted.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use asya_api::AsyncActor;
+use asya_api::config::SecretKeySelector;
+use asya_api::report_token::{KeyError, ReportKey};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use tracing::{info, warn};
+
+use crate::apply_skip::{Applied, REASSERT, desired_hash};
+use crate::model::ObjectKind;
+use crate::reconcile::memory::{ObjectKey, RECHECK};
+use crate::reconcile::plan::{EventSpec, Reason};
+use crate::reconcile::{Cluster, Object, Reconciler, actor_key};
+use crate::render::workload::MANAGED_BY;
+
+/// Says what the Secret is, for whoever lists a namespace's Secrets.
+pub const COMPONENT: (&str, &str) = ("app.kubernetes.io/component", "gateway-report-token");
+
+/// The namespace's token Secret: `at.name`, the token under `at.key`, labelled managed-by
+/// (the only proof, checked before any later write or delete, that it is ours).
+pub fn render(namespace: &str, at: &SecretKeySelector, token: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(at.name.clone()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([
+                (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+                (COMPONENT.0.to_string(), COMPONENT.1.to_string()),
+            ])),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            at.key.clone(),
+            ByteString(token.as_bytes().to_vec()),
+        )])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+/// Whether the provisioner made this Secret (it carries our managed-by label).
+pub fn is_ours(secret: &Secret) -> bool {
+    secret.labels().get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1)
+}
+
+/// What to do about the namespace's token Secret while it has actors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Issue {
+    Apply,
+    /// A same-named Secret someone else made: left as it is.
+    Foreign,
+}
+
+pub fn issue_step(existing: Option<&Secret>) -> Issue {
+    match existing {
+        Some(s) if !is_ours(s) => Issue::Foreign,
+        _ => Issue::Apply,
+    }
+}
+
+/// What to do about it once an actor of the namespace is cleaned up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Other actors of the namespace still report with it.
+    Keep,
+    Delete,
+    /// Not there, or not ours: nothing to do.
+    Leave,
+}
+
+pub fn release_step(others_live: bool, existing: Option<&Secret>) -> Release {
+    match existing {
+        _ if others_live => Release::Keep,
+        Some(s) if is_ours(s) => Release::Delete,
+        _ => Release::Leave,
+    }
+}
+
+/// Why the report key could not be used; names the Secret and the key, never their content.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyReadError {
+    #[error("reading Secret {namespace}/{name} (gateway.reportKeySecretRef): {error}")]
+    Read {
+        namespace: String,
+        name: String,
+        error: String,
+    },
+    #[error("Secret {namespace}/{name} (gateway.reportKeySecretRef) does not exist")]
+    Missing { namespace: String, name: String },
+    #[error("Secret {namespace}/{name} (gateway.reportKeySecretRef) has no key {key:?}")]
+    NoKey {
+        namespace: String,
+        name: String,
+        key: String,
+    },
+    #[error("Secret {namespace}/{name} key {key:?} (gateway.reportKeySecretRef): {error}")]
+    Invalid {
+        namespace: String,
+        name: String,
+        key: String,
+        error: KeyError,
+    },
+}
+
+/// The key from the Secret as read (pure: the read is the caller's).
+pub fn key_from(
+    namespace: &str,
+    at: &SecretKeySelector,
+    secret: Option<&Secret>,
+) -> Result<ReportKey, KeyReadError> {
+    let (namespace, name) = (namespace.to_string(), at.name.clone());
+    let Some(secret) = secret else {
+        return Err(KeyReadError::Missing { namespace, name });
+    };
+    let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(&at.key)) else {
+        return Err(KeyReadError::NoKey {
+            namespace,
+            name,
+            key: at.key.clone(),
+        });
+    };
+    ReportKey::new(&bytes.0).map_err(|error| KeyReadError::Invalid {
+        namespace,
+        name,
+        key: at.key.clone(),
+        error,
+    })
+}
+
+pub fn foreign_note(namespace: &str, name: &str) -> String {
+    format!(
+        "Secret {namespace}/{name} (gateway.tokenSecretRef) exists without the label {}={}: \
+         the provisioner did not create it and leaves it as it is, so the gateway report \
+         token of namespace {namespace} is not issued; delete or rename that Secret to let \
+         the provisioner manage it",
+        MANAGED_BY.0, MANAGED_BY.1
+    )
+}
+
+/// What this process remembers: the key as last read (one read per [`RECHECK`] for the
+/// whole cluster, not one per namespace), and which problems it announced (one event each).
+#[derive(Default)]
+pub struct Remembered {
+    key: Mutex<Option<(Instant, Arc<ReportKey>)>>,
+    announced: Mutex<HashSet<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Remembered {
+    fn fresh_key(&self) -> Option<Arc<ReportKey>> {
+        lock(&self.key)
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < RECHECK)
+            .map(|(_, k)| k.clone())
+    }
+    fn set_key(&self, key: Arc<ReportKey>) {
+        *lock(&self.key) = Some((Instant::now(), key));
+    }
+    /// True the first time `what` is announced since it was last resolved.
+    fn first_time(&self, what: &str) -> bool {
+        lock(&self.announced).insert(what.to_string())
+    }
+    fn resolved(&self, what: &str) {
+        lock(&self.announced).remove(what);
+    }
+}
+
+async fn report_key<C: Cluster>(
+    rec: &Reconciler<C>,
+    at: &SecretKeySelector,
+) -> Result<Arc<ReportKey>, KeyReadError> {
+    let mem = &rec.memory.gateway_report;
+    if let Some(k) = mem.fresh_key() {
+        return Ok(k);
+    }
+    let ns = rec.cluster.platform_namespace().to_string();
+    let secret = rec
+        .cluster
+        .read_secret(&ns, &at.name)
+        .await
+        .map_err(|e| KeyReadError::Read {
+            namespace: ns.clone(),
+            name: at.name.clone(),
+            error: e.to_string(),
+        })?;
+    let key = Arc::new(key_from(&ns, at, secret.as_ref())?);
+    mem.set_key(key.clone());
+    Ok(key)
+}
+
+/// Announces a problem with a Warning event on `actor`, once until it is resolved.
+async fn announce<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, what: &str, note: String) {
+    let once = format!("{what}/{}", actor_key(actor));
+    if rec.memory.gateway_report.first_time(&once) {
+        warn!(actor = %actor_key(actor), "{note}");
+        let ev = EventSpec::warning(Reason::GatewayReportToken, note);
+        rec.cluster.event(actor, ev).await;
+    }
+}
+
+/// Before the actor's workload (its sidecars read the token at start): the namespace's
+/// token Secret, applied when the key or the Secret changed, or after [`REASSERT`]. Never
+/// fails the reconcile: a problem is a Warning event on the actor.
+pub async fn ensure<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &str) {
+    let Some((key_at, token_at)) = rec.config.gateway.report_tokens() else {
+        return;
+    };
+    let okey = ObjectKey::new(ObjectKind::Secret, ns, &token_at.name);
+    let last = rec.memory.applied(&okey);
+    if last.as_ref().is_some_and(|l| l.at.elapsed() < RECHECK) {
+        return;
+    }
+    let key = match report_key(rec, key_at).await {
+        Ok(k) => k,
+        Err(e) => return announce(rec, actor, "key", e.to_string()).await,
+    };
+    rec.memory
+        .gateway_report
+        .resolved(&format!("key/{}", actor_key(actor)));
+    let token = match key.token(ns) {
+        Ok(t) => t,
+        Err(e) => return announce(rec, actor, "token", e.to_string()).await,
+    };
+    let desired = render(ns, token_at, &token);
+    let hash = desired_hash(&desired);
+    if last.is_some_and(|l| l.hash == hash && l.at.elapsed() < REASSERT) {
+        return;
+    }
+    let existing = match rec.cluster.read_secret(ns, &token_at.name).await {
+        Ok(s) => s,
+        Err(e) => {
+            let note = format!("reading Secret {ns}/{}: {e}", token_at.name);
+            return announce(rec, actor, "read", note).await;
+        }
+    };
+    if issue_step(existing.as_ref()) == Issue::Foreign {
+        return announce(rec, actor, "foreign", foreign_note(ns, &token_at.name)).await;
+    }
+    // Forced only over our own Secret; a create is not, so one made meanwhile is not taken.
+    let force = existing.is_some();
+    match rec.cluster.apply(ns, &Object::Secret(desired), force).await {
+        Ok(answer) => {
+            for what in ["read", "foreign", "apply"] {
+                rec.memory
+                    .gateway_report
+                    .resolved(&format!("{what}/{}", actor_key(actor)));
+            }
+            let applied = Applied {
+                hash,
+                generation: answer.generation,
+                at: Instant::now(),
+            };
+            rec.memory.record_applied(okey, applied);
+        }
+        Err(e) => {
+            let note = format!("writing Secret {ns}/{}: {e}", token_at.name);
+            announce(rec, actor, "apply", note).await;
+        }
+    }
+}
+
+/// After an actor's cleanup: with no other live actor in the namespace, its token Secret
+/// goes (only when ours). Best effort: a failure is logged, never keeps the actor.
+pub async fn release<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &str) {
+    let Some((_, token_at)) = rec.config.gateway.report_tokens() else {
+        return;
+    };
+    let c = &rec.cluster;
+    let me = actor.uid();
+    let others_live = c.actors_in(ns).iter().any(|a| {
+        a.metadata.deletion_timestamp.is_none() && a.uid() != me && a.name_any() != actor.name_any()
+    });
+    if others_live {
+        return;
+    }
+    let name = &token_at.name;
+    rec.memory.forget_applied(ObjectKind::Secret, ns, name);
+    let existing = match c.read_secret(ns, name).await {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(namespace = %ns, secret = %name, error = %e, "could not read the namespace's gateway report token Secret; it stays");
+            return;
+        }
+    };
+    if release_step(false, existing.as_ref()) != Release::Delete {
+        return;
+    }
+    // The uid precondition: the Secret read (and found ours) is the one deleted.
+    let uid = existing.as_ref().and_then(|s| s.metadata.uid.clone());
+    match c.delete(ObjectKind::Secret, ns, name, uid.as_deref()).await {
+        Ok(_) => {
+            info!(namespace = %ns, secret = %name, "gateway report token removed with the namespace's last actor")
+        }
+        Err(e) => {
+            warn!(namespace = %ns, secret = %name, error = %e, "could not delete the namespace's gateway report token Secret")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
