@@ -245,7 +245,17 @@ impl SidecarSettings {
         if let Some(g) = &self.gateway {
             out.push(literal(env::GATEWAY_URL, g.url.clone()));
             if let Some(t) = &g.token {
-                out.push(t.env(env::GATEWAY_TOKEN));
+                // Optional: without its report token a pod still moves envelopes (its reports
+                // are refused, the envelopes' status stays pending) instead of never starting.
+                let mut var = t.env(env::GATEWAY_TOKEN);
+                if let Some(r) = var
+                    .value_from
+                    .as_mut()
+                    .and_then(|v| v.secret_key_ref.as_mut())
+                {
+                    r.optional = Some(true);
+                }
+                out.push(var);
             }
         }
         out

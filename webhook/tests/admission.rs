@@ -642,7 +642,7 @@ fn sidecar_gets_the_gateway_url_only_when_the_cluster_configuration_names_one() 
     assert_eq!(
         with["ASYA_GATEWAY_TOKEN"],
         json!({"name": "ASYA_GATEWAY_TOKEN",
-               "valueFrom": {"secretKeyRef": {"name": "gw-sidecar", "key": "token"}}})
+               "valueFrom": {"secretKeyRef": {"name": "gw-sidecar", "key": "token", "optional": true}}})
     );
 }
 
