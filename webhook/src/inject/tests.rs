@@ -331,7 +331,11 @@ fn gateway_url_and_token_are_injected_only_when_the_configuration_names_a_gatewa
             .and_then(|v| v.secret_key_ref.as_ref())
             .unwrap();
         assert_eq!((sk.name.as_str(), sk.key.as_str()), ("gw-sidecar", "token"));
-        assert_eq!(sk.optional, Some(true), "a pod starts without its report token");
+        assert_eq!(
+            sk.optional,
+            Some(true),
+            "a pod starts without its report token"
+        );
     }
 }
 
