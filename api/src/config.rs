@@ -263,6 +263,10 @@ pub struct Policy {
     /// Top-level spec fields that namespaced (ConfigMap) flavors may set.
     #[serde(default = "default_namespaced_flavor_fields")]
     pub namespaced_flavor_fields: Vec<String>,
+    /// The Pod Security level an actor's pod must meet in a namespace without the
+    /// `pod-security.kubernetes.io/enforce` label (with it, the label's level).
+    #[serde(default)]
+    pub default_pod_security_level: crate::privilege::Level,
 }
 
 fn yes() -> bool {
@@ -371,6 +375,7 @@ impl Default for Policy {
             require_resource_limits: false,
             max_replicas: default_max_replicas(),
             namespaced_flavor_fields: default_namespaced_flavor_fields(),
+            default_pod_security_level: crate::privilege::Level::Baseline,
         }
     }
 }

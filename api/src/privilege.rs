@@ -28,26 +28,31 @@ use crate::types::AsyncActorSpec;
 pub const ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
 
 /// A Pod Security Standards level.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Level {
     Privileged,
+    #[default]
     Baseline,
     Restricted,
 }
 
 impl Level {
-    /// The level for a namespace: its `enforce` label when set, else `baseline`. A value that
-    /// is not a level reads as `restricted`, as the API server's PodSecurity admission reads it.
-    pub fn of_namespace(labels: Option<&BTreeMap<String, String>>) -> Level {
-        match labels
-            .and_then(|l| l.get(ENFORCE_LABEL))
-            .map(String::as_str)
-        {
-            None => Level::Baseline,
-            Some("privileged") => Level::Privileged,
-            Some("baseline") => Level::Baseline,
-            Some(_) => Level::Restricted,
-        }
+    /// The level for a namespace: its `enforce` label when set, else `default` (the policy's
+    /// `defaultPodSecurityLevel`, `baseline` unless set).
+    pub fn of_namespace(labels: Option<&BTreeMap<String, String>>, default: Level) -> Level {
+        Level::labelled(labels).unwrap_or(default)
+    }
+
+    /// The level a namespace's `enforce` label sets, `None` without the label. A value that is
+    /// not a level reads as `restricted`, as the API server's PodSecurity admission reads it.
+    pub fn labelled(labels: Option<&BTreeMap<String, String>>) -> Option<Level> {
+        let value = labels.and_then(|l| l.get(ENFORCE_LABEL))?;
+        Some(match value.as_str() {
+            "privileged" => Level::Privileged,
+            "baseline" => Level::Baseline,
+            _ => Level::Restricted,
+        })
     }
 
     pub fn as_str(self) -> &'static str {

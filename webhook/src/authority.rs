@@ -28,7 +28,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub struct KubeAuthority {
     client: kube::Client,
-    levels: Mutex<HashMap<String, (Level, Instant)>>,
+    levels: Mutex<HashMap<String, (Option<Level>, Instant)>>,
 }
 
 impl KubeAuthority {
@@ -39,14 +39,14 @@ impl KubeAuthority {
         }
     }
 
-    fn remembered(&self, namespace: &str) -> Option<Level> {
+    fn remembered(&self, namespace: &str) -> Option<Option<Level>> {
         let m = self.levels.lock().unwrap_or_else(|e| e.into_inner());
         m.get(namespace)
             .filter(|(_, at)| at.elapsed() < LEVEL_TTL)
             .map(|(l, _)| *l)
     }
 
-    fn remember(&self, namespace: &str, level: Level) {
+    fn remember(&self, namespace: &str, level: Option<Level>) {
         let mut m = self.levels.lock().unwrap_or_else(|e| e.into_inner());
         if m.len() >= LEVEL_MAX {
             m.clear();
@@ -54,7 +54,7 @@ impl KubeAuthority {
         m.insert(namespace.to_string(), (level, Instant::now()));
     }
 
-    async fn read_level(&self, namespace: &str) -> Result<Level, AuthorityError> {
+    async fn read_level(&self, namespace: &str) -> Result<Option<Level>, AuthorityError> {
         if let Some(l) = self.remembered(namespace) {
             return Ok(l);
         }
@@ -67,8 +67,8 @@ impl KubeAuthority {
             .await
             .map_err(|_| err(format!("no answer within {CALL_TIMEOUT:?}")))?
             .map_err(|e| err(e.to_string()))?;
-        // A namespace not found (yet): the default level, as for one without the label.
-        let level = Level::of_namespace(ns.as_ref().and_then(|n| n.metadata.labels.as_ref()));
+        // A namespace not found (yet): no label, so the policy's default level.
+        let level = Level::labelled(ns.as_ref().and_then(|n| n.metadata.labels.as_ref()));
         self.remember(namespace, level);
         Ok(level)
     }
@@ -125,7 +125,10 @@ pub fn access(status: SubjectAccessReviewStatus) -> Access {
 }
 
 impl Authority for KubeAuthority {
-    fn level<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Level, AuthorityError>> {
+    fn level<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Level>, AuthorityError>> {
         Box::pin(self.read_level(namespace))
     }
 

@@ -279,23 +279,35 @@ fn a_privilege_from_a_flavor_names_the_flavor() {
 #[test]
 fn the_level_is_the_enforce_label_else_baseline() {
     let labels = |v: &str| BTreeMap::from([(ENFORCE_LABEL.to_string(), v.to_string())]);
-    assert_eq!(Level::of_namespace(None), Level::Baseline);
-    assert_eq!(Level::of_namespace(Some(&BTreeMap::new())), Level::Baseline);
+    assert_eq!(Level::of_namespace(None, Level::Baseline), Level::Baseline);
+    // Without the label the policy's default decides; with it, the label.
     assert_eq!(
-        Level::of_namespace(Some(&labels("privileged"))),
+        Level::of_namespace(None, Level::Restricted),
+        Level::Restricted
+    );
+    assert_eq!(
+        Level::of_namespace(Some(&labels("privileged")), Level::Restricted),
         Level::Privileged
     );
     assert_eq!(
-        Level::of_namespace(Some(&labels("baseline"))),
+        Level::of_namespace(Some(&BTreeMap::new()), Level::Baseline),
         Level::Baseline
     );
     assert_eq!(
-        Level::of_namespace(Some(&labels("restricted"))),
+        Level::of_namespace(Some(&labels("privileged")), Level::Baseline),
+        Level::Privileged
+    );
+    assert_eq!(
+        Level::of_namespace(Some(&labels("baseline")), Level::Baseline),
+        Level::Baseline
+    );
+    assert_eq!(
+        Level::of_namespace(Some(&labels("restricted")), Level::Baseline),
         Level::Restricted
     );
     // Not a level: the API server reads it as restricted, so do we.
     assert_eq!(
-        Level::of_namespace(Some(&labels("strict"))),
+        Level::of_namespace(Some(&labels("strict")), Level::Baseline),
         Level::Restricted
     );
 }

@@ -68,7 +68,11 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
     if creating {
         collision::check_create(&mut review, ctx.actors);
     }
-    let pending = PendingPrivilege::of(&review, &req.user_info);
+    let pending = PendingPrivilege::of(
+        &review,
+        &req.user_info,
+        ctx.config.policy.default_pod_security_level,
+    );
     let mut h = handled(validated(resp, review, &req.name), operation);
     h.privilege = pending;
     Some(h)
@@ -155,7 +159,11 @@ pub(super) fn actor(
             collision::check_create(&mut review, ctx.actors);
         }
         // Only the validating endpoint asks: it sees the object as stored, after mutation.
-        let pending = PendingPrivilege::of(&review, &req.user_info);
+        let pending = PendingPrivilege::of(
+            &review,
+            &req.user_info,
+            ctx.config.policy.default_pod_security_level,
+        );
         return (validated(resp, review, &req.name), pending);
     }
     (mutate(resp, review, &req.name, obj, old, ns, ctx), None)

@@ -33,11 +33,17 @@ pub struct PendingPrivilege {
     pub resource: &'static str,
     pub pod: RenderedPod,
     pub origins: Origins,
+    /// The level of a namespace without the `enforce` label (`policy.defaultPodSecurityLevel`).
+    pub default_level: Level,
 }
 
 impl PendingPrivilege {
     /// The question an admitted review leaves, `None` when it was refused (or resolved nothing).
-    pub(super) fn of(review: &ActorReview, user: &UserInfo) -> Option<Box<PendingPrivilege>> {
+    pub(super) fn of(
+        review: &ActorReview,
+        user: &UserInfo,
+        default_level: Level,
+    ) -> Option<Box<PendingPrivilege>> {
         if !review.allowed() {
             return None;
         }
@@ -53,6 +59,7 @@ impl PendingPrivilege {
             resource,
             pod: RenderedPod::of(actor),
             origins: review.origins.clone(),
+            default_level,
         }))
     }
 }
@@ -76,8 +83,11 @@ pub enum AuthorityError {
 
 /// The API server's answers that admission needs (crate::authority has the kube client's).
 pub trait Authority: Send + Sync {
-    /// The Pod Security level the namespace enforces.
-    fn level<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Level, AuthorityError>>;
+    /// The Pod Security level the namespace's `enforce` label sets (`None`: no label).
+    fn level<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Level>, AuthorityError>>;
 
     /// Whether `user` may `create` `resource` (group `apps`) in `namespace`.
     fn may_create<'a>(
@@ -91,7 +101,7 @@ pub trait Authority: Send + Sync {
 /// The final answer for an actor the pure review admitted: `h` as it is, or refused.
 pub async fn settle(h: Handled, p: PendingPrivilege, auth: &dyn Authority) -> Handled {
     let level = match auth.level(&p.namespace).await {
-        Ok(level) => level,
+        Ok(level) => level.unwrap_or(p.default_level),
         Err(e) => return refuse(h, unavailable(&p, &e)),
     };
     let violations = p.pod.level_violations(level, &p.origins);
@@ -185,10 +195,11 @@ pub fn level_refusal(p: &PendingPrivilege, level: Level, violations: &[String]) 
         code: 403,
         reason: "Forbidden",
         message: format!(
-            "AsyncActor {:?} is forbidden: its pod would violate PodSecurity \"{level}:latest\" of namespace {} (label {}, else baseline): {}",
+            "AsyncActor {:?} is forbidden: its pod would violate PodSecurity \"{level}:latest\" of namespace {} (label {}, else policy.defaultPodSecurityLevel {}): {}",
             p.name,
             p.namespace,
             asya_api::privilege::ENFORCE_LABEL,
+            p.default_level,
             violations.join("; ")
         ),
         causes: violations
@@ -218,12 +229,16 @@ pub fn unavailable(p: &PendingPrivilege, e: &AuthorityError) -> Refusal {
 }
 
 /// An Authority for offline use (tests, `Shared::fixed`): namespaces carry no label (so the
-/// level is `baseline`) and no SubjectAccessReview can be made (so privileges are refused).
+/// policy's default level applies) and no SubjectAccessReview can be made (so privileges are
+/// refused).
 pub struct Offline;
 
 impl Authority for Offline {
-    fn level<'a>(&'a self, _namespace: &'a str) -> BoxFuture<'a, Result<Level, AuthorityError>> {
-        Box::pin(async { Ok(Level::Baseline) })
+    fn level<'a>(
+        &'a self,
+        _namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Level>, AuthorityError>> {
+        Box::pin(async { Ok(None) })
     }
 
     fn may_create<'a>(

@@ -11,7 +11,7 @@ use crate::admission::{Ctx, Endpoint, handle, handle_general};
 
 /// An Authority with fixed answers that records the SubjectAccessReviews asked.
 struct Fake {
-    level: Result<Level, String>,
+    level: Result<Option<Level>, String>,
     access: Result<Access, String>,
     asked: Mutex<Vec<(UserInfo, String, String)>>,
 }
@@ -19,7 +19,15 @@ struct Fake {
 impl Fake {
     fn new(level: Level, access: Access) -> Self {
         Fake {
-            level: Ok(level),
+            level: Ok(Some(level)),
+            access: Ok(access),
+            asked: Mutex::new(Vec::new()),
+        }
+    }
+    /// A namespace without the `enforce` label.
+    fn unlabelled(access: Access) -> Self {
+        Fake {
+            level: Ok(None),
             access: Ok(access),
             asked: Mutex::new(Vec::new()),
         }
@@ -30,7 +38,10 @@ impl Fake {
 }
 
 impl Authority for Fake {
-    fn level<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Level, AuthorityError>> {
+    fn level<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Level>, AuthorityError>> {
         let r = self
             .level
             .clone()
@@ -83,10 +94,19 @@ fn decide_with(
     auth: &Fake,
     general: bool,
 ) -> (bool, u16, String) {
-    let config = ClusterConfig::default();
+    decide_in(&ClusterConfig::default(), body, catalog, auth, general)
+}
+
+fn decide_in(
+    config: &ClusterConfig,
+    body: &[u8],
+    catalog: &FlavorCatalog,
+    auth: &Fake,
+    general: bool,
+) -> (bool, u16, String) {
     let actors: HashMap<(String, String), Value> = HashMap::new();
     let ctx = Ctx {
-        config: &config,
+        config,
         catalog,
         actors: &actors,
         native_sidecar: true,
@@ -274,7 +294,7 @@ fn flat_actors_meet_restricted() {
 #[test]
 fn no_answer_refuses_with_the_reason() {
     let auth = Fake {
-        level: Ok(Level::Privileged),
+        level: Ok(Some(Level::Privileged)),
         access: Err("connection refused".into()),
         asked: Mutex::new(Vec::new()),
     };
@@ -344,4 +364,23 @@ fn a_refused_review_asks_nothing() {
     assert!(!allowed);
     assert_eq!(code, 422, "the review's own refusal (no handler)");
     assert!(auth.asked().is_empty());
+}
+
+#[test]
+fn an_unlabelled_namespace_meets_the_policys_default_level() {
+    let auth = Fake::unlabelled(Access::Allowed);
+    // A workload template with no securityContext: baseline allows it, restricted does not.
+    let spec = workload(json!({}));
+    let (allowed, _, msg) = decide(spec.clone(), &auth);
+    assert!(allowed, "baseline by default: {msg}");
+    let mut config = ClusterConfig::default();
+    config.policy.default_pod_security_level = Level::Restricted;
+    let b = body("CREATE", spec, None);
+    let (allowed, code, msg) = decide_in(&config, &b, &FlavorCatalog::new(), &auth, false);
+    assert!(!allowed && code == 403, "{msg}");
+    assert!(
+        msg.contains("\"restricted:latest\"")
+            && msg.contains("else policy.defaultPodSecurityLevel restricted"),
+        "{msg}"
+    );
 }
