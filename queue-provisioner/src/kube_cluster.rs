@@ -24,8 +24,10 @@ use serde_json::json;
 use tracing::warn;
 
 use crate::apply_skip::{self, Live};
+use crate::broker_identity::permissions::Permissions;
 use crate::metrics::Metrics;
 use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::Backend;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object};
@@ -81,8 +83,31 @@ pub struct KubeCluster {
     pub trigger_auths: Option<Store<PartialObjectMeta<DynamicObject>>>,
     /// The HPAs KEDA makes for the ScaledObjects (desired replicas).
     pub hpas: Store<HorizontalPodAutoscaler>,
+    /// The controller's own store of actors (a namespace's actors name its permissions).
+    pub actors: Store<AsyncActor>,
+    /// Metadata of the Secrets it manages (the namespaces' broker identities).
+    pub broker_secrets: Store<PartialObjectMeta<Secret>>,
+    /// The provisioner's namespace (the platform's credentials are never removed there).
+    pub own_namespace: String,
     /// KEDA's API (ScaledObject, TriggerAuthentication), when its CRDs are installed.
     pub keda: Option<(ApiResource, ApiResource)>,
+}
+
+/// The management API client of a transport with scoped identity.
+fn tenant_admin<'a>(
+    backend: &'a Backend,
+    transport: &str,
+) -> Result<&'a crate::queue::rabbitmq_admin::BrokerAdmin, QueueError> {
+    match backend {
+        Backend::Rabbit(q) => q.admin(),
+        Backend::Sqs(_) => None,
+    }
+    .ok_or_else(|| {
+        QueueError::Rejected(format!(
+            "transport {transport}: per-namespace broker users need the management API \
+             (transports.{transport}.config.managementPort)"
+        ))
+    })
 }
 
 fn apply_params() -> PatchParams {
@@ -352,6 +377,75 @@ impl Cluster for KubeCluster {
 
     fn end_queues_candidate(&self, transport: &str, ns: &str) {
         self.end_queues.add(transport, ns);
+    }
+
+    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>> {
+        self.actors
+            .state()
+            .into_iter()
+            .filter(|a| a.metadata.namespace.as_deref() == Some(ns))
+            .collect()
+    }
+
+    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>> {
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+            .collect()
+    }
+
+    fn secret_meta(&self, ns: &str, name: &str) -> Option<ObjectMeta> {
+        self.broker_secrets
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|m| m.metadata.clone())
+    }
+
+    fn platform_namespace(&self) -> &str {
+        &self.own_namespace
+    }
+
+    async fn read_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
+        Api::<Secret>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
+    }
+
+    async fn broker_user_put(
+        &self,
+        transport: &str,
+        user: &str,
+        password: &str,
+        permissions: &Permissions,
+    ) -> Result<(), QueueError> {
+        let (backend, _) = self.transports.get(transport).await?;
+        let admin = tenant_admin(&backend, transport)?;
+        let res = async {
+            admin.put_user(user, password).await?;
+            admin.put_permissions(user, permissions).await
+        }
+        .await;
+        self.backend_op(backend.kind(), "identity", &res);
+        res
+    }
+
+    async fn broker_identity_delete(
+        &self,
+        transport: &str,
+        ns: &str,
+        user: &str,
+    ) -> Result<(), QueueError> {
+        let (backend, _) = self.transports.get(transport).await?;
+        let res = async {
+            tenant_admin(&backend, transport)?.delete_user(user).await?;
+            match backend.as_ref() {
+                Backend::Rabbit(q) => q.delete_tenant_exchange(ns).await,
+                Backend::Sqs(_) => Ok(()),
+            }
+        }
+        .await;
+        self.backend_op(backend.kind(), "identity", &res);
+        res
     }
 
     async fn apply(&self, ns: &str, obj: &Object) -> Result<Answer, kube::Error> {

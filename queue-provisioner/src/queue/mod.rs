@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 pub mod rabbitmq;
+pub mod rabbitmq_admin;
 pub mod sqs;
 
 /// What the provisioner needs to create one queue.

@@ -15,7 +15,7 @@ use crate::status::{self, TransportObs};
 use super::actor::{now, write_status};
 use super::memory::QueueKey;
 use super::plan::{self, CleanupStep, Next};
-use super::{Cluster, Error, Reconciler, actor_key};
+use super::{Cluster, Error, Reconciler, actor_key, identity};
 
 /// What the actor owns, by kind and name; deleted now rather than by the garbage collector,
 /// which frees the names at once for an actor recreated under the same name.
@@ -120,6 +120,9 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     for (kind, n) in owned(&t.name, keda) {
         c.delete(kind, &t.ns, &n).await?;
     }
+    // The namespace's broker identity goes with its last actor.
+    let actor_name = actor.spec.actor.clone().unwrap_or_else(|| t.name.clone());
+    identity::release(rec, &t.ns, &t.transport, &actor_name).await;
     forget(rec, &t);
     c.event(actor, closing).await;
     c.remove_finalizer(actor).await?;

@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 
 use crate::apply_skip::Live;
+use crate::broker_identity::permissions::Permissions;
 use crate::model::{ObjectKind, WorkloadKind};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::render::TransportCredentials;
@@ -152,6 +153,38 @@ pub trait Cluster: Send + Sync {
     ) -> impl Future<Output = Result<Vec<String>, QueueError>> + Send;
     /// The namespace's end queues are to be looked after (its actors were cleaned up).
     fn end_queues_candidate(&self, transport: &str, ns: &str);
+
+    /// The cached actors of namespace `ns`.
+    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>>;
+    /// The cached (injected) pods of namespace `ns`, every actor's.
+    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>>;
+    /// The provisioner's own namespace, where the platform's credentials live.
+    fn platform_namespace(&self) -> &str;
+    /// The cached metadata of one of our Secrets (labelled managed-by), `None` when the cache
+    /// does not hold it (deleted, or not yet listed).
+    fn secret_meta(&self, ns: &str, name: &str) -> Option<ObjectMeta>;
+    /// A Secret as the API server has it now (Secrets' data is not cached).
+    fn read_secret(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Secret>, kube::Error>> + Send;
+    /// Creates or updates a namespace's broker user: password and permissions (scoped
+    /// identity, docs/DESIGN.md §9).
+    fn broker_user_put(
+        &self,
+        transport: &str,
+        user: &str,
+        password: &str,
+        permissions: &Permissions,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send;
+    /// Deletes a namespace's broker user and its exchange (its last actor is gone).
+    fn broker_identity_delete(
+        &self,
+        transport: &str,
+        ns: &str,
+        user: &str,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send;
 
     /// Server-side apply.
     fn apply(

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
 use crate::apply_skip::{self, Live};
+use crate::broker_identity::permissions::Permissions;
 use crate::model::{ObjectKind, WorkloadKind};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::reconcile::plan::EventSpec;
@@ -19,6 +20,8 @@ use crate::reconcile::{Answer, Cluster, Error, FINALIZER, Object};
 use crate::render::TransportCredentials;
 use crate::render::workload::MANAGED_BY;
 use crate::status::WorkloadObs;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// How the broker answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +79,10 @@ pub struct World {
     pub log: Vec<String>,
     pub events: Vec<EventSpec>,
     pub status: Option<AsyncActorStatus>,
+    /// The actor cache.
+    pub actors: Vec<Arc<AsyncActor>>,
+    /// Broker users: password and permissions.
+    pub users: BTreeMap<String, (String, Permissions)>,
 }
 
 impl Default for World {
@@ -96,6 +103,8 @@ impl Default for World {
             log: vec![],
             events: vec![],
             status: None,
+            actors: vec![],
+            users: BTreeMap::new(),
         }
     }
 }
@@ -249,6 +258,65 @@ impl Cluster for Fake {
     fn end_queues_candidate(&self, transport: &str, ns: &str) {
         let mut w = self.world();
         w.end_queue_candidates.insert((transport.into(), ns.into()));
+    }
+
+    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>> {
+        let w = self.world();
+        let mine = |a: &&Arc<AsyncActor>| a.metadata.namespace.as_deref() == Some(ns);
+        w.actors.iter().filter(mine).cloned().collect()
+    }
+
+    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>> {
+        let w = self.world();
+        let mine = |p: &&Arc<Pod>| p.metadata.namespace.as_deref() == Some(ns);
+        w.pods.iter().filter(mine).cloned().collect()
+    }
+
+    fn platform_namespace(&self) -> &str {
+        "asya-system"
+    }
+
+    fn secret_meta(&self, ns: &str, name: &str) -> Option<ObjectMeta> {
+        let w = self.world();
+        let s = w.objects.get(&key(ObjectKind::Secret, ns, name))?;
+        serde_json::from_value(s.body["metadata"].clone()).ok()
+    }
+
+    async fn read_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
+        let w = self.world();
+        w.objects
+            .get(&key(ObjectKind::Secret, ns, name))
+            .map(|s| serde_json::from_value(s.body.clone()).map_err(kube::Error::SerdeError))
+            .transpose()
+    }
+
+    async fn broker_user_put(
+        &self,
+        _t: &str,
+        user: &str,
+        password: &str,
+        permissions: &Permissions,
+    ) -> Result<(), QueueError> {
+        self.broker()?;
+        let mut w = self.world();
+        w.log.push(format!("put broker user {user}"));
+        w.users
+            .insert(user.into(), (password.into(), permissions.clone()));
+        Ok(())
+    }
+
+    async fn broker_identity_delete(
+        &self,
+        _t: &str,
+        ns: &str,
+        user: &str,
+    ) -> Result<(), QueueError> {
+        self.broker()?;
+        let mut w = self.world();
+        w.log
+            .push(format!("delete broker user {user} and exchange asya.{ns}"));
+        w.users.remove(user);
+        Ok(())
     }
 
     async fn apply(&self, ns: &str, obj: &Object) -> Result<Answer, kube::Error> {

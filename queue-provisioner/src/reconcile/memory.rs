@@ -66,6 +66,18 @@ pub struct Memory {
     ensured: Mutex<HashMap<QueueKey, Ensured>>,
     /// To skip applies that would not change anything.
     applied: Mutex<HashMap<ObjectKey, Applied>>,
+    /// Namespaces' broker identities as last set on the broker, by (transport, namespace).
+    identities: Mutex<HashMap<(String, String), IdentitySet>>,
+    /// Actors already told they share the platform's credentials (one event each).
+    announced: Mutex<std::collections::HashSet<String>>,
+}
+
+/// A namespace's broker user as last set: its permissions and credential version.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IdentitySet {
+    pub permissions: crate::broker_identity::permissions::Permissions,
+    pub version: u64,
+    pub at: Instant,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -123,6 +135,26 @@ impl Memory {
 
     pub fn forget_applied(&self, kind: ObjectKind, ns: &str, name: &str) {
         lock(&self.applied).remove(&ObjectKey::new(kind, ns, name));
+    }
+
+    /// The identity last set for the namespace.
+    pub fn identity(&self, transport: &str, ns: &str) -> Option<IdentitySet> {
+        lock(&self.identities)
+            .get(&(transport.to_string(), ns.to_string()))
+            .cloned()
+    }
+
+    pub fn record_identity(&self, transport: &str, ns: &str, set: IdentitySet) {
+        lock(&self.identities).insert((transport.to_string(), ns.to_string()), set);
+    }
+
+    pub fn forget_identity(&self, transport: &str, ns: &str) {
+        lock(&self.identities).remove(&(transport.to_string(), ns.to_string()));
+    }
+
+    /// True the first time it is asked about `key`.
+    pub fn first_time(&self, key: &str) -> bool {
+        lock(&self.announced).insert(key.to_string())
     }
 
     /// Forgets every object of `kind` in `ns`.

@@ -12,6 +12,7 @@ use crate::queue::QueueError;
 pub mod actor;
 pub mod cleanup;
 pub mod cluster;
+pub mod identity;
 pub mod memory;
 pub mod objects;
 pub mod plan;
@@ -19,6 +20,8 @@ pub mod queues;
 
 #[cfg(test)]
 mod fake;
+#[cfg(test)]
+mod identity_tests;
 #[cfg(test)]
 mod tests;
 

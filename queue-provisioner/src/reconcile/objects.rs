@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::DynamicObject;
 
 use crate::apply_skip::{self, Applied, ApplyDecision, Live};
+use crate::broker_identity::plan::VERSION_ANNOTATION;
 use crate::model::{ObjectKind, WorkloadKind};
 use crate::render::{self, keda, workload};
 use crate::status::{Observed, WorkloadObs};
@@ -69,6 +70,21 @@ async fn apply_changed<C: Cluster>(
     Ok(Some(answer))
 }
 
+/// Sets an annotation on a workload's pod template: a new value rolls its pods.
+fn set_template_annotation(obj: &mut Object, key: &str, value: &str) {
+    let template = match obj {
+        Object::Deployment(d) => &mut d.spec.get_or_insert_default().template,
+        Object::StatefulSet(s) => &mut s.spec.get_or_insert_default().template,
+        _ => return,
+    };
+    template
+        .metadata
+        .get_or_insert_default()
+        .annotations
+        .get_or_insert_default()
+        .insert(key.to_string(), value.to_string());
+}
+
 /// Applies a workload (when it changed) and returns what it says of itself: from the apply's
 /// answer, or the cache when the apply was skipped. A workload created at `initial` replicas
 /// hands them to the handoff manager at once, so our later applies (which leave replicas to
@@ -119,6 +135,7 @@ pub async fn apply<C: Cluster>(
     owner: &OwnerReference,
     o: &mut Observed,
     queue_url: Option<&str>,
+    credential_version: Option<u64>,
 ) -> Result<(), kube::Error> {
     let c = &rec.cluster;
     let config = &rec.config;
@@ -167,7 +184,7 @@ pub async fn apply<C: Cluster>(
         c.delete(other.object(), ns, &name).await?;
         rec.memory.forget_applied(other.object(), ns, &name);
     }
-    let desired = match kind {
+    let mut desired = match kind {
         WorkloadKind::StatefulSet => {
             Object::StatefulSet(workload::stateful_set(r, labels, owner, config))
         }
@@ -175,6 +192,9 @@ pub async fn apply<C: Cluster>(
             Object::Deployment(workload::deployment(r, labels, owner, config))
         }
     };
+    if let Some(v) = credential_version {
+        set_template_annotation(&mut desired, VERSION_ANNOTATION, &v.to_string());
+    }
     match apply_workload(rec, wp, ns, desired, seen.workload_live).await {
         Ok(w) => {
             if wp.announce {

@@ -58,6 +58,10 @@ pub enum Reason {
     CleanupSkipped,
     /// A deleted actor released after cleanup gave up on its queue.
     CleanupIncomplete,
+    /// `shareAdminCredentials`: the namespace holds the platform's broker password.
+    SharedAdminCredentials,
+    /// The namespace's broker identity got a (new) password.
+    BrokerCredentialIssued,
     /// The actor entered this phase.
     Phase(Phase),
 }
@@ -78,6 +82,8 @@ impl Reason {
             Reason::PodWithoutSidecarReplaced => "PodWithoutSidecarReplaced",
             Reason::CleanupSkipped => "CleanupSkipped",
             Reason::CleanupIncomplete => "CleanupIncomplete",
+            Reason::SharedAdminCredentials => "SharedAdminCredentials",
+            Reason::BrokerCredentialIssued => "BrokerCredentialIssued",
             Reason::Phase(p) => p.as_str(),
         }
     }

@@ -105,9 +105,9 @@ fn secret(name: String, namespace: &str, data: BTreeMap<String, String>) -> Secr
     }
 }
 
-/// Secrets in the actor's namespace: the configured credential secret under its own name
-/// (the webhook points the sidecar's env at it) and `asya-transport-{name}` with the keys
-/// KEDA's trigger reads. Shared by the namespace's actors, so not owned by any one of them.
+/// Secrets in the actor's namespace: `asya-transport-{name}` with the keys KEDA's trigger
+/// reads and, with `shareAdminCredentials` only, the configured credential secret under its
+/// own name (the webhook then points the sidecar's env at it). Shared by the namespace's actors, so not owned by any one of them.
 pub fn transport_secrets(
     namespace: &str,
     transport_name: &str,
@@ -122,11 +122,15 @@ pub fn transport_secrets(
         let mut keda = BTreeMap::from([(keda::SECRET_KEY_HOST.to_string(), url)]);
         if let (Some(r), Some(p)) = (&c.password_secret_ref, &creds.password) {
             keda.insert("password".into(), p.clone());
-            out.push(secret(
-                r.name.clone(),
-                namespace,
-                BTreeMap::from([(r.key.clone(), p.clone())]),
-            ));
+            // The platform's password reaches a namespace only by the explicit opt-in; the
+            // sidecars otherwise use the namespace's own identity (reconcile::identity).
+            if transport.shares_admin_credentials() {
+                out.push(secret(
+                    r.name.clone(),
+                    namespace,
+                    BTreeMap::from([(r.key.clone(), p.clone())]),
+                ));
+            }
         }
         out.push(secret(keda_name, namespace, keda));
     } else if let (Some(r), Some((id, key))) = (&c.credentials_secret_ref, &creds.aws) {

@@ -304,7 +304,14 @@ fn rabbitmq_secrets_and_url() {
         password: Some("pw".into()),
         aws: None,
     };
+    // Scoped identity (the default): the platform's password is not copied for sidecars.
     let s = transport_secrets("team", "rabbitmq", t, &creds);
+    let names: Vec<_> = s.iter().map(|s| s.metadata.name.as_deref()).collect();
+    assert_eq!(names, [Some("asya-transport-rabbitmq")]);
+    // shareAdminCredentials: copied under its own name, as before.
+    let mut shared = t.clone();
+    shared.config.share_admin_credentials = true;
+    let s = transport_secrets("team", "rabbitmq", &shared, &creds);
     assert_eq!(s[0].metadata.name.as_deref(), Some("rabbitmq-secret"));
     assert_eq!(s[0].data.as_ref().unwrap()["password"].0, b"pw");
     assert_eq!(
@@ -337,7 +344,7 @@ fn keda_reads_rabbitmq_over_the_management_api_when_configured() {
     };
     let s = transport_secrets("team", "rabbitmq", t, &creds);
     assert_eq!(
-        s[1].data.as_ref().unwrap()["host"].0,
+        s.last().unwrap().data.as_ref().unwrap()["host"].0,
         b"http://guest:pw@10.0.0.5:15672/team%2Fa"
     );
 
