@@ -94,8 +94,10 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         &labels,
         &owner,
         &mut o,
-        queue_url.as_deref(),
-        credential_version,
+        &objects::FromBroker {
+            queue_url,
+            credential_version,
+        },
     )
     .await;
     if let Err(e) = res {

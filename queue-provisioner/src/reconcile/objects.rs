@@ -70,6 +70,15 @@ async fn apply_changed<C: Cluster>(
     Ok(Some(answer))
 }
 
+/// What the broker steps before tell the objects step.
+#[derive(Clone, Debug, Default)]
+pub struct FromBroker {
+    /// The queue's URL (SQS's KEDA trigger reads it).
+    pub queue_url: Option<String>,
+    /// The namespace's broker credential version, set on the pod template.
+    pub credential_version: Option<u64>,
+}
+
 /// Sets an annotation on a workload's pod template: a new value rolls its pods.
 fn set_template_annotation(obj: &mut Object, key: &str, value: &str) {
     let template = match obj {
@@ -134,9 +143,9 @@ pub async fn apply<C: Cluster>(
     labels: &BTreeMap<String, String>,
     owner: &OwnerReference,
     o: &mut Observed,
-    queue_url: Option<&str>,
-    credential_version: Option<u64>,
+    broker: &FromBroker,
 ) -> Result<(), kube::Error> {
+    let queue_url = broker.queue_url.as_deref();
     let c = &rec.cluster;
     let config = &rec.config;
     let ns = &r.namespace;
@@ -192,7 +201,7 @@ pub async fn apply<C: Cluster>(
             Object::Deployment(workload::deployment(r, labels, owner, config))
         }
     };
-    if let Some(v) = credential_version {
+    if let Some(v) = broker.credential_version {
         set_template_annotation(&mut desired, VERSION_ANNOTATION, &v.to_string());
     }
     match apply_workload(rec, wp, ns, desired, seen.workload_live).await {
