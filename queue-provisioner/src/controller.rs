@@ -10,7 +10,7 @@ use asya_api::{AsyncActor, Flavor, labels};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
@@ -266,30 +266,6 @@ pub async fn run(
         controller = controller.owns_stream_with(events, so_ar.clone());
     }
     let store = controller.store();
-    // Metadata of our Secrets (the namespaces' broker identities): a rotation request
-    // (`asya.sh/rotate`) or a deleted Secret reconciles the namespace's actors at once, which
-    // issue a new password and roll the workloads. Metadata only: no password is cached.
-    let (broker_secrets, secrets_w) = reflector::store();
-    let s0 = store.clone();
-    // Deletions count (no predicate: one would drop a delete, whose fingerprint is unchanged).
-    let secret_events = watcher(
-        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-        watcher::Config::default().labels(&managed).any_semantic(),
-    )
-    .default_backoff()
-    .reflect(secrets_w)
-    .touched_objects();
-    controller = controller.watches_stream(secret_events, move |s: PartialObjectMeta<Secret>| {
-        let ns = s.namespace().unwrap_or_default();
-        let identity = s
-            .name_any()
-            .starts_with(&asya_api::naming::tenant_broker_secret(""));
-        s0.state()
-            .into_iter()
-            .filter(|a| identity && a.namespace().as_deref() == Some(ns.as_str()))
-            .map(|a| ObjectRef::from_obj(a.as_ref()))
-            .collect::<Vec<_>>()
-    });
     let s1 = store.clone();
     controller = controller.watches(
         Api::<Flavor>::all(client.clone()),
@@ -368,7 +344,6 @@ pub async fn run(
         trigger_auths,
         hpas,
         actors: store.clone(),
-        broker_secrets,
         own_namespace: own_namespace.clone(),
         keda,
     };

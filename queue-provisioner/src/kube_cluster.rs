@@ -85,8 +85,6 @@ pub struct KubeCluster {
     pub hpas: Store<HorizontalPodAutoscaler>,
     /// The controller's own store of actors (a namespace's actors name its permissions).
     pub actors: Store<AsyncActor>,
-    /// Metadata of the Secrets it manages (the namespaces' broker identities).
-    pub broker_secrets: Store<PartialObjectMeta<Secret>>,
     /// The provisioner's namespace (the platform's credentials are never removed there).
     pub own_namespace: String,
     /// KEDA's API (ScaledObject, TriggerAuthentication), when its CRDs are installed.
@@ -393,12 +391,6 @@ impl Cluster for KubeCluster {
             .into_iter()
             .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
             .collect()
-    }
-
-    fn secret_meta(&self, ns: &str, name: &str) -> Option<ObjectMeta> {
-        self.broker_secrets
-            .get(&ObjectRef::new(name).within(ns))
-            .map(|m| m.metadata.clone())
     }
 
     fn platform_namespace(&self) -> &str {

@@ -125,5 +125,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- range (include "asya.enabledTransports" . | fromJsonArray) -}}
 {{- $names = append $names (printf "asya-transport-%s" .) -}}
 {{- end -}}
+{{- /* Each namespace's own broker identity (docs/DESIGN.md §9). */ -}}
+{{- range $name, $t := .Values.transports -}}
+{{- if and (ne $t.enabled false) (eq $t.type "rabbitmq") -}}
+{{- $names = append $names (printf "asya-broker-%s" $name) -}}
+{{- end -}}
+{{- end -}}
 {{- $names | uniq | sortAlpha | toJson -}}
 {{- end -}}

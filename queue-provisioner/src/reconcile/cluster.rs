@@ -160,10 +160,8 @@ pub trait Cluster: Send + Sync {
     fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>>;
     /// The provisioner's own namespace, where the platform's credentials live.
     fn platform_namespace(&self) -> &str;
-    /// The cached metadata of one of our Secrets (labelled managed-by), `None` when the cache
-    /// does not hold it (deleted, or not yet listed).
-    fn secret_meta(&self, ns: &str, name: &str) -> Option<ObjectMeta>;
-    /// A Secret as the API server has it now (Secrets' data is not cached).
+    /// A Secret as the API server has it now (Secrets are not cached: the provisioner may
+    /// not list them).
     fn read_secret(
         &self,
         ns: &str,

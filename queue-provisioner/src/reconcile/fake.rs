@@ -21,7 +21,6 @@ use crate::render::TransportCredentials;
 use crate::render::workload::MANAGED_BY;
 use crate::status::WorkloadObs;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// How the broker answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -274,12 +273,6 @@ impl Cluster for Fake {
 
     fn platform_namespace(&self) -> &str {
         "asya-system"
-    }
-
-    fn secret_meta(&self, ns: &str, name: &str) -> Option<ObjectMeta> {
-        let w = self.world();
-        let s = w.objects.get(&key(ObjectKind::Secret, ns, name))?;
-        serde_json::from_value(s.body["metadata"].clone()).ok()
     }
 
     async fn read_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, kube::Error> {

@@ -3,8 +3,8 @@
 //! password and permissions that include this actor's queue, so a new actor's pods never
 //! start refused. [`plan`] and [`permissions`] decide; this module reads and writes.
 //!
-//! Within [`RECHECK`] of the last set, with the same permissions and the cached Secret
-//! metadata still at that version and not asking for rotation, nothing is read or written.
+//! Within [`RECHECK`] of the last set, with the same permissions, nothing is read or
+//! written; after that the Secret is read (by name: the provisioner may not list Secrets).
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -38,23 +38,12 @@ fn kube_err(what: &str, e: kube::Error) -> QueueError {
     QueueError::Unavailable(format!("{what}: {e}"))
 }
 
-/// Whether the identity set before can be trusted without a look at the Secret.
-fn still_set<C: Cluster>(
-    c: &C,
-    ns: &str,
-    transport: &str,
-    last: &IdentitySet,
-    p: &Permissions,
-) -> bool {
-    if last.permissions != *p || last.at.elapsed() >= RECHECK {
-        return false;
-    }
-    let Some(meta) = c.secret_meta(ns, &naming::tenant_broker_secret(transport)) else {
-        return false;
-    };
-    let a = meta.annotations.unwrap_or_default();
-    !a.contains_key(id::ROTATE_ANNOTATION)
-        && a.get(id::VERSION_ANNOTATION) == Some(&last.version.to_string())
+/// Whether the identity set before can be trusted without a look at the Secret: set within
+/// [`RECHECK`] with the same permissions. So a rotation request, a deleted Secret or a user
+/// removed behind our back is acted on by the first reconcile of one of the namespace's
+/// actors after that: within a periodic requeue (`plan::PERIOD` + `plan::SPREAD`, 75 s).
+fn still_set(last: &IdentitySet, p: &Permissions) -> bool {
+    last.permissions == *p && last.at.elapsed() < RECHECK
 }
 
 /// Ensures the namespace's broker identity for `r`'s transport. `Ok(None)`: the transport
@@ -91,7 +80,7 @@ pub async fn ensure<C: Cluster>(
     let ns = &r.namespace;
     let perms = permissions::for_namespace(ns, &live_actors(c, ns, Some(&r.actor)));
     if let Some(last) = rec.memory.identity(&r.transport, ns)
-        && still_set(c, ns, &r.transport, &last, &perms)
+        && still_set(&last, &perms)
     {
         return Ok(Some(last.version));
     }
@@ -101,7 +90,13 @@ pub async fn ensure<C: Cluster>(
         .await
         .map_err(|e| kube_err(&format!("reading Secret {ns}/{secret_name}"), e))?;
     let view = current.as_ref().map(SecretView::of);
-    let now = k8s_openapi::jiff::Timestamp::now().as_second().max(0) as u64;
+    // Above any version this process set: a Secret deleted within the second it was made
+    // still gets a new version, so the workloads roll.
+    let floor = rec
+        .memory
+        .identity(&r.transport, ns)
+        .map_or(0, |l| l.version.saturating_add(1));
+    let now = (k8s_openapi::jiff::Timestamp::now().as_second().max(0) as u64).max(floor);
     let user = naming::tenant_broker_user(ns);
     let version = match id::password_step(ns, view.as_ref(), now) {
         PasswordStep::Keep { password, version } => {
@@ -171,17 +166,29 @@ pub async fn remove_platform_copy<C: Cluster>(
     if !t.scoped_broker_identity() || ns == c.platform_namespace() {
         return Ok(());
     }
-    let Some(meta) = c.secret_meta(ns, &copy) else {
+    // Once gone (or never there), not looked for again in this process.
+    let done = format!("platform-copy-gone/{}/{ns}", r.transport);
+    if rec.memory.seen(&done) {
+        return Ok(());
+    }
+    let Some(secret) = c.read_secret(ns, &copy).await? else {
+        rec.memory.first_time(&done);
         return Ok(());
     };
-    let ours = meta
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(crate::render::workload::MANAGED_BY.0))
-        == Some(&crate::render::workload::MANAGED_BY.1.to_string());
+    let labels = secret.metadata.labels.unwrap_or_default();
+    let ours = labels
+        .get(crate::render::workload::MANAGED_BY.0)
+        .map(String::as_str)
+        == Some(crate::render::workload::MANAGED_BY.1);
+    if !ours {
+        // Not a copy we made: the namespace's own Secret of that name stays.
+        rec.memory.first_time(&done);
+        return Ok(());
+    }
     let pods = c.pods_in(ns);
-    if ours && id::platform_copy_removable(pods.iter().map(|p| p.as_ref()), &copy) {
+    if id::platform_copy_removable(pods.iter().map(|p| p.as_ref()), &copy) {
         c.delete(ObjectKind::Secret, ns, &copy).await?;
+        rec.memory.first_time(&done);
         rec.memory.forget_applied(ObjectKind::Secret, ns, &copy);
         tracing::info!(namespace = %ns, secret = %copy, "removed the platform's copied broker credentials: every pod uses the namespace's own");
     }

@@ -152,6 +152,11 @@ impl Memory {
         lock(&self.identities).remove(&(transport.to_string(), ns.to_string()));
     }
 
+    /// Whether [`Self::first_time`] was asked about `key` before.
+    pub fn seen(&self, key: &str) -> bool {
+        lock(&self.announced).contains(key)
+    }
+
     /// True the first time it is asked about `key`.
     pub fn first_time(&self, key: &str) -> bool {
         lock(&self.announced).insert(key.to_string())
