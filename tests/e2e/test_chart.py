@@ -50,6 +50,7 @@ def test_config_map_renders_cluster_config_from_values():
             "passwordSecretRef": {"name": "rabbitmq-secret", "key": "password"},
             "tls": False,
             "managementPort": 15672,
+            "shareAdminCredentials": False,
         },
     }
     # Empty optional strings are left out, not passed as "".
@@ -154,13 +155,16 @@ def test_rbac_is_least_privilege():
     secret_rules = roles[("Role", "asya-webhook")]["rules"]
     assert secret_rules[0]["resourceNames"] == ["asya-webhook-tls"] and secret_rules[0]["verbs"] == ["get", "update"]
     assert secret_rules[1] == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}
-    # The provisioner never reads Secrets outside the credentials named by the configuration,
-    # and writes only the names it copies into actors' namespaces.
+    # The provisioner never lists Secrets, and reads, writes and deletes in actors' namespaces
+    # only the names it puts there (each namespace's broker identity `asya-broker-*` is read
+    # back: its password is kept nowhere else; docs/DESIGN.md §9).
     prov = roles[("ClusterRole", "asya-provisioner")]["rules"]
     for rule in prov:
         if "secrets" in rule["resources"]:
-            assert not {"get", "list", "watch"} & set(rule["verbs"]), rule
+            assert not {"list", "watch"} & set(rule["verbs"]), rule
             assert rule["verbs"] == ["create"] or rule.get("resourceNames"), rule
+            if "get" in rule["verbs"]:
+                assert "asya-broker-rabbitmq" in rule["resourceNames"], rule
     prov_ns = roles[("Role", "asya-provisioner")]["rules"]
     reads = [r for r in prov_ns if "secrets" in r["resources"]]
     assert reads and all(r["verbs"] == ["get"] and r["resourceNames"] for r in reads), reads
@@ -362,6 +366,8 @@ def test_installed_rbac_grants_exactly_what_each_component_needs(installed_relea
     assert not can(prov, "list", "secrets", "-A")
     assert not can(prov, "get", "secrets/anything", "-n", "default")
     assert can(prov, "patch", "secrets/asya-transport-rabbitmq", "-n", "default")
+    assert can(prov, "get", "secrets/asya-broker-rabbitmq", "-n", "default")
+    assert can(prov, "delete", "secrets/asya-broker-rabbitmq", "-n", "default")
     assert not can(prov, "patch", "secrets/someone-elses", "-n", "default")
     # Pods: list/watch for status, delete to replace one without the sidecar, create only for
     # the dry-run probe of injection (no more power than creating Deployments).
