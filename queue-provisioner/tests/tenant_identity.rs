@@ -38,6 +38,34 @@ async fn refusal<T>(op: impl Future<Output = Result<T, lapin::Error>>) -> String
     }
 }
 
+/// Publishes `{}` (confirmed) and returns the broker's refusal: a refused publish closes the
+/// channel, which the confirmation or the next call on the channel reports.
+async fn publish_refusal(conn: &lapin::Connection, exchange: &str, key: &str) -> String {
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    let sent = ch
+        .basic_publish(
+            exchange.into(),
+            key.into(),
+            Default::default(),
+            b"{}",
+            Default::default(),
+        )
+        .await;
+    let confirmed = match sent {
+        Ok(c) => c.await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = confirmed {
+        return e.to_string();
+    }
+    let passive = lapin::options::QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    refusal(ch.queue_declare(key.into(), passive, Default::default())).await
+}
+
 #[tokio::test]
 async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
     if !require::servers(
@@ -122,54 +150,16 @@ async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
         .await
         .unwrap();
     let theirs = asya_api::naming::actor_queue(&other, "a");
-    let ch = conn.create_channel().await.unwrap();
-    let no_default = refusal(ch.basic_publish(
-        "".into(),
-        own.as_str().into(),
-        Default::default(),
-        b"{}",
-        Default::default(),
-    ))
-    .await;
-    // A refused publish closes the channel; the next call says why.
-    let why = match ch
-        .queue_declare(
-            own.as_str().into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            Default::default(),
-        )
-        .await
-    {
-        Ok(_) => no_default,
-        Err(e) => e.to_string(),
-    };
-    assert!(why.contains("ACCESS_REFUSED"), "{why}");
-    for (what, exchange) in [("platform", "asya"), ("other", "")] {
-        let _ = what;
-        let ch = conn.create_channel().await.unwrap();
-        ch.confirm_select(Default::default()).await.unwrap();
-        let e = match ch
-            .basic_publish(
-                exchange.into(),
-                theirs.as_str().into(),
-                Default::default(),
-                b"{}",
-                Default::default(),
-            )
-            .await
-        {
-            Ok(c) => c
-                .await
-                .map(|_| ())
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default(),
-            Err(e) => e.to_string(),
-        };
-        assert!(e.contains("ACCESS_REFUSED"), "{exchange:?}: {e}");
+    // The default exchange into its own queue, the platform's and the other namespace's
+    // exchange into the other namespace's queue.
+    for (exchange, key) in [
+        ("", own.as_str()),
+        ("asya", theirs.as_str()),
+        ("", theirs.as_str()),
+        (&format!("asya.{other}") as &str, theirs.as_str()),
+    ] {
+        let e = publish_refusal(&conn, exchange, key).await;
+        assert!(e.contains("ACCESS_REFUSED"), "{exchange:?} {key}: {e}");
     }
     let ch = conn.create_channel().await.unwrap();
     let e = refusal(ch.basic_get(theirs.as_str().into(), Default::default())).await;
