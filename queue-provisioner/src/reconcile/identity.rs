@@ -79,6 +79,8 @@ pub async fn ensure<C: Cluster>(
     }
     let ns = &r.namespace;
     let perms = permissions::for_namespace(ns, &live_actors(c, ns, Some(&r.actor)));
+    let lock = rec.memory.identity_lock(&r.transport, ns);
+    let _one_at_a_time = lock.lock().await;
     if let Some(last) = rec.memory.identity(&r.transport, ns)
         && still_set(&last, &perms)
     {

@@ -68,9 +68,16 @@ pub struct Memory {
     applied: Mutex<HashMap<ObjectKey, Applied>>,
     /// Namespaces' broker identities as last set on the broker, by (transport, namespace).
     identities: Mutex<HashMap<(String, String), IdentitySet>>,
+    /// One identity step at a time per (transport, namespace): two actors of a new namespace
+    /// reconciled at once must not each issue a password (the broker would keep one, the
+    /// Secret the other).
+    identity_locks: Mutex<HashMap<(String, String), IdentityLock>>,
     /// Actors already told they share the platform's credentials (one event each).
     announced: Mutex<std::collections::HashSet<String>>,
 }
+
+/// Held during one namespace's identity step.
+pub type IdentityLock = std::sync::Arc<tokio::sync::Mutex<()>>;
 
 /// A namespace's broker user as last set: its permissions and credential version.
 #[derive(Clone, Debug, PartialEq)]
@@ -146,6 +153,14 @@ impl Memory {
 
     pub fn record_identity(&self, transport: &str, ns: &str, set: IdentitySet) {
         lock(&self.identities).insert((transport.to_string(), ns.to_string()), set);
+    }
+
+    /// The lock of the namespace's identity step.
+    pub fn identity_lock(&self, transport: &str, ns: &str) -> IdentityLock {
+        lock(&self.identity_locks)
+            .entry((transport.to_string(), ns.to_string()))
+            .or_default()
+            .clone()
     }
 
     pub fn forget_identity(&self, transport: &str, ns: &str) {
