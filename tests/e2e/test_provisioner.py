@@ -83,7 +83,10 @@ def test_rabbitmq_actor_gets_queue_workload_scaledobject_and_status(namespace):
     ta = get("triggerauthentication", ns, "doubler-trigger-auth")
     assert ta["spec"]["secretTargetRef"][0]["name"] == "asya-transport-rabbitmq"
     assert get("secret", ns, "asya-transport-rabbitmq") is not None
-    assert get("secret", ns, "rabbitmq-secret") is not None, "the sidecar's password secret is in the namespace"
+    # The sidecar's credentials: the namespace's own broker identity, never a copy of the
+    # platform's password (docs/DESIGN.md §9).
+    assert get("secret", ns, "asya-broker-rabbitmq") is not None, "the namespace's broker identity"
+    assert get("secret", ns, "rabbitmq-secret") is None, "the platform's password stays in its namespace"
     assert get("serviceaccount", ns, "asya-doubler") is not None
 
     st = status(ns, "doubler")

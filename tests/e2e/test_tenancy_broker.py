@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import pytest
 
 from asya_e2e.actors import EXAMPLES_IMAGE, POD_TIMEOUT, apply_on_node, pods, running_ready, wait_running
+from asya_e2e.components import e2e_up
 from asya_e2e.brokers import RABBIT_MANAGEMENT, RABBIT_PORT, Collected, management, rabbit_send, rabbit_take
 from asya_e2e.env import CHART, RELEASE, RELEASE_NS
 from asya_e2e.kube import helm, kubectl, kubectl_json
@@ -308,4 +309,6 @@ def test_upgrading_to_scoped_identities_loses_no_envelope(namespace):
         with channel_as(user, password) as conn:
             refused(conn, lambda ch: ch.queue_delete(f"asya-{ns}-slow"))
     finally:
-        helm_set_shared(False)
+        # The environment as tests/e2e/up leaves it (its values, and the provisioner's new
+        # pod address for the tests that read its metrics).
+        e2e_up()
