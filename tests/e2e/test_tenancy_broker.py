@@ -23,8 +23,8 @@ from contextlib import contextmanager
 import pytest
 
 from asya_e2e.actors import EXAMPLES_IMAGE, POD_TIMEOUT, apply_on_node, pods, running_ready, wait_running
-from asya_e2e.components import e2e_up
 from asya_e2e.brokers import RABBIT_MANAGEMENT, RABBIT_PORT, Collected, management, rabbit_send, rabbit_take
+from asya_e2e.components import e2e_up
 from asya_e2e.env import CHART, RELEASE, RELEASE_NS
 from asya_e2e.kube import helm, kubectl, kubectl_json
 from asya_e2e.wait import wait_for
