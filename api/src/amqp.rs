@@ -48,6 +48,19 @@ pub fn url(c: &TransportSettings, password: Password<'_>) -> String {
     url_at(scheme, port, c, password)
 }
 
+/// The AMQP URL with user and password both `$(VAR)` references, expanded by Kubernetes from
+/// earlier env entries: the namespace's broker identity stays in its Secret (§9).
+pub fn url_with_identity_refs(c: &TransportSettings, user_var: &str, password_var: &str) -> String {
+    let tls = c.rabbitmq_tls();
+    let scheme = if tls { "amqps" } else { "amqp" };
+    let port = c.port.unwrap_or(if tls { AMQPS_PORT } else { AMQP_PORT });
+    let vhost = percent::encode(c.vhost.as_deref().unwrap_or(DEFAULT_VHOST));
+    format!(
+        "{scheme}://$({user_var}):$({password_var})@{}:{port}/{vhost}",
+        host(c)
+    )
+}
+
 /// `scheme://user[:password]@host:port/vhost` for the transport's broker: user, a clear
 /// password and the vhost percent-encoded (the vhost as the last path segment, `/` as `%2F`,
 /// as AMQP clients and KEDA read it). Other schemes and ports reach the management API.
@@ -104,6 +117,15 @@ mod tests {
 
     fn settings(yaml: &str) -> TransportSettings {
         serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn identity_refs_leave_user_and_password_to_the_pod() {
+        let c = settings("{host: rabbitmq, port: 5672, vhost: team/a, username: guest}");
+        assert_eq!(
+            url_with_identity_refs(&c, "U", "P"),
+            "amqp://$(U):$(P)@rabbitmq:5672/team%2Fa"
+        );
     }
 
     #[test]

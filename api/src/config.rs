@@ -174,9 +174,15 @@ pub struct TransportSettings {
     /// AMQPS. On by default for any host but loopback (security by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<bool>,
-    /// Port of the management API, for queue depth in status.
+    /// Port of the management API: queue depth in status, and the per-namespace broker
+    /// users (required unless `shareAdminCredentials`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub management_port: Option<u16>,
+    /// The pre-tenancy behaviour, as an explicit opt-in: the platform's own password is
+    /// copied into every actor namespace and sidecars publish to `asya`. Off: each namespace
+    /// gets its own broker user and exchange (docs/DESIGN.md §9).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share_admin_credentials: bool,
     // SQS
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
@@ -331,6 +337,7 @@ fn default_transports() -> BTreeMap<String, Transport> {
                 config: TransportSettings {
                     host: Some("rabbitmq".into()),
                     port: Some(5672),
+                    management_port: Some(15672),
                     vhost: Some("/".into()),
                     username: Some("guest".into()),
                     password_secret_ref: Some(SecretKeySelector {
@@ -425,6 +432,17 @@ impl ClusterConfig {
                             format!("{path}.config.shareStaticCredentials"),
                             true,
                             "applies to sqs transports only (rabbitmq tenants get their own broker user)",
+                        ));
+                    }
+                    if t.enabled
+                        && t.config.management_port.is_none()
+                        && !t.config.share_admin_credentials
+                    {
+                        errs.push(FieldError::required(
+                            format!("{path}.config.managementPort"),
+                            "a rabbitmq transport needs its management API port to create each \
+                             namespace's broker user (or set shareAdminCredentials: true to copy \
+                             the platform's credentials into actor namespaces, not recommended)",
                         ));
                     }
                 }
@@ -533,6 +551,15 @@ impl TransportSettings {
 }
 
 impl Transport {
+    /// Whether actor namespaces get the platform's own RabbitMQ credentials (the opt-in
+    /// `shareAdminCredentials`) instead of their own broker identity.
+    pub fn shares_admin_credentials(&self) -> bool {
+        self.is_rabbitmq() && self.config.share_admin_credentials
+    }
+    /// Whether actor namespaces get their own broker user and exchange (§9).
+    pub fn scoped_broker_identity(&self) -> bool {
+        self.is_rabbitmq() && !self.config.share_admin_credentials
+    }
     pub fn is_sqs(&self) -> bool {
         self.kind == TRANSPORT_SQS
     }
@@ -557,8 +584,13 @@ impl Transport {
 mod tests {
     use super::*;
 
+    /// A rabbitmq transport of `yaml` (a flow mapping), with the management port scoped
+    /// identity needs.
     fn rabbit(yaml: &str) -> Transport {
-        let text = format!("transports:\n  rabbitmq:\n    type: rabbitmq\n    config: {yaml}\n");
+        let inner = yaml.trim().trim_start_matches('{').trim_end_matches('}');
+        let text = format!(
+            "transports:\n  rabbitmq:\n    type: rabbitmq\n    config: {{managementPort: 15672, {inner}}}\n"
+        );
         let c = ClusterConfig::from_yaml(&text).expect("config parses");
         c.transport("rabbitmq").expect("enabled").clone()
     }
@@ -639,6 +671,28 @@ transports:
             err.contains("transports.rabbitmq.config.shareStaticCredentials"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn scoped_identity_needs_the_management_api_unless_credentials_are_shared() {
+        let base = "transports:\n  rabbitmq:\n    type: rabbitmq\n    config: {host: r";
+        let err = ClusterConfig::from_yaml(&format!("{base}}}\n")).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("transports.rabbitmq.config.managementPort: Required value")
+                && msg.contains("shareAdminCredentials: true"),
+            "{msg}"
+        );
+        let shared =
+            ClusterConfig::from_yaml(&format!("{base}, shareAdminCredentials: true}}\n")).unwrap();
+        assert!(shared.transports["rabbitmq"].shares_admin_credentials());
+        let scoped =
+            ClusterConfig::from_yaml(&format!("{base}, managementPort: 15672}}\n")).unwrap();
+        assert!(scoped.transports["rabbitmq"].scoped_broker_identity());
+        // A disabled transport is not checked; the default is the scoped identity.
+        let off = "transports:\n  rabbitmq:\n    type: rabbitmq\n    enabled: false\n    config: {host: r}\n  sqs: {type: sqs, config: {region: r}}\ndefaultTransport: sqs\n";
+        assert!(ClusterConfig::from_yaml(off).is_ok());
+        assert!(ClusterConfig::default().transports["rabbitmq"].scoped_broker_identity());
     }
 
     #[test]

@@ -7,6 +7,8 @@ pub const SINK_ACTOR: &str = "x-sink";
 pub const SUMP_ACTOR: &str = "x-sump";
 /// The durable RabbitMQ exchange every actor queue is bound to.
 pub const RABBITMQ_EXCHANGE: &str = "asya";
+/// Prefix of a namespace's own exchange, [`tenant_exchange`].
+pub const TENANT_EXCHANGE_PREFIX: &str = "asya.";
 /// SQS's own limit on queue names.
 pub const SQS_QUEUE_NAME_MAX: usize = 80;
 /// RabbitMQ's limit on queue names (bytes).
@@ -70,6 +72,26 @@ pub fn keda_secret_name(transport: &str) -> String {
     format!("asya-keda-{transport}")
 }
 
+/// The direct exchange of namespace `ns`'s tenant traffic: `asya.{ns}` (docs/DESIGN.md §9).
+/// Dots never occur in queue names, so it cannot be mistaken for a queue in a permission.
+pub fn tenant_exchange(ns: &str) -> String {
+    format!("{TENANT_EXCHANGE_PREFIX}{ns}")
+}
+
+/// The broker user of namespace `ns`'s sidecars: `asya-ns-{ns}`.
+pub fn tenant_broker_user(ns: &str) -> String {
+    format!("asya-ns-{ns}")
+}
+
+/// The Secret in an actor namespace holding its broker identity (`username`, `password`).
+pub fn tenant_broker_secret(transport: &str) -> String {
+    format!("asya-broker-{transport}")
+}
+
+/// Keys of [`tenant_broker_secret`].
+pub const BROKER_SECRET_USERNAME: &str = "username";
+pub const BROKER_SECRET_PASSWORD: &str = "password";
+
 /// Characters SQS allows in a queue name.
 pub fn is_sqs_queue_name(name: &str) -> bool {
     !name.is_empty()
@@ -92,6 +114,15 @@ mod tests {
         assert_eq!(sink_queue("dev"), "asya-dev-x-sink");
         assert_eq!(sump_queue("dev"), "asya-dev-x-sump");
         assert!(is_end_actor("x-sink") && is_end_actor("x-sump") && !is_end_actor("x"));
+    }
+
+    #[test]
+    fn tenant_identity_names_follow_the_contract() {
+        assert_eq!(tenant_exchange("team-a"), "asya.team-a");
+        assert_eq!(tenant_broker_user("team-a"), "asya-ns-team-a");
+        assert_eq!(tenant_broker_secret("rabbitmq"), "asya-broker-rabbitmq");
+        // Never a queue name: actor queues carry no dot.
+        assert!(!actor_queue("team", "a").contains('.'));
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub mod env {
     pub const RABBITMQ_URL: &str = "ASYA_RABBITMQ_URL";
     /// The broker password from its Secret, expanded into [`RABBITMQ_URL`] by Kubernetes.
     pub const RABBITMQ_PASSWORD: &str = "ASYA_RABBITMQ_PASSWORD";
+    /// The broker user from the namespace's identity Secret, expanded into [`RABBITMQ_URL`].
+    pub const RABBITMQ_USERNAME: &str = "ASYA_RABBITMQ_USERNAME";
+    /// The exchange the sidecar publishes to (the namespace's `asya.{ns}`; `asya` when unset).
     pub const RABBITMQ_EXCHANGE: &str = "ASYA_RABBITMQ_EXCHANGE";
     pub const RABBITMQ_PREFETCH: &str = "ASYA_RABBITMQ_PREFETCH";
     pub const SQS_REGION: &str = "ASYA_SQS_REGION";
@@ -128,9 +131,15 @@ fn literal(name: &str, value: String) -> EnvVar {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TransportSettings {
     RabbitMq {
-        /// May hold `$(ASYA_RABBITMQ_PASSWORD)`, which Kubernetes expands from `password`.
+        /// May hold `$(ASYA_RABBITMQ_USERNAME)` and `$(ASYA_RABBITMQ_PASSWORD)`, which
+        /// Kubernetes expands from `username` and `password`.
         url: String,
+        /// The namespace's broker user (scoped identity, docs/DESIGN.md §9).
+        username: Option<Sourced>,
         password: Option<Sourced>,
+        /// The exchange to publish to; may hold `$(ASYA_NAMESPACE)`. `None`: the sidecar's
+        /// default, the platform exchange `asya`.
+        exchange: Option<String>,
     },
     Sqs {
         region: Option<String>,
@@ -207,12 +216,23 @@ impl SidecarSettings {
             literal(env::TRANSPORT, self.transport.kind().into()),
         ];
         match &self.transport {
-            TransportSettings::RabbitMq { url, password } => {
+            TransportSettings::RabbitMq {
+                url,
+                username,
+                password,
+                exchange,
+            } => {
                 // Before the URL: Kubernetes expands `$(VAR)` only from earlier entries.
+                if let Some(u) = username {
+                    out.push(u.env(env::RABBITMQ_USERNAME));
+                }
                 if let Some(p) = password {
                     out.push(p.env(env::RABBITMQ_PASSWORD));
                 }
                 out.push(literal(env::RABBITMQ_URL, url.clone()));
+                if let Some(x) = exchange {
+                    out.push(literal(env::RABBITMQ_EXCHANGE, x.clone()));
+                }
             }
             TransportSettings::Sqs {
                 region,
@@ -311,7 +331,9 @@ impl SidecarSettings {
                     )
                 })?,
                 // Already expanded into the URL by Kubernetes.
+                username: get(env::RABBITMQ_USERNAME).map(Sourced::Value),
                 password: get(env::RABBITMQ_PASSWORD).map(Sourced::Value),
+                exchange: get(env::RABBITMQ_EXCHANGE),
             }),
             crate::config::TRANSPORT_SQS => Ok(TransportSettings::Sqs {
                 region: Some(
@@ -407,11 +429,17 @@ mod tests {
             actor: "echo".into(),
             namespace: Sourced::PodField("metadata.namespace".into()),
             transport: TransportSettings::RabbitMq {
-                url: "amqp://guest:$(ASYA_RABBITMQ_PASSWORD)@rabbitmq:5672/%2F".into(),
+                url: "amqp://$(ASYA_RABBITMQ_USERNAME):$(ASYA_RABBITMQ_PASSWORD)@rabbitmq:5672/%2F"
+                    .into(),
+                username: Some(Sourced::Secret {
+                    name: "rmq".into(),
+                    key: "username".into(),
+                }),
                 password: Some(Sourced::Secret {
                     name: "rmq".into(),
                     key: "password".into(),
                 }),
+                exchange: Some("asya.$(ASYA_NAMESPACE)".into()),
             },
             socket_dir: DEFAULT_SOCKET_DIR.into(),
             runtime_timeout: Some("300s".into()),
@@ -430,14 +458,21 @@ mod tests {
 
     #[test]
     fn rendered_settings_parse_back() {
-        let secrets = HashMap::from([(("rmq", "password"), "p@ss"), (("gw", "token"), "t0k")]);
+        let secrets = HashMap::from([
+            (("rmq", "username"), "asya-ns-team-a"),
+            (("rmq", "password"), "p@ss"),
+            (("gw", "token"), "t0k"),
+        ]);
         let s = rabbit();
         let back = parse(&started(&s.to_env(), &secrets, "team-a")).unwrap();
         let want = SidecarSettings {
             namespace: Sourced::Value("team-a".into()),
             transport: TransportSettings::RabbitMq {
-                url: "amqp://guest:p@ss@rabbitmq:5672/%2F".into(),
+                url: "amqp://asya-ns-team-a:p@ss@rabbitmq:5672/%2F".into(),
+                username: Some(Sourced::Value("asya-ns-team-a".into())),
                 password: Some(Sourced::Value("p@ss".into())),
+                // The namespace's own exchange, expanded from the pod's namespace.
+                exchange: Some("asya.team-a".into()),
             },
             gateway: Some(GatewaySettings {
                 url: "http://gateway:8080".into(),
@@ -478,8 +513,10 @@ mod tests {
                 "ASYA_ACTOR_NAME",
                 "ASYA_NAMESPACE",
                 "ASYA_TRANSPORT",
+                "ASYA_RABBITMQ_USERNAME",
                 "ASYA_RABBITMQ_PASSWORD",
                 "ASYA_RABBITMQ_URL",
+                "ASYA_RABBITMQ_EXCHANGE",
                 "ASYA_SOCKET_DIR",
                 "ASYA_RUNTIME_TIMEOUT",
                 "ASYA_RESILIENCY",
@@ -495,7 +532,11 @@ mod tests {
     fn each_bad_setting_names_its_variable() {
         let base = started(
             &rabbit().to_env(),
-            &HashMap::from([(("rmq", "password"), "p"), (("gw", "token"), "t")]),
+            &HashMap::from([
+                (("rmq", "username"), "u"),
+                (("rmq", "password"), "p"),
+                (("gw", "token"), "t"),
+            ]),
             "ns",
         );
         for (var, value) in [

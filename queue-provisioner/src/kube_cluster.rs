@@ -24,8 +24,10 @@ use serde_json::json;
 use tracing::warn;
 
 use crate::apply_skip::{self, Live};
+use crate::broker_identity::permissions::Permissions;
 use crate::metrics::Metrics;
 use crate::model::{ObjectKind, WorkloadKind};
+use crate::queue::Backend;
 use crate::queue::owner::Claimant;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 use crate::reconcile::plan::EventSpec;
@@ -90,6 +92,23 @@ pub struct KubeCluster {
     pub keda: Option<(ApiResource, ApiResource)>,
     /// What the KEDA identity loop last found, by transport.
     pub keda_identity: crate::keda_identity::IdentityState,
+}
+
+/// The management API client of a transport with scoped identity.
+fn tenant_admin<'a>(
+    backend: &'a Backend,
+    transport: &str,
+) -> Result<&'a crate::queue::rabbitmq_admin::BrokerAdmin, QueueError> {
+    match backend {
+        Backend::Rabbit(q) => q.admin(),
+        Backend::Sqs(_) => None,
+    }
+    .ok_or_else(|| {
+        QueueError::Rejected(format!(
+            "transport {transport}: per-namespace broker users need the management API \
+             (transports.{transport}.config.managementPort)"
+        ))
+    })
 }
 
 /// Forced only over our own objects ([`crate::reconcile::ownership`]): a create that meets
@@ -396,6 +415,14 @@ impl Cluster for KubeCluster {
             .collect()
     }
 
+    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>> {
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+            .collect()
+    }
+
     fn platform_namespace(&self) -> &str {
         &self.own_namespace
     }
@@ -404,6 +431,43 @@ impl Cluster for KubeCluster {
         Api::<Secret>::namespaced(self.client.clone(), ns)
             .get_opt(name)
             .await
+    }
+
+    async fn broker_user_put(
+        &self,
+        transport: &str,
+        user: &str,
+        password: &str,
+        permissions: &Permissions,
+    ) -> Result<(), QueueError> {
+        let (backend, _) = self.transports.get(transport).await?;
+        let admin = tenant_admin(&backend, transport)?;
+        let res = async {
+            admin.put_user(user, password).await?;
+            admin.put_permissions(user, permissions).await
+        }
+        .await;
+        self.backend_op(backend.kind(), "identity", &res);
+        res
+    }
+
+    async fn broker_identity_delete(
+        &self,
+        transport: &str,
+        ns: &str,
+        user: &str,
+    ) -> Result<(), QueueError> {
+        let (backend, _) = self.transports.get(transport).await?;
+        let res = async {
+            tenant_admin(&backend, transport)?.delete_user(user).await?;
+            match backend.as_ref() {
+                Backend::Rabbit(q) => q.delete_tenant_exchange(ns).await,
+                Backend::Sqs(_) => Ok(()),
+            }
+        }
+        .await;
+        self.backend_op(backend.kind(), "identity", &res);
+        res
     }
 
     async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {

@@ -4,6 +4,7 @@
 //! `queue` (brokers) and `controller` (the watches).
 
 pub mod apply_skip;
+pub mod broker_identity;
 pub mod controller;
 pub mod end_queues;
 pub mod gateway_report;

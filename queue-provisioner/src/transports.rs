@@ -74,12 +74,17 @@ impl Transports {
             let mut q =
                 RabbitQueues::new(amqp_url(c, creds.password.as_deref()), RABBITMQ_EXCHANGE);
             if let Some(base) = management_url(c) {
-                q = q.with_management(
-                    &base,
-                    c.vhost.as_deref().unwrap_or("/"),
-                    c.username.as_deref().unwrap_or("guest"),
-                    creds.password.as_deref().unwrap_or_default(),
-                );
+                let vhost = c.vhost.as_deref().unwrap_or("/");
+                let user = c.username.as_deref().unwrap_or("guest");
+                let password = creds.password.as_deref().unwrap_or_default();
+                q = q.with_management(&base, vhost, user, password);
+                if t.scoped_broker_identity() {
+                    q = q
+                        .with_tenant_identities(&base, vhost, user, password)
+                        .map_err(|e| {
+                            QueueError::Unavailable(format!("management API client: {e}"))
+                        })?;
+                }
             }
             Backend::Rabbit(Box::new(q))
         } else {

@@ -145,11 +145,9 @@ impl Config {
             return Err(err(env::RUNTIME_TIMEOUT, "must be greater than zero"));
         }
         let transport = match settings.transport {
-            TransportSettings::RabbitMq { url, .. } => TransportConfig::RabbitMq {
+            TransportSettings::RabbitMq { url, exchange, .. } => TransportConfig::RabbitMq {
                 url: asya_api::amqp::normalize_url(&url).into_owned(),
-                exchange: v
-                    .get(env::RABBITMQ_EXCHANGE)
-                    .unwrap_or_else(|| asya_api::naming::RABBITMQ_EXCHANGE.into()),
+                exchange: exchange.unwrap_or_else(|| asya_api::naming::RABBITMQ_EXCHANGE.into()),
                 prefetch: v.number(env::RABBITMQ_PREFETCH, 64u16, 1, 10_000)?,
             },
             TransportSettings::Sqs {

@@ -51,6 +51,7 @@ def test_config_map_renders_cluster_config_from_values():
             "passwordSecretRef": {"name": "rabbitmq-secret", "key": "password"},
             "tls": False,
             "managementPort": 15672,
+            "shareAdminCredentials": False,
         },
     }
     # Empty optional strings are left out, not passed as "".
@@ -161,13 +162,13 @@ def test_rbac_is_least_privilege():
     secret_rules = roles[("Role", "asya-webhook")]["rules"]
     assert secret_rules[0]["resourceNames"] == ["asya-webhook-tls"] and secret_rules[0]["verbs"] == ["get", "update"]
     assert secret_rules[1] == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}
-    # The provisioner never reads Secrets outside the credentials named by the configuration,
-    # and writes only the names it copies into actors' namespaces. It reads those names
-    # (`get`, next to `patch`, whose answer is the object anyway) to see whose they are
-    # before it writes: a Secret of that name that is not its own is not taken over.
-    # The one other read: copies of credentials older releases left in actor namespaces
-    # (here KEDA's asya-transport-<rabbitmq transport>), read to check they are ours before
-    # they are deleted.
+    # The provisioner never lists Secrets, and reads, writes and deletes in actors' namespaces
+    # only the names it puts there (each namespace's broker identity `asya-broker-*` is read
+    # back: its password is kept nowhere else; docs/DESIGN.md §9).
+    # It reads the names it writes (`get`, next to `patch`) to see whose they are before it
+    # writes: a Secret of that name that is not its own is not taken over. The one other read:
+    # copies of credentials older releases left in actor namespaces (here KEDA's
+    # asya-transport-<rabbitmq transport>), read to check they are ours before they are deleted.
     prov = roles[("ClusterRole", "asya-provisioner")]["rules"]
     for rule in prov:
         if "secrets" in rule["resources"]:
@@ -177,6 +178,8 @@ def test_rbac_is_least_privilege():
                 assert rule["resourceNames"] == ["asya-transport-rabbitmq"], rule
             elif "get" in rule["verbs"]:
                 assert "patch" in rule["verbs"] and rule.get("resourceNames"), rule
+    assert any("asya-broker-rabbitmq" in r.get("resourceNames", []) and {"get", "delete"} <= set(r["verbs"])
+               for r in prov if "secrets" in r["resources"]), prov
     # KEDA's RabbitMQ credential: its ClusterTriggerAuthentication by name, its Secret in
     # KEDA's namespace by name (create cannot be limited by name).
     cta = [r for r in prov if "clustertriggerauthentications" in r["resources"]]
@@ -397,9 +400,10 @@ def test_installed_rbac_grants_exactly_what_each_component_needs(installed_relea
     assert not can(prov, "update", "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system")
     assert not can(prov, "list", "secrets", "-A")
     assert not can(prov, "get", "secrets/anything", "-n", "default")
-    # RabbitMQ's password secret is still copied (the broker slice replaces it); KEDA's
-    # credential is not: it lives in KEDA's namespace behind a ClusterTriggerAuthentication.
-    assert can(prov, "patch", "secrets/rabbitmq-secret", "-n", "default")
+    # The namespace's own broker identity, by name; KEDA's credential is not in actor
+    # namespaces (it lives in KEDA's namespace behind a ClusterTriggerAuthentication).
+    assert can(prov, "get", "secrets/asya-broker-rabbitmq", "-n", "default")
+    assert can(prov, "delete", "secrets/asya-broker-rabbitmq", "-n", "default")
     assert not can(prov, "patch", "secrets/asya-transport-rabbitmq", "-n", "default")
     assert not can(prov, "patch", "secrets/someone-elses", "-n", "default")
     if keda_namespace_exists():

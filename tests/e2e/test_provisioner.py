@@ -85,7 +85,10 @@ def test_rabbitmq_actor_gets_queue_workload_scaledobject_and_status(namespace):
     assert s["triggers"][0]["authenticationRef"] == {"name": "asya-rabbitmq", "kind": "ClusterTriggerAuthentication"}
     assert get("triggerauthentication", ns, "doubler-trigger-auth") is None
     assert get("secret", ns, "asya-transport-rabbitmq") is None
-    assert get("secret", ns, "rabbitmq-secret") is not None, "the sidecar's password secret is in the namespace"
+    # The sidecar's credentials: the namespace's own broker identity, never a copy of the
+    # platform's password (docs/DESIGN.md §9).
+    assert get("secret", ns, "asya-broker-rabbitmq") is not None, "the namespace's broker identity"
+    assert get("secret", ns, "rabbitmq-secret") is None, "the platform's password stays in its namespace"
     assert get("serviceaccount", ns, "asya-doubler") is not None
 
     st = status(ns, "doubler")

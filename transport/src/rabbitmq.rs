@@ -1,7 +1,9 @@
-//! RabbitMQ through lapin. Queues are durable and bound to the direct exchange `asya` with
-//! their own name as routing key; publishes are persistent, mandatory (an unroutable message
-//! is an error, not a silent drop) and confirmed. Retries wait in per-delay queues whose
-//! messages expire and dead-letter back to the actor's queue, so the consumer never sleeps.
+//! RabbitMQ through lapin. Queues are durable and bound to a direct exchange (the namespace's
+//! `asya.{ns}`, or the platform's `asya`) with their own name as routing key; publishes go
+//! through that exchange only, and are persistent, mandatory (an unroutable message is an
+//! error, not a silent drop) and confirmed. Retries wait in per-delay queues, bound to the
+//! same exchange, whose messages expire and dead-letter back to the actor's queue through it,
+//! so the consumer never sleeps and the sidecar needs no access to the default exchange.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -360,6 +362,7 @@ impl RabbitTransport {
         // Unused delay queues go away; redeclared on every use, which resets this clock,
         // so a queue never expires while a message still waits in it.
         args.insert("x-expires".into(), int(ttl.saturating_add(60_000)));
+        let rejected = |e: lapin::Error| TransportError::Rejected(format!("declare {name}: {e}"));
         link.publish
             .queue_declare(
                 name.clone().into(),
@@ -370,7 +373,20 @@ impl RabbitTransport {
                 args,
             )
             .await
-            .map_err(|e| TransportError::Rejected(format!("declare {name}: {e}")))?;
+            .map_err(rejected)?;
+        // Reached through the sidecar's own exchange, never the default one: write access
+        // to `amq.default` would let a tenant publish into any queue (docs/DESIGN.md §9).
+        // Binding needs write on the delay queue and read on the exchange, nothing more.
+        link.publish
+            .queue_bind(
+                name.clone().into(),
+                self.s.exchange.clone().into(),
+                name.clone().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(rejected)?;
         Ok(name)
     }
 }
@@ -528,7 +544,7 @@ impl Transport for RabbitTransport {
                     // Declaring here also creates the target when auto-create is off: the
                     // target is the sidecar's own queue, which exists.
                     let q = self.declare_delay_queue(&link, &m.queue, d).await?;
-                    (String::new(), q)
+                    (self.s.exchange.clone(), q)
                 }
                 _ => {
                     self.ensure_destination(&link, &m.queue).await?;

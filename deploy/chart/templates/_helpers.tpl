@@ -144,6 +144,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- /* Each namespace's own broker identity (docs/DESIGN.md §9). */ -}}
+{{- range $name, $t := .Values.transports -}}
+{{- if and (ne $t.enabled false) (eq $t.type "rabbitmq") -}}
+{{- $names = append $names (printf "asya-broker-%s" $name) -}}
+{{- end -}}
+{{- end -}}
 {{- $names | uniq | sortAlpha | toJson -}}
 {{- end -}}
 

@@ -71,7 +71,8 @@ fn https_when_amqp_uses_tls() {
 
 #[test]
 fn without_the_management_api_the_refusal_names_the_setting() {
-    let cfg = rabbit("{host: h}");
+    // Only a configuration that shares the admin credentials may lack the management API.
+    let cfg = rabbit("{host: h, shareAdminCredentials: true}");
     let err = plan("rabbitmq", &cfg.transports["rabbitmq"], "keda", "pw").unwrap_err();
     let msg = err.to_string();
     assert!(

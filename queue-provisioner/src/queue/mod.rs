@@ -5,6 +5,7 @@ use std::time::Duration;
 
 pub mod owner;
 pub mod rabbitmq;
+pub mod rabbitmq_admin;
 pub mod sqs;
 
 use owner::{Claimant, OwnershipError, QueueRecord};

@@ -33,10 +33,15 @@ pub struct RabbitQueues {
     /// The URL without credentials, for status and logs.
     display: String,
     exchange: String,
+    /// Scoped identity (docs/DESIGN.md §9): every queue is also bound to its namespace's
+    /// exchange `asya.{ns}`, where that namespace's sidecars publish.
+    tenant_exchanges: bool,
     connection: Mutex<Option<Shared>>,
     /// Bounds the operations (so channels) in flight on the connection.
     in_flight: Semaphore,
     management: Option<Management>,
+    /// The management API with the platform identity, for the namespaces' broker users.
+    admin: Option<super::rabbitmq_admin::BrokerAdmin>,
 }
 
 /// The connection and how many channels it has opened so far.
@@ -309,10 +314,50 @@ impl RabbitQueues {
             display: redact(&url),
             url,
             exchange: exchange.to_string(),
+            tenant_exchanges: false,
             connection: Mutex::new(None),
             in_flight: Semaphore::new(MAX_IN_FLIGHT),
             management: None,
+            admin: None,
         }
+    }
+
+    /// Binds every queue to its namespace's exchange too, and manages the namespaces'
+    /// broker users through the management API at `base`.
+    pub fn with_tenant_identities(
+        mut self,
+        base: &str,
+        vhost: &str,
+        user: &str,
+        password: &str,
+    ) -> Result<Self, std::io::Error> {
+        self.tenant_exchanges = true;
+        self.admin = Some(super::rabbitmq_admin::BrokerAdmin::new(
+            base, vhost, user, password,
+        )?);
+        Ok(self)
+    }
+
+    /// The management API client of the namespaces' users, when scoped identity is on.
+    pub fn admin(&self) -> Option<&super::rabbitmq_admin::BrokerAdmin> {
+        self.admin.as_ref()
+    }
+
+    /// Deletes namespace `ns`'s exchange (its last actor is gone); a missing one is fine.
+    pub async fn delete_tenant_exchange(&self, ns: &str) -> Result<(), QueueError> {
+        let name = asya_api::naming::tenant_exchange(ns);
+        self.bounded(&format!("delete exchange {name}"), async {
+            let ch = self.channel().await?;
+            ch.exchange_delete(
+                name.as_str().into(),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+            let _ = ch.close(200, "done".into()).await;
+            Ok(())
+        })
+        .await
     }
 
     /// Also asks the management API at `base` (`http[s]://host:port`) for message counts.
@@ -443,6 +488,15 @@ impl QueueOps for RabbitQueues {
             asya_transport::rabbitmq::declare_bound_queue(&ch, &self.exchange, &spec.name)
                 .await
                 .map_err(rejected)?;
+            // The platform exchange keeps its binding (the gateway, and sidecars not yet
+            // rolled after an upgrade, publish there); the namespace's own exchange is where
+            // its sidecars publish. Same rule, so both sides agree.
+            if self.tenant_exchanges {
+                let tenant = asya_api::naming::tenant_exchange(&spec.namespace);
+                asya_transport::rabbitmq::declare_bound_queue(&ch, &tenant, &spec.name)
+                    .await
+                    .map_err(rejected)?;
+            }
             let _ = ch.close(200, "done".into()).await;
             Ok(QueueInfo {
                 url: self.queue_url(&spec.name),

@@ -12,7 +12,7 @@ use crate::model::ObjectKind;
 use crate::status::{self, TransportObs};
 
 use super::plan::{self, Next, PodStep, Retry};
-use super::{Cluster, Error, Reconciler, actor_key, objects, queues};
+use super::{Cluster, Error, Reconciler, actor_key, identity, objects, queues};
 
 pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
@@ -65,6 +65,22 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         }
     };
 
+    // 1b. The namespace's broker identity, its permissions naming the queue just ensured:
+    // before the workload, so the actor's pods never start refused.
+    let credential_version = match identity::ensure(rec, actor, &resolved).await {
+        Ok(v) => v,
+        Err(e) => {
+            let (obs, _) = plan::transport_failure(&e);
+            let wait = rec
+                .memory
+                .backoff(&key, true)
+                .max(e.retry_after().min(std::time::Duration::from_secs(5)));
+            o.transport = obs;
+            write_status(c, actor, status::derive(&prev, &o, now())).await?;
+            return Ok(Next::After(wait));
+        }
+    };
+
     // 2. Kubernetes objects.
     let labels = actor.labels().clone();
     let owner = actor
@@ -81,7 +97,10 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         &labels,
         &owner,
         &mut o,
-        queue_url.as_deref(),
+        &objects::FromBroker {
+            queue_url,
+            credential_version,
+        },
     )
     .await;
     if let Err(e) = res {
@@ -90,6 +109,10 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
             o.foreign.push(m.clone());
         }
         o.workload_error.get_or_insert_with(|| e.to_string());
+    }
+    // After an upgrade: the platform's copied password leaves once no pod reads it.
+    if let Err(e) = identity::remove_platform_copy(rec, &resolved).await {
+        tracing::warn!(actor = %key, error = %e, "could not remove the platform's copied broker credentials");
     }
 
     // 3. Pods that escaped injection.

@@ -17,7 +17,7 @@ use super::actor::{now, write_status};
 use super::memory::QueueKey;
 use super::ownership::Us;
 use super::plan::{self, CleanupStep, Next};
-use super::{Cluster, Error, Reconciler, actor_key, objects};
+use super::{Cluster, Error, Reconciler, actor_key, identity, objects};
 
 /// What the actor owns, by kind and name; deleted now rather than by the garbage collector,
 /// which frees the names at once for an actor recreated under the same name.
@@ -150,6 +150,9 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     }
     // The namespace's gateway report token goes with its last actor.
     crate::gateway_report::release(rec, actor, &t.ns).await;
+    // The namespace's broker identity goes with its last actor.
+    let actor_name = actor.spec.actor.clone().unwrap_or_else(|| t.name.clone());
+    identity::release(rec, &t.ns, &t.transport, &actor_name).await;
     forget(rec, &t);
     c.event(actor, closing).await;
     c.remove_finalizer(actor).await?;

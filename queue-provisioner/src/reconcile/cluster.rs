@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::DynamicObject;
 
 use crate::apply_skip::Live;
+use crate::broker_identity::permissions::Permissions;
 use crate::model::{ObjectKind, WorkloadKind};
 use crate::queue::owner::Claimant;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
@@ -164,6 +165,8 @@ pub trait Cluster: Send + Sync {
 
     /// The cached actors of namespace `ns`.
     fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>>;
+    /// The cached (injected) pods of namespace `ns`, every actor's.
+    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>>;
     /// The provisioner's own namespace, where the platform's credentials live.
     fn platform_namespace(&self) -> &str;
     /// A Secret as the API server has it now (Secrets are not cached: the provisioner may
@@ -173,6 +176,22 @@ pub trait Cluster: Send + Sync {
         ns: &str,
         name: &str,
     ) -> impl Future<Output = Result<Option<Secret>, kube::Error>> + Send;
+    /// Creates or updates a namespace's broker user: password and permissions (scoped
+    /// identity, docs/DESIGN.md §9).
+    fn broker_user_put(
+        &self,
+        transport: &str,
+        user: &str,
+        password: &str,
+        permissions: &Permissions,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send;
+    /// Deletes a namespace's broker user and its exchange (its last actor is gone).
+    fn broker_identity_delete(
+        &self,
+        transport: &str,
+        ns: &str,
+        user: &str,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send;
 
     /// Server-side apply; `force` only for an object that is ours ([`super::ownership`]): a
     /// create is not forced, so an object someone made meanwhile is not taken over.

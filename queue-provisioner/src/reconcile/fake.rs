@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::apply_skip::{self, Live};
+use crate::broker_identity::permissions::Permissions;
 use crate::model::{ObjectKind, WorkloadKind};
 use crate::queue::owner::{self, Claimant, QueueRecord};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
@@ -88,8 +89,10 @@ pub struct World {
     pub log: Vec<String>,
     pub events: Vec<EventSpec>,
     pub status: Option<AsyncActorStatus>,
-    /// The actors cache (`actors_in`).
+    /// The actor cache.
     pub actors: Vec<Arc<AsyncActor>>,
+    /// Broker users: password and permissions.
+    pub users: BTreeMap<String, (String, Permissions)>,
 }
 
 impl Default for World {
@@ -114,6 +117,7 @@ impl Default for World {
             events: vec![],
             status: None,
             actors: vec![],
+            users: BTreeMap::new(),
         }
     }
 }
@@ -297,6 +301,12 @@ impl Cluster for Fake {
             .collect()
     }
 
+    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>> {
+        let w = self.world();
+        let mine = |p: &&Arc<Pod>| p.metadata.namespace.as_deref() == Some(ns);
+        w.pods.iter().filter(mine).cloned().collect()
+    }
+
     fn platform_namespace(&self) -> &str {
         PLATFORM_NAMESPACE
     }
@@ -308,6 +318,35 @@ impl Cluster for Fake {
             .get(&key(ObjectKind::Secret, ns, name))
             .map(|s| serde_json::from_value(s.body.clone()).map_err(kube::Error::SerdeError))
             .transpose()
+    }
+
+    async fn broker_user_put(
+        &self,
+        _t: &str,
+        user: &str,
+        password: &str,
+        permissions: &Permissions,
+    ) -> Result<(), QueueError> {
+        self.broker()?;
+        let mut w = self.world();
+        w.log.push(format!("put broker user {user}"));
+        w.users
+            .insert(user.into(), (password.into(), permissions.clone()));
+        Ok(())
+    }
+
+    async fn broker_identity_delete(
+        &self,
+        _t: &str,
+        ns: &str,
+        user: &str,
+    ) -> Result<(), QueueError> {
+        self.broker()?;
+        let mut w = self.world();
+        w.log
+            .push(format!("delete broker user {user} and exchange asya.{ns}"));
+        w.users.remove(user);
+        Ok(())
     }
 
     async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {

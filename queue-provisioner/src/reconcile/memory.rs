@@ -70,6 +70,25 @@ pub struct Memory {
     legacy_gone: Mutex<HashSet<ObjectKey>>,
     /// The gateway report key as last read, and namespaces whose token Secret is foreign.
     pub gateway_report: crate::gateway_report::Remembered,
+    /// Namespaces' broker identities as last set on the broker, by (transport, namespace).
+    identities: Mutex<HashMap<(String, String), IdentitySet>>,
+    /// One identity step at a time per (transport, namespace): two actors of a new namespace
+    /// reconciled at once must not each issue a password (the broker would keep one, the
+    /// Secret the other).
+    identity_locks: Mutex<HashMap<(String, String), IdentityLock>>,
+    /// Actors already told they share the platform's credentials (one event each).
+    announced: Mutex<std::collections::HashSet<String>>,
+}
+
+/// Held during one namespace's identity step.
+pub type IdentityLock = std::sync::Arc<tokio::sync::Mutex<()>>;
+
+/// A namespace's broker user as last set: its permissions and credential version.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IdentitySet {
+    pub permissions: crate::broker_identity::permissions::Permissions,
+    pub version: u64,
+    pub at: Instant,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -136,6 +155,39 @@ impl Memory {
 
     pub fn forget_applied(&self, kind: ObjectKind, ns: &str, name: &str) {
         lock(&self.applied).remove(&ObjectKey::new(kind, ns, name));
+    }
+
+    /// The identity last set for the namespace.
+    pub fn identity(&self, transport: &str, ns: &str) -> Option<IdentitySet> {
+        lock(&self.identities)
+            .get(&(transport.to_string(), ns.to_string()))
+            .cloned()
+    }
+
+    pub fn record_identity(&self, transport: &str, ns: &str, set: IdentitySet) {
+        lock(&self.identities).insert((transport.to_string(), ns.to_string()), set);
+    }
+
+    /// The lock of the namespace's identity step.
+    pub fn identity_lock(&self, transport: &str, ns: &str) -> IdentityLock {
+        lock(&self.identity_locks)
+            .entry((transport.to_string(), ns.to_string()))
+            .or_default()
+            .clone()
+    }
+
+    pub fn forget_identity(&self, transport: &str, ns: &str) {
+        lock(&self.identities).remove(&(transport.to_string(), ns.to_string()));
+    }
+
+    /// Whether [`Self::first_time`] was asked about `key` before.
+    pub fn seen(&self, key: &str) -> bool {
+        lock(&self.announced).contains(key)
+    }
+
+    /// True the first time it is asked about `key`.
+    pub fn first_time(&self, key: &str) -> bool {
+        lock(&self.announced).insert(key.to_string())
     }
 
     /// Forgets every object of `kind` in `ns`.

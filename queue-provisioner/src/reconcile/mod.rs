@@ -12,6 +12,7 @@ use crate::queue::QueueError;
 pub mod actor;
 pub mod cleanup;
 pub mod cluster;
+pub mod identity;
 pub mod keda_auth;
 pub mod memory;
 pub mod objects;
@@ -23,6 +24,8 @@ pub mod queues;
 mod fake;
 #[cfg(test)]
 mod gateway_report_tests;
+#[cfg(test)]
+mod identity_tests;
 #[cfg(test)]
 mod tests;
 

@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::DynamicObject;
 
 use crate::apply_skip::{self, Applied, ApplyDecision, Live};
+use crate::broker_identity::plan::VERSION_ANNOTATION;
 use crate::model::{ObjectKind, WorkloadKind};
 use crate::render::{self, keda, workload};
 use crate::status::{Observed, WorkloadObs};
@@ -129,6 +130,30 @@ async fn apply_changed<C: Cluster>(
     Ok(Some(answer))
 }
 
+/// What the broker steps before tell the objects step.
+#[derive(Clone, Debug, Default)]
+pub struct FromBroker {
+    /// The queue's URL (SQS's KEDA trigger reads it).
+    pub queue_url: Option<String>,
+    /// The namespace's broker credential version, set on the pod template.
+    pub credential_version: Option<u64>,
+}
+
+/// Sets an annotation on a workload's pod template: a new value rolls its pods.
+fn set_template_annotation(obj: &mut Object, key: &str, value: &str) {
+    let template = match obj {
+        Object::Deployment(d) => &mut d.spec.get_or_insert_default().template,
+        Object::StatefulSet(s) => &mut s.spec.get_or_insert_default().template,
+        _ => return,
+    };
+    template
+        .metadata
+        .get_or_insert_default()
+        .annotations
+        .get_or_insert_default()
+        .insert(key.to_string(), value.to_string());
+}
+
 /// Applies a workload (when it changed) and returns what it says of itself: from the apply's
 /// answer, or the cache when the apply was skipped. A workload created at `initial` replicas
 /// hands them to the handoff manager at once, so our later applies (which leave replicas to
@@ -179,8 +204,9 @@ pub async fn apply<C: Cluster>(
     labels: &BTreeMap<String, String>,
     owner: &OwnerReference,
     o: &mut Observed,
-    queue_url: Option<&str>,
+    broker: &FromBroker,
 ) -> Result<(), ApplyError> {
+    let queue_url = broker.queue_url.as_deref();
     let c = &rec.cluster;
     let config = &rec.config;
     let ns = &r.namespace;
@@ -247,7 +273,7 @@ pub async fn apply<C: Cluster>(
         }
         rec.memory.forget_applied(other.object(), ns, &name);
     }
-    let desired = match kind {
+    let mut desired = match kind {
         WorkloadKind::StatefulSet => {
             Object::StatefulSet(workload::stateful_set(r, labels, owner, config))
         }
@@ -256,6 +282,9 @@ pub async fn apply<C: Cluster>(
         }
     };
     let mut workload_foreign = false;
+    if let Some(v) = broker.credential_version {
+        set_template_annotation(&mut desired, VERSION_ANNOTATION, &v.to_string());
+    }
     match apply_workload(rec, us, wp, ns, desired, seen.workload_live).await {
         Ok(w) => {
             if wp.announce {

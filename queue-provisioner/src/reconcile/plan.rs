@@ -69,6 +69,10 @@ pub enum Reason {
     NameConflict,
     /// The queue of the actor's name is recorded as another actor's: left untouched.
     QueueNotOurs,
+    /// `shareAdminCredentials`: the namespace holds the platform's broker password.
+    SharedAdminCredentials,
+    /// The namespace's broker identity got a (new) password.
+    BrokerCredentialIssued,
     /// The actor entered this phase.
     Phase(Phase),
 }
@@ -94,6 +98,8 @@ impl Reason {
             Reason::NamespaceExcluded => "NamespaceExcluded",
             Reason::NameConflict => "NameConflict",
             Reason::QueueNotOurs => "QueueNotOurs",
+            Reason::SharedAdminCredentials => "SharedAdminCredentials",
+            Reason::BrokerCredentialIssued => "BrokerCredentialIssued",
             Reason::Phase(p) => p.as_str(),
         }
     }

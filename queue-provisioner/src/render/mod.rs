@@ -106,10 +106,11 @@ pub(crate) fn secret(name: String, namespace: &str, data: BTreeMap<String, Strin
 }
 
 /// Secrets in the actor's namespace, shared by its actors (so not owned by any one of them).
-/// RabbitMQ: the configured credential secret under its own name (the webhook points the
-/// sidecar's env at it); KEDA's credential is not among them (it reads through the
-/// transport's ClusterTriggerAuthentication, [`crate::keda_identity`]). SQS: see
-/// [`sqs_secrets`].
+/// RabbitMQ: with `shareAdminCredentials` only, the configured credential secret under its
+/// own name (the webhook then points the sidecar's env at it); otherwise none here (the
+/// namespace's own identity is [`crate::reconcile::identity`]'s), and KEDA's credential never
+/// (it reads through the transport's ClusterTriggerAuthentication, [`crate::keda_identity`]).
+/// SQS: see [`sqs_secrets`].
 pub fn transport_secrets(
     namespace: &str,
     transport_name: &str,
@@ -120,11 +121,15 @@ pub fn transport_secrets(
     let mut out = Vec::new();
     if transport.kind == TRANSPORT_RABBITMQ {
         if let (Some(r), Some(p)) = (&c.password_secret_ref, &creds.password) {
-            out.push(secret(
-                r.name.clone(),
-                namespace,
-                BTreeMap::from([(r.key.clone(), p.clone())]),
-            ));
+            // The platform's password reaches a namespace only by the explicit opt-in; the
+            // sidecars otherwise use the namespace's own identity (reconcile::identity).
+            if transport.shares_admin_credentials() {
+                out.push(secret(
+                    r.name.clone(),
+                    namespace,
+                    BTreeMap::from([(r.key.clone(), p.clone())]),
+                ));
+            }
         }
     } else {
         out.extend(sqs_secrets(namespace, transport_name, transport, creds));

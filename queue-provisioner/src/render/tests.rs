@@ -354,7 +354,14 @@ fn rabbitmq_secrets_and_url() {
         password: Some("pw".into()),
         aws: None,
     };
+    // Scoped identity (the default): nothing of the platform's is copied into the namespace
+    // (the sidecars use its own identity, KEDA its ClusterTriggerAuthentication).
     let s = transport_secrets("team", "rabbitmq", t, &creds);
+    assert!(s.is_empty(), "{s:?}");
+    // shareAdminCredentials: copied under its own name, as before.
+    let mut shared = t.clone();
+    shared.config.share_admin_credentials = true;
+    let s = transport_secrets("team", "rabbitmq", &shared, &creds);
     assert_eq!(s[0].metadata.name.as_deref(), Some("rabbitmq-secret"));
     assert_eq!(s[0].data.as_ref().unwrap()["password"].0, b"pw");
     // KEDA's `host` is no longer copied into the namespace (crate::keda_identity).

@@ -4,6 +4,7 @@
 use asya_api::amqp;
 use asya_api::config::{ClusterConfig, TRANSPORT_RABBITMQ, TRANSPORT_SQS, Transport};
 use asya_api::labels;
+use asya_api::naming::{self, BROKER_SECRET_PASSWORD, BROKER_SECRET_USERNAME};
 use asya_api::sidecar_settings::{
     GatewaySettings, SidecarSettings, Sourced, SqsCredentials, TransportSettings,
     env as sidecar_env,
@@ -21,7 +22,29 @@ fn transport_settings(name: &str, t: &Transport) -> Result<TransportSettings, In
         key: key.into(),
     };
     match t.kind.as_str() {
+        TRANSPORT_RABBITMQ if t.scoped_broker_identity() => {
+            // The namespace's own broker identity (docs/DESIGN.md §9): user and password from
+            // the Secret the provisioner keeps in the pod's namespace, the namespace's own
+            // exchange, all expanded in the pod (`$(VAR)` from earlier entries), so the pod
+            // spec holds no credential and the webhook needs no namespace.
+            let identity = naming::tenant_broker_secret(name);
+            Ok(TransportSettings::RabbitMq {
+                url: amqp::url_with_identity_refs(
+                    c,
+                    sidecar_env::RABBITMQ_USERNAME,
+                    sidecar_env::RABBITMQ_PASSWORD,
+                ),
+                username: Some(secret(&identity, BROKER_SECRET_USERNAME)),
+                password: Some(secret(&identity, BROKER_SECRET_PASSWORD)),
+                exchange: Some(format!(
+                    "{}$({})",
+                    naming::TENANT_EXCHANGE_PREFIX,
+                    sidecar_env::NAMESPACE
+                )),
+            })
+        }
         TRANSPORT_RABBITMQ => {
+            // shareAdminCredentials: the platform's password, copied into the namespace.
             // The password stays in its Secret: Kubernetes expands $(VAR) from an earlier env
             // entry, so the URL is assembled in the pod, not in the pod spec.
             let password = c
@@ -34,7 +57,9 @@ fn transport_settings(name: &str, t: &Transport) -> Result<TransportSettings, In
             };
             Ok(TransportSettings::RabbitMq {
                 url: amqp::url(c, url_password),
+                username: None,
                 password,
+                exchange: None,
             })
         }
         TRANSPORT_SQS => Ok(TransportSettings::Sqs {

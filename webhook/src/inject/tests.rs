@@ -115,13 +115,27 @@ fn native_injection_has_everything_and_is_idempotent() {
         .secret_key_ref
         .as_ref()
         .unwrap();
+    // The namespace's own broker identity (docs/DESIGN.md §9), never the platform's.
     assert_eq!(
         (sk.name.as_str(), sk.key.as_str()),
-        ("rabbitmq-secret", "password")
+        ("asya-broker-rabbitmq", "password")
+    );
+    let user = env_of(sc, "ASYA_RABBITMQ_USERNAME").unwrap();
+    let uk = user.value_from.as_ref().unwrap().secret_key_ref.as_ref();
+    assert_eq!(
+        uk.map(|k| (k.name.as_str(), k.key.as_str())),
+        Some(("asya-broker-rabbitmq", "username"))
     );
     assert_eq!(
         env_of(sc, "ASYA_RABBITMQ_URL").unwrap().value.as_deref(),
-        Some("amqp://guest:$(ASYA_RABBITMQ_PASSWORD)@rabbitmq:5672/%2F")
+        Some("amqp://$(ASYA_RABBITMQ_USERNAME):$(ASYA_RABBITMQ_PASSWORD)@rabbitmq:5672/%2F")
+    );
+    assert_eq!(
+        env_of(sc, "ASYA_RABBITMQ_EXCHANGE")
+            .unwrap()
+            .value
+            .as_deref(),
+        Some("asya.$(ASYA_NAMESPACE)")
     );
     // The password var must come before the URL that references it.
     let names: Vec<_> = sc
@@ -133,6 +147,8 @@ fn native_injection_has_everything_and_is_idempotent() {
         .collect();
     let pos = |n| names.iter().position(|x| *x == n).unwrap();
     assert!(pos("ASYA_RABBITMQ_PASSWORD") < pos("ASYA_RABBITMQ_URL"));
+    assert!(pos("ASYA_RABBITMQ_USERNAME") < pos("ASYA_RABBITMQ_URL"));
+    assert!(pos("ASYA_NAMESPACE") < pos("ASYA_RABBITMQ_EXCHANGE"));
     assert_eq!(
         env_of(sc, "ASYA_RUNTIME_TIMEOUT").unwrap().value.as_deref(),
         Some("300s")
@@ -395,7 +411,11 @@ fn the_injected_env_parses_back_as_the_sidecars_settings() {
         let s = SidecarSettings::from_vars(&get).unwrap();
         assert_eq!(s.actor, "echo");
         assert_eq!(s.namespace, Sourced::Value("team-a".into()));
-        assert!(matches!(s.transport, TransportSettings::RabbitMq { .. }));
+        // `$(ASYA_NAMESPACE)` is what the kubelet expands; the sidecar reads the result.
+        assert!(matches!(
+            &s.transport,
+            TransportSettings::RabbitMq { exchange: Some(x), .. } if x == "asya.$(ASYA_NAMESPACE)"
+        ));
         assert_eq!(s.socket_dir, SOCKET_DIR);
         assert_eq!(s.runtime_timeout.as_deref(), Some("300s"));
         assert_eq!(
@@ -438,4 +458,34 @@ fn the_sidecar_gets_the_platforms_sqs_keys_only_when_they_are_shared() {
             assert!(env_of(sc, "AWS_SECRET_ACCESS_KEY").is_none());
         }
     }
+}
+
+/// `shareAdminCredentials: true` keeps the pre-tenancy env: the platform's password from the
+/// copied Secret, the platform exchange (the sidecar's default).
+#[test]
+fn shared_admin_credentials_keep_the_platform_identity() {
+    let mut cfg = ClusterConfig::default();
+    let t = cfg.transports.get_mut("rabbitmq").unwrap();
+    t.config.share_admin_credentials = true;
+    let mut p = pod();
+    run(&mut p, &settings(), &cfg, true).unwrap();
+    let sc = sidecar_of(&p);
+    let pw = env_of(sc, "ASYA_RABBITMQ_PASSWORD").unwrap();
+    let sk = pw
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (sk.name.as_str(), sk.key.as_str()),
+        ("rabbitmq-secret", "password")
+    );
+    assert_eq!(
+        env_of(sc, "ASYA_RABBITMQ_URL").unwrap().value.as_deref(),
+        Some("amqp://guest:$(ASYA_RABBITMQ_PASSWORD)@rabbitmq:5672/%2F")
+    );
+    assert!(env_of(sc, "ASYA_RABBITMQ_EXCHANGE").is_none());
+    assert!(env_of(sc, "ASYA_RABBITMQ_USERNAME").is_none());
 }

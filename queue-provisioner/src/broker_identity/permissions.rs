@@ -1,0 +1,202 @@
+//! The exact, anchored permission regexes of a namespace's broker user (docs/DESIGN.md §9),
+//! generated from the namespace's own queue names. Never a prefix such as `^asya-N-.*`: that
+//! would also match the queues of namespace `N-x` (`asya-N-x-…`).
+//!
+//! What the sidecar does and what each needs (RabbitMQ's access-control table):
+//! - consume its queue, passive declares: read on the queue (passive declares need none);
+//! - publish to `asya.N`: write on the exchange;
+//! - declare a delay queue with DLX `asya.N`: configure on it, read on it, write on `asya.N`;
+//! - bind a delay queue to `asya.N`: write on the queue, read on the exchange.
+
+use std::collections::BTreeSet;
+
+use asya_api::naming;
+
+/// A user's configure, write and read regexes on the vhost.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Permissions {
+    pub configure: String,
+    pub write: String,
+    pub read: String,
+}
+
+/// Matches nothing: RabbitMQ's documented "no access" regex.
+pub const NOTHING: &str = "^$";
+
+/// `^(?:a|b)$`, each alternative already a regex.
+fn anchored_any(alternatives: &[String]) -> String {
+    if alternatives.is_empty() {
+        return NOTHING.to_string();
+    }
+    format!("^(?:{})$", alternatives.join("|"))
+}
+
+/// A name as a regex literal. Namespaces and actors are DNS labels (`[a-z0-9-]`), where only
+/// the dot of `asya.N` and of `.delay-` is special; escaped in general all the same.
+pub fn literal(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+            out.push(c);
+        } else {
+            out.push('\\');
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The delay queues of these queues: `asya-N-a.delay-1000ms` (the sidecar's naming rule).
+fn delay_queues_of(queues: &[String]) -> Option<String> {
+    if queues.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = queues.iter().map(|q| literal(q)).collect();
+    Some(format!("(?:{})\\.delay-[0-9]+ms", names.join("|")))
+}
+
+/// The permissions of namespace `ns`'s user, whose actors are `actors` (actor names, not
+/// object names; end pseudo-actors among them are fine).
+pub fn for_namespace(ns: &str, actors: &BTreeSet<String>) -> Permissions {
+    let exchange = literal(&naming::tenant_exchange(ns));
+    let actor_queues: Vec<String> = actors.iter().map(|a| naming::actor_queue(ns, a)).collect();
+    let mut all_queues = actor_queues.clone();
+    for end in [naming::sink_queue(ns), naming::sump_queue(ns)] {
+        if !all_queues.contains(&end) {
+            all_queues.push(end);
+        }
+    }
+    let actor_delays = delay_queues_of(&actor_queues);
+
+    let configure: Vec<String> = actor_delays.iter().cloned().collect();
+    let mut write = vec![exchange.clone()];
+    write.extend(actor_delays.iter().cloned());
+    let mut read = vec![exchange];
+    read.extend(all_queues.iter().map(|q| literal(q)));
+    read.extend(delay_queues_of(&all_queues));
+    Permissions {
+        configure: anchored_any(&configure),
+        write: anchored_any(&write),
+        read: anchored_any(&read),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use regex::Regex;
+
+    fn actors(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn m(re: &str, name: &str) -> bool {
+        Regex::new(re).unwrap().is_match(name)
+    }
+
+    #[test]
+    fn the_tenant_reads_its_queues_writes_its_exchange_and_configures_its_delay_queues() {
+        let p = for_namespace("team", &actors(&["a", "b"]));
+        assert_eq!(
+            p.configure,
+            r"^(?:(?:asya-team-a|asya-team-b)\.delay-[0-9]+ms)$"
+        );
+        assert_eq!(
+            p.write,
+            r"^(?:asya\.team|(?:asya-team-a|asya-team-b)\.delay-[0-9]+ms)$"
+        );
+        for q in [
+            "asya-team-a",
+            "asya-team-b",
+            "asya-team-x-sink",
+            "asya-team-x-sump",
+        ] {
+            assert!(m(&p.read, q), "{q}");
+            assert!(m(&p.read, &format!("{q}.delay-1000ms")), "{q}");
+            assert!(!m(&p.write, q), "publishing straight into {q}");
+            assert!(!m(&p.configure, q), "declaring or deleting {q}");
+        }
+        assert!(m(&p.configure, "asya-team-a.delay-500ms"));
+        assert!(m(&p.write, "asya.team") && m(&p.read, "asya.team"));
+        // Nothing of the platform's: its exchange, the default exchange, other queues.
+        for other in [
+            "asya",
+            "amq.default",
+            "",
+            "asya-team-c",
+            "asya.team-a",
+            "asya-team-a.x",
+        ] {
+            assert!(!m(&p.write, other) && !m(&p.configure, other), "{other:?}");
+            assert!(!m(&p.read, other), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn team_never_matches_the_queues_of_team_a() {
+        let p = for_namespace("team", &actors(&["a", "p"]));
+        for q in [
+            "asya-team-a-x-sink",
+            "asya-team-a-x-sump",
+            "asya-team-a-p",
+            "asya-team-a-p.delay-1000ms",
+            "asya.team-a",
+        ] {
+            assert!(
+                !m(&p.read, q) && !m(&p.write, q) && !m(&p.configure, q),
+                "{q}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_namespace_without_actors_still_reads_only_its_end_queues() {
+        let p = for_namespace("n", &BTreeSet::new());
+        assert_eq!(p.configure, NOTHING);
+        assert_eq!(p.write, r"^(?:asya\.n)$");
+        assert!(m(&p.read, "asya-n-x-sink") && !m(&p.read, "asya-n-a"));
+    }
+
+    #[test]
+    fn end_actors_with_sidecars_configure_their_delay_queues_once() {
+        let p = for_namespace("n", &actors(&["x-sink"]));
+        assert!(m(&p.configure, "asya-n-x-sink.delay-100ms"));
+        assert_eq!(
+            p.read,
+            r"^(?:asya\.n|asya-n-x-sink|asya-n-x-sump|(?:asya-n-x-sink|asya-n-x-sump)\.delay-[0-9]+ms)$"
+        );
+    }
+
+    proptest::proptest! {
+        /// For any two distinct namespaces, one's permissions match none of the other's
+        /// names: its queues, its delay queues, its exchange.
+        #[test]
+        fn namespaces_never_reach_each_other(
+            a in "[a-z][a-z0-9-]{0,8}[a-z0-9]",
+            b in "[a-z][a-z0-9-]{0,8}[a-z0-9]",
+            actors_a in proptest::collection::btree_set("[a-z][a-z0-9-]{0,6}", 1..4),
+            actors_b in proptest::collection::btree_set("[a-z][a-z0-9-]{0,6}", 1..4),
+        ) {
+            proptest::prop_assume!(a != b);
+            let p = for_namespace(&a, &actors_a);
+            let mut theirs = vec![naming::tenant_exchange(&b)];
+            for x in actors_b.iter().map(String::as_str).chain([naming::SINK_ACTOR, naming::SUMP_ACTOR]) {
+                let q = naming::actor_queue(&b, x);
+                // Finding 2 (a name shared by two (namespace, actor) pairs) is refused at
+                // admission; such a pair is not a permission question.
+                let shared = actors_a.iter().map(String::as_str)
+                    .chain([naming::SINK_ACTOR, naming::SUMP_ACTOR])
+                    .any(|y| naming::actor_queue(&a, y) == q);
+                if !shared {
+                    theirs.push(format!("{q}.delay-1000ms"));
+                    theirs.push(q);
+                }
+            }
+            for name in theirs {
+                proptest::prop_assert!(!m(&p.read, &name), "read {} {}", p.read, name);
+                proptest::prop_assert!(!m(&p.write, &name), "write {} {}", p.write, name);
+                proptest::prop_assert!(!m(&p.configure, &name), "configure {}", name);
+            }
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The broker identity step (docs/DESIGN.md §9): after the queues (declared and bound to the
+//! namespace's exchange) and before the workload, the namespace's broker user gets its
+//! password and permissions that include this actor's queue, so a new actor's pods never
+//! start refused. [`plan`] and [`permissions`] decide; this module reads and writes.
+//!
+//! Within [`RECHECK`] of the last set, with the same permissions, nothing is read or
+//! written; after that the Secret is read (by name: the provisioner may not list Secrets).
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use asya_api::{AsyncActor, ResolvedActor, naming};
+use kube::ResourceExt;
+
+use crate::broker_identity::permissions::{self, Permissions};
+use crate::broker_identity::plan::{self as id, PasswordStep, SecretView};
+use crate::model::ObjectKind;
+use crate::queue::QueueError;
+
+use super::memory::{IdentitySet, RECHECK};
+use super::plan::{EventSpec, Reason};
+use super::{Cluster, Object, Reconciler};
+
+/// The actor names of namespace `ns` that hold queues: those not being deleted, plus
+/// `also` (the actor being reconciled, which the cache may not show yet).
+pub fn live_actors<C: Cluster>(c: &C, ns: &str, also: Option<&str>) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = c
+        .actors_in(ns)
+        .iter()
+        .filter(|a| a.metadata.deletion_timestamp.is_none())
+        .map(|a| a.spec.actor.clone().unwrap_or_else(|| a.name_any()))
+        .collect();
+    out.extend(also.map(String::from));
+    out
+}
+
+/// Whether a Secret carries our managed-by label (one we wrote).
+fn managed_by_us(s: &k8s_openapi::api::core::v1::Secret) -> bool {
+    s.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::render::workload::MANAGED_BY.0))
+        .map(String::as_str)
+        == Some(crate::render::workload::MANAGED_BY.1)
+}
+
+fn kube_err(what: &str, e: kube::Error) -> QueueError {
+    QueueError::Unavailable(format!("{what}: {e}"))
+}
+
+/// Whether the identity set before can be trusted without a look at the Secret: set within
+/// [`RECHECK`] with the same permissions. So a rotation request, a deleted Secret or a user
+/// removed behind our back is acted on by the first reconcile of one of the namespace's
+/// actors after that: within a periodic requeue (`plan::PERIOD` + `plan::SPREAD`, 75 s).
+fn still_set(last: &IdentitySet, p: &Permissions) -> bool {
+    last.permissions == *p && last.at.elapsed() < RECHECK
+}
+
+/// Ensures the namespace's broker identity for `r`'s transport. `Ok(None)`: the transport
+/// has none (SQS, or `shareAdminCredentials`, announced once per actor with a Warning).
+/// `Ok(Some(v))`: the credential's version, for the workloads' pod templates.
+pub async fn ensure<C: Cluster>(
+    rec: &Reconciler<C>,
+    actor: &AsyncActor,
+    r: &ResolvedActor,
+) -> Result<Option<u64>, QueueError> {
+    let c = &rec.cluster;
+    let Some(t) = rec.config.transport(&r.transport) else {
+        return Ok(None);
+    };
+    if t.shares_admin_credentials() {
+        if rec.memory.first_time(&super::actor_key(actor)) {
+            let note = format!(
+                "transport {} shares the platform's broker credentials with namespace {} \
+                 (transports.{}.config.shareAdminCredentials: true): its pods can read, purge \
+                 and delete every namespace's queues",
+                r.transport, r.namespace, r.transport
+            );
+            c.event(
+                actor,
+                EventSpec::warning(Reason::SharedAdminCredentials, note),
+            )
+            .await;
+        }
+        return Ok(None);
+    }
+    if !t.scoped_broker_identity() {
+        return Ok(None);
+    }
+    let ns = &r.namespace;
+    let perms = permissions::for_namespace(ns, &live_actors(c, ns, Some(&r.actor)));
+    let lock = rec.memory.identity_lock(&r.transport, ns);
+    let _one_at_a_time = lock.lock().await;
+    if let Some(last) = rec.memory.identity(&r.transport, ns)
+        && still_set(&last, &perms)
+    {
+        return Ok(Some(last.version));
+    }
+    let secret_name = naming::tenant_broker_secret(&r.transport);
+    let current = c
+        .read_secret(ns, &secret_name)
+        .await
+        .map_err(|e| kube_err(&format!("reading Secret {ns}/{secret_name}"), e))?;
+    // A Secret of that name we did not write is someone else's: never taken over.
+    if current.as_ref().is_some_and(|s| !managed_by_us(s)) {
+        return Err(QueueError::Rejected(format!(
+            "Secret {ns}/{secret_name} exists and was not created by the provisioner (no label \
+             {}={}): the namespace's broker identity is not written over it; rename or delete it",
+            crate::render::workload::MANAGED_BY.0,
+            crate::render::workload::MANAGED_BY.1
+        )));
+    }
+    let current_uid = current.as_ref().and_then(|s| s.metadata.uid.clone());
+    let view = current.as_ref().map(SecretView::of);
+    // Above any version this process set: a Secret deleted within the second it was made
+    // still gets a new version, so the workloads roll.
+    let floor = rec
+        .memory
+        .identity(&r.transport, ns)
+        .map_or(0, |l| l.version.saturating_add(1));
+    let now = (k8s_openapi::jiff::Timestamp::now().as_second().max(0) as u64).max(floor);
+    let user = naming::tenant_broker_user(ns);
+    let version = match id::password_step(ns, view.as_ref(), now) {
+        PasswordStep::Keep { password, version } => {
+            c.broker_user_put(&r.transport, &user, &password, &perms)
+                .await?;
+            version
+        }
+        PasswordStep::Generate { version, replace } => {
+            let password = id::generate_password()
+                .map_err(|e| QueueError::Unavailable(format!("generating a password: {e}")))?;
+            // The broker first: a Secret naming a password the broker does not know yet
+            // would start pods that are refused. Existing connections are not dropped.
+            c.broker_user_put(&r.transport, &user, &password, &perms)
+                .await?;
+            if replace {
+                // Replaced whole: apply keeps annotations other managers set (the request).
+                c.delete(ObjectKind::Secret, ns, &secret_name, current_uid.as_deref())
+                    .await
+                    .map_err(|e| kube_err(&format!("replacing Secret {ns}/{secret_name}"), e))?;
+            }
+            let s = id::identity_secret(ns, &r.transport, &password, version);
+            // A create (never forced): a Secret made meanwhile by someone else is not taken.
+            c.apply(ns, &Object::Secret(s), false)
+                .await
+                .map_err(|e| kube_err(&format!("writing Secret {ns}/{secret_name}"), e))?;
+            let note = format!(
+                "broker user {user} of namespace {ns} has a new password (version {version}) in \
+                 Secret {secret_name}; the namespace's workloads roll onto it"
+            );
+            c.event(
+                actor,
+                EventSpec::normal(Reason::BrokerCredentialIssued, note),
+            )
+            .await;
+            version
+        }
+    };
+    let set = IdentitySet {
+        permissions: perms,
+        version,
+        at: Instant::now(),
+    };
+    rec.memory.record_identity(&r.transport, ns, set);
+    Ok(Some(version))
+}
+
+/// After an upgrade from `shareAdminCredentials`: removes the platform password's copy from
+/// the namespace once no pod there reads it any more (all rolled onto the namespace's own
+/// identity). Only a copy this provisioner made (labelled managed-by), never in its own
+/// namespace, where the original lives.
+pub async fn remove_platform_copy<C: Cluster>(
+    rec: &Reconciler<C>,
+    r: &ResolvedActor,
+) -> Result<(), kube::Error> {
+    let c = &rec.cluster;
+    let Some(t) = rec.config.transport(&r.transport) else {
+        return Ok(());
+    };
+    let Some(copy) = t
+        .config
+        .password_secret_ref
+        .as_ref()
+        .map(|s| s.name.clone())
+    else {
+        return Ok(());
+    };
+    let ns = &r.namespace;
+    if !t.scoped_broker_identity() || ns == c.platform_namespace() {
+        return Ok(());
+    }
+    // Once gone (or never there), not looked for again in this process.
+    let done = format!("platform-copy-gone/{}/{ns}", r.transport);
+    if rec.memory.seen(&done) {
+        return Ok(());
+    }
+    let Some(secret) = c.read_secret(ns, &copy).await? else {
+        rec.memory.first_time(&done);
+        return Ok(());
+    };
+    if !managed_by_us(&secret) {
+        // Not a copy we made: the namespace's own Secret of that name stays.
+        rec.memory.first_time(&done);
+        return Ok(());
+    }
+    let pods = c.pods_in(ns);
+    if id::platform_copy_removable(pods.iter().map(|p| p.as_ref()), &copy) {
+        c.delete(
+            ObjectKind::Secret,
+            ns,
+            &copy,
+            secret.metadata.uid.as_deref(),
+        )
+        .await?;
+        rec.memory.first_time(&done);
+        rec.memory.forget_applied(ObjectKind::Secret, ns, &copy);
+        tracing::info!(namespace = %ns, secret = %copy, "removed the platform's copied broker credentials: every pod uses the namespace's own");
+    }
+    Ok(())
+}
+
+/// After an actor's cleanup: with no other live actor in the namespace, its broker user,
+/// exchange and Secret go; otherwise the next reconcile narrows the permissions. Best
+/// effort: a broker that cannot be reached leaves the user (a warning says so), never the
+/// actor Terminating.
+pub async fn release<C: Cluster>(rec: &Reconciler<C>, ns: &str, transport: &str, actor: &str) {
+    let c = &rec.cluster;
+    rec.memory.forget_identity(transport, ns);
+    if !rec
+        .config
+        .transport(transport)
+        .is_some_and(|t| t.scoped_broker_identity())
+    {
+        return;
+    }
+    let mut rest = live_actors(c, ns, None);
+    rest.remove(actor);
+    if !rest.is_empty() {
+        return;
+    }
+    let user = naming::tenant_broker_user(ns);
+    if let Err(e) = c.broker_identity_delete(transport, ns, &user).await {
+        tracing::warn!(namespace = %ns, user = %user, error = %e, "could not delete the namespace's broker user; it stays until removed by hand");
+    }
+    let secret = naming::tenant_broker_secret(transport);
+    // Only ours (labelled), and the one read (uid precondition).
+    let res = match c.read_secret(ns, &secret).await {
+        Ok(Some(s)) if managed_by_us(&s) => c
+            .delete(ObjectKind::Secret, ns, &secret, s.metadata.uid.as_deref())
+            .await
+            .map(|_| ()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = res {
+        tracing::warn!(namespace = %ns, secret = %secret, error = %e, "could not delete the namespace's broker Secret");
+    }
+    rec.memory.forget_applied(ObjectKind::Secret, ns, &secret);
+}
