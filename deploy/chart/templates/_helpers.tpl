@@ -219,6 +219,7 @@ spec:
 {{- $out := list -}}
 {{- range ($names | uniq | sortAlpha) }}{{ if not (has . $written) }}{{ $out = append $out . }}{{ end }}{{ end -}}
 {{- $out | toJson -}}
+{{- end -}}
 
 {{/* "true" when the provisioner issues each actor namespace's gateway report token (the
 gateway is on, with auth, a report key and sidecarTokenSecretRef): docs/DESIGN.md §9. Without
