@@ -568,7 +568,9 @@ def test_fresh_apply_costs_bounded_work_per_actor(namespace):
     periodic = math.ceil(window / 60)
     keda = 2 if keda_running() else 0
     assert per["reconciles"] <= 2 + keda + periodic, per
-    assert per["api"] <= 16, per
+    # Issue 26 (finding 6): before each object it applies (ServiceAccount, workload,
+    # ScaledObject) the provisioner reads who holds the name, one GET each: ~15-16.5 measured.
+    assert per["api"] <= 20, per
     # Broker work follows the reconciles: a declare and an existence check per actor, at most a
     # count per reconcile (measured 1.4-2.1 above the reconciles per actor), and each periodic
     # look in the window checks existence again besides its count.
