@@ -57,7 +57,7 @@ pub fn render(namespace: &str, at: &SecretKeySelector, token: &str) -> Secret {
 
 /// Whether the provisioner made this Secret (it carries our managed-by label).
 pub fn is_ours(secret: &Secret) -> bool {
-    secret.labels().get(MANAGED_BY.0).map(String::as_str) == Some(MANAGED_BY.1)
+    crate::reconcile::ownership::managed_by_us(&secret.metadata)
 }
 
 /// What to do about the namespace's token Secret while it has actors.

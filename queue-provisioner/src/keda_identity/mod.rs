@@ -73,13 +73,7 @@ pub fn existing_password(
     name: &str,
 ) -> Result<Option<String>, KedaIdentityError> {
     let Some(s) = secret else { return Ok(None) };
-    let ours = s
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(workload::MANAGED_BY.0))
-        .is_some_and(|v| v == workload::MANAGED_BY.1);
-    if !ours {
+    if !crate::reconcile::ownership::managed_by_us(&s.metadata) {
         return Err(KedaIdentityError::NotOurs {
             namespace: namespace.into(),
             name: name.into(),

@@ -18,6 +18,7 @@ use crate::model::ObjectKind;
 use crate::queue::QueueError;
 
 use super::memory::{IdentitySet, RECHECK};
+use super::ownership::managed_by_us;
 use super::plan::{EventSpec, Reason};
 use super::{Cluster, Object, Reconciler};
 
@@ -32,16 +33,6 @@ pub fn live_actors<C: Cluster>(c: &C, ns: &str, also: Option<&str>) -> BTreeSet<
         .collect();
     out.extend(also.map(String::from));
     out
-}
-
-/// Whether a Secret carries our managed-by label (one we wrote).
-fn managed_by_us(s: &k8s_openapi::api::core::v1::Secret) -> bool {
-    s.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(crate::render::workload::MANAGED_BY.0))
-        .map(String::as_str)
-        == Some(crate::render::workload::MANAGED_BY.1)
 }
 
 fn kube_err(what: &str, e: kube::Error) -> QueueError {
@@ -102,7 +93,10 @@ pub async fn ensure<C: Cluster>(
         .await
         .map_err(|e| kube_err(&format!("reading Secret {ns}/{secret_name}"), e))?;
     // A Secret of that name we did not write is someone else's: never taken over.
-    if current.as_ref().is_some_and(|s| !managed_by_us(s)) {
+    if current
+        .as_ref()
+        .is_some_and(|s| !managed_by_us(&s.metadata))
+    {
         return Err(QueueError::Rejected(format!(
             "Secret {ns}/{secret_name} exists and was not created by the provisioner (no label \
              {}={}): the namespace's broker identity is not written over it; rename or delete it",
@@ -198,7 +192,7 @@ pub async fn remove_platform_copy<C: Cluster>(
         rec.memory.first_time(&done);
         return Ok(());
     };
-    if !managed_by_us(&secret) {
+    if !managed_by_us(&secret.metadata) {
         // Not a copy we made: the namespace's own Secret of that name stays.
         rec.memory.first_time(&done);
         return Ok(());
@@ -245,7 +239,7 @@ pub async fn release<C: Cluster>(rec: &Reconciler<C>, ns: &str, transport: &str,
     let secret = naming::tenant_broker_secret(transport);
     // Only ours (labelled), and the one read (uid precondition).
     let res = match c.read_secret(ns, &secret).await {
-        Ok(Some(s)) if managed_by_us(&s) => c
+        Ok(Some(s)) if managed_by_us(&s.metadata) => c
             .delete(ObjectKind::Secret, ns, &secret, s.metadata.uid.as_deref())
             .await
             .map(|_| ()),

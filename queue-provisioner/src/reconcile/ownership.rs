@@ -35,7 +35,9 @@ pub struct Us<'a> {
     pub name: &'a str,
 }
 
-fn managed_by_us(meta: &ObjectMeta) -> bool {
+/// Whether the object carries our managed-by label (the one rule for "we made it", shared by
+/// every object and Secret check of the provisioner).
+pub fn managed_by_us(meta: &ObjectMeta) -> bool {
     meta.labels
         .as_ref()
         .and_then(|l| l.get(MANAGED_BY.0))
