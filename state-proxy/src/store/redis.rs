@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
 use super::{Head, Meta, Object, read_bounded};
@@ -103,9 +103,14 @@ impl RedisStore {
     }
 
     async fn conn(&self) -> Result<ConnectionManager, ProxyError> {
+        // Few retries: an unreachable Redis must answer 503 now, not a 504 after backoff.
+        let config = ConnectionManagerConfig::new()
+            .set_number_of_retries(1)
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
         let connect = self
             .conn
-            .get_or_try_init(|| ConnectionManager::new(self.client.clone()));
+            .get_or_try_init(|| ConnectionManager::new_with_config(self.client.clone(), config));
         match tokio::time::timeout(self.timeout, connect).await {
             Err(_) => Err(ProxyError::Timeout(self.timeout.as_secs())),
             Ok(r) => r.cloned().map_err(|e| redis_error(e, self.timeout)),
