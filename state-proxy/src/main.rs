@@ -73,10 +73,32 @@ async fn store(c: &Config) -> Result<Store, String> {
     )))
 }
 
+const USAGE: &str = "Usage: asya-state-proxy [CONNECTOR]
+
+Serves one state mount's connector on the Unix socket CONNECTOR_SOCKET (HTTP/1.1, the
+original Asya's contract). CONNECTOR (or ASYA_CONNECTOR): s3-buffered-lww, s3-buffered-cas,
+s3-passthrough, redis-buffered-cas.
+
+Environment: CONNECTOR_SOCKET, STATE_BUCKET and STATE_PREFIX (S3; keys are PREFIX/KEY),
+AWS_REGION, AWS_ENDPOINT_URL, REDIS_URL (Redis), ASYA_METRICS_ADDR (host:port of /metrics),
+ASYA_STATE_MAX_BUFFER_BYTES, ASYA_STATE_PART_BYTES, ASYA_STATE_MAX_UPLOADS,
+ASYA_STATE_BACKEND_TIMEOUT_SECONDS, ASYA_STATE_SHUTDOWN_TIMEOUT_SECONDS (see README.md).";
+
 #[tokio::main]
 async fn main() {
-    init_logging();
     let arg = std::env::args().nth(1);
+    match arg.as_deref() {
+        Some("--version" | "-V") => {
+            println!("asya-state-proxy {}", env!("CARGO_PKG_VERSION"));
+            return;
+        }
+        Some("--help" | "-h") => {
+            println!("{USAGE}");
+            return;
+        }
+        _ => {}
+    }
+    init_logging();
     let config = match Config::from_lookup(arg.as_deref(), |k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(e) => {

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "target" / "images"
 CTL = os.environ.get("ASYA_TEST_CONTAINERD_CTL", str(ROOT / "tests/services/containerd"))
 NS = "asya-image-tests"
-RUST_IMAGES = ["asya-webhook", "asya-queue-provisioner", "asya-sidecar", "asya-gateway"]
+RUST_IMAGES = ["asya-webhook", "asya-queue-provisioner", "asya-sidecar", "asya-gateway", "asya-state-proxy"]
 # The Python images: the handlers of each (source directory -> directory in the image).
 PYTHON_IMAGES = {
     "asya-examples": ("deploy/examples/handlers", "app"),
@@ -47,6 +47,7 @@ ENTRYPOINT_ANSWERS = {
     "asya-sidecar": "ASYA_ACTOR_NAME: is required",
     "asya-queue-provisioner": "/home/nonroot/.kube/config",
     "asya-gateway": "Usage: asya-gateway",
+    "asya-state-proxy": "ASYA_CONNECTOR",
 }
 SHELLS = ("bin/sh", "bin/bash", "bin/dash", "bin/busybox", "usr/bin/sh", "usr/bin/bash", "usr/bin/dash")
 
