@@ -149,7 +149,14 @@ fn json(b: &Bytes) -> serde_json::Value {
 }
 
 async fn s3_client() -> aws_sdk_s3::Client {
+    // The workspace's aws-config has no default HTTP client: rustls on ring, as the connector.
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https();
     let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(http)
         .load()
         .await;
     let ep = std::env::var("ASYA_TEST_S3_ENDPOINT").unwrap_or_default();
