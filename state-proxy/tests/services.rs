@@ -610,3 +610,31 @@ async fn redis_unreachable_is_503() {
     assert_eq!(s, 503, "{b:?}");
     assert_eq!(json(&b)["error"], "unavailable");
 }
+
+/// Requests are checked before any backend call: these answer without a backend at all.
+#[tokio::test]
+async fn refusals_come_before_the_backend() {
+    let c = Connector::start(
+        "redis-buffered-cas",
+        "t/refusals",
+        &[("REDIS_URL", "redis://127.0.0.1:1")],
+    )
+    .await;
+    for (method, path, status, says) in [
+        ("GET", "/keys/a/../b", 400, ".."),
+        ("PUT", "/keys/a//b", 400, "empty segments"),
+        ("GET", "/keys/100%", 400, "%25"),
+        ("GET", "/keys/?prefix=runs", 400, "end with /"),
+        ("GET", "/keys/?prefix=runs/&max=3", 400, "max"),
+        ("GET", "/keys/?prefix=runs/&delimiter=,", 400, "only /"),
+        ("GET", "/meta/a?attr=a%20b", 400, "A-Z"),
+        ("PUT", "/meta/a", 400, "attr"),
+    ] {
+        let (s, _, b) = c.call(method, path, b"x").await;
+        assert_eq!(s, status, "{method} {path}: {b:?}");
+        let msg = json(&b)["message"].as_str().unwrap_or_default().to_string();
+        assert!(msg.contains(says), "{method} {path}: {msg}");
+    }
+    assert_eq!(c.call("POST", "/keys/a", b"").await.0, 405);
+    assert_eq!(c.call("GET", "/healthz", b"").await.0, 200);
+}
