@@ -58,6 +58,7 @@ impl Connector {
             .env("STATE_BUCKET", BUCKET)
             .env("STATE_PREFIX", prefix)
             .env("ASYA_LOG_FORMAT", "text")
+            .env("ASYA_LOG_LEVEL", "warn")
             .stdout(Stdio::null());
         if let Ok(ep) = std::env::var("ASYA_TEST_S3_ENDPOINT") {
             cmd.env("AWS_ENDPOINT_URL", ep);
