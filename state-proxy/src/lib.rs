@@ -6,5 +6,6 @@ pub mod config;
 pub mod error;
 pub mod keys;
 pub mod metrics;
+pub mod probe;
 pub mod server;
 pub mod store;

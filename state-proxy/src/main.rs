@@ -1,6 +1,7 @@
 //! `asya-state-proxy [CONNECTOR]`: serves one state mount's connector on CONNECTOR_SOCKET.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use asya_state_proxy::config::{Config, Connector};
 use asya_state_proxy::metrics::{self, Metrics};
@@ -82,7 +83,10 @@ s3-passthrough, redis-buffered-cas.
 Environment: CONNECTOR_SOCKET, STATE_BUCKET and STATE_PREFIX (S3; keys are PREFIX/KEY),
 AWS_REGION, AWS_ENDPOINT_URL, REDIS_URL (Redis), ASYA_METRICS_ADDR (host:port of /metrics),
 ASYA_STATE_MAX_BUFFER_BYTES, ASYA_STATE_PART_BYTES, ASYA_STATE_MAX_UPLOADS,
-ASYA_STATE_BACKEND_TIMEOUT_SECONDS, ASYA_STATE_SHUTDOWN_TIMEOUT_SECONDS (see README.md).";
+ASYA_STATE_BACKEND_TIMEOUT_SECONDS, ASYA_STATE_SHUTDOWN_TIMEOUT_SECONDS (see README.md).
+
+asya-state-proxy --probe: GET /healthz on CONNECTOR_SOCKET; exit 0 if it answers 200 (an
+exec probe: the image has no shell).";
 
 #[tokio::main]
 async fn main() {
@@ -94,6 +98,15 @@ async fn main() {
         }
         Some("--help" | "-h") => {
             println!("{USAGE}");
+            return;
+        }
+        Some("--probe") => {
+            let socket = std::env::var_os("CONNECTOR_SOCKET").unwrap_or_default();
+            let r = asya_state_proxy::probe::probe(socket.as_ref(), Duration::from_secs(2)).await;
+            if let Err(e) = r {
+                eprintln!("asya-state-proxy --probe: {e}");
+                std::process::exit(1);
+            }
             return;
         }
         _ => {}

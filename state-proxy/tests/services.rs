@@ -639,3 +639,26 @@ async fn refusals_come_before_the_backend() {
     assert_eq!(c.call("POST", "/keys/a", b"").await.0, 405);
     assert_eq!(c.call("GET", "/healthz", b"").await.0, 200);
 }
+
+/// `--probe` is the exec probe of a connector container: 0 while it serves, 1 without it.
+#[tokio::test]
+async fn the_probe_answers_for_the_socket() {
+    let c = Connector::start(
+        "redis-buffered-cas",
+        "t/probe",
+        &[("REDIS_URL", "redis://127.0.0.1:1")],
+    )
+    .await;
+    let probe = |socket: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_asya-state-proxy"))
+            .arg("--probe")
+            .env("CONNECTOR_SOCKET", socket)
+            .output()
+            .expect("run the probe")
+    };
+    assert!(probe(&c.socket).status.success());
+    let missing = c.socket.with_file_name("none.sock");
+    let out = probe(&missing);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("none.sock"));
+}
