@@ -60,6 +60,8 @@ pub struct Config {
     pub max_uploads: usize,
     pub backend_timeout: Duration,
     pub shutdown_timeout: Duration,
+    /// The socket file's mode: the runtime may run as another user than the connector.
+    pub socket_mode: u32,
 }
 
 pub mod env {
@@ -75,6 +77,7 @@ pub mod env {
     pub const MAX_UPLOADS: &str = "ASYA_STATE_MAX_UPLOADS";
     pub const TIMEOUT: &str = "ASYA_STATE_BACKEND_TIMEOUT_SECONDS";
     pub const SHUTDOWN: &str = "ASYA_STATE_SHUTDOWN_TIMEOUT_SECONDS";
+    pub const SOCKET_MODE: &str = "ASYA_STATE_SOCKET_MODE";
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -154,7 +157,23 @@ impl Config {
                     },
                 }
             };
+        // 0666 by default: the socket sits in the pod's own emptyDir, and the runtime's user
+        // (the user's image) is unknown; with a shared fsGroup, 0660 is tighter.
+        let socket_mode = match get(env::SOCKET_MODE) {
+            None => 0o666,
+            Some(m) => match u32::from_str_radix(&m, 8) {
+                Ok(n) if n <= 0o777 && n & 0o600 == 0o600 => n,
+                _ => {
+                    return Err(err(
+                        env::SOCKET_MODE,
+                        &m,
+                        "octal, at most 777, owner rw (e.g. 660)",
+                    ));
+                }
+            },
+        };
         Ok(Config {
+            socket_mode,
             connector,
             socket: PathBuf::from(socket),
             bucket,
@@ -243,5 +262,23 @@ mod tests {
         let mut v = base.to_vec();
         v.push(("STATE_PREFIX", "team/a/"));
         assert_eq!(cfg(Some("s3-passthrough"), &v).unwrap().prefix, "team/a");
+        assert_eq!(
+            cfg(Some("s3-passthrough"), &base).unwrap().socket_mode,
+            0o666
+        );
+        for (mode, ok) in [
+            ("660", Some(0o660)),
+            ("9", None),
+            ("1777", None),
+            ("066", None),
+        ] {
+            let mut v = base.to_vec();
+            v.push(("ASYA_STATE_SOCKET_MODE", mode));
+            assert_eq!(
+                cfg(Some("s3-passthrough"), &v).ok().map(|c| c.socket_mode),
+                ok,
+                "{mode}"
+            );
+        }
     }
 }

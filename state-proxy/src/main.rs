@@ -83,7 +83,8 @@ s3-passthrough, redis-buffered-cas.
 Environment: CONNECTOR_SOCKET, STATE_BUCKET and STATE_PREFIX (S3; keys are PREFIX/KEY),
 AWS_REGION, AWS_ENDPOINT_URL, REDIS_URL (Redis), ASYA_METRICS_ADDR (host:port of /metrics),
 ASYA_STATE_MAX_BUFFER_BYTES, ASYA_STATE_PART_BYTES, ASYA_STATE_MAX_UPLOADS,
-ASYA_STATE_BACKEND_TIMEOUT_SECONDS, ASYA_STATE_SHUTDOWN_TIMEOUT_SECONDS (see README.md).
+ASYA_STATE_BACKEND_TIMEOUT_SECONDS, ASYA_STATE_SHUTDOWN_TIMEOUT_SECONDS,
+ASYA_STATE_SOCKET_MODE (see README.md).
 
 asya-state-proxy --probe: GET /healthz on CONNECTOR_SOCKET; exit 0 if it answers 200 (an
 exec probe: the image has no shell).";
@@ -144,6 +145,20 @@ async fn run(config: Config) -> Result<(), String> {
     let _ = std::fs::remove_file(&config.socket);
     let listener = tokio::net::UnixListener::bind(&config.socket)
         .map_err(|e| format!("binding {}: {e}", config.socket.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            &config.socket,
+            std::fs::Permissions::from_mode(config.socket_mode),
+        )
+        .map_err(|e| {
+            format!(
+                "chmod {:o} {}: {e}",
+                config.socket_mode,
+                config.socket.display()
+            )
+        })?;
+    }
     tracing::info!(connector = config.connector.name(), socket = %config.socket.display(), "serving");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
