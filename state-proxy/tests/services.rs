@@ -681,3 +681,38 @@ async fn the_probe_answers_for_the_socket() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("none.sock"));
 }
+
+/// `ASYA_METRICS_ADDR` serves `/metrics`, counting requests by operation and status.
+#[tokio::test]
+async fn metrics_count_requests() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let addr = format!("127.0.0.1:{port}");
+    let c = Connector::start(
+        "redis-buffered-cas",
+        "t/metrics",
+        &[
+            ("REDIS_URL", "redis://127.0.0.1:1"),
+            ("ASYA_METRICS_ADDR", addr.as_str()),
+        ],
+    )
+    .await;
+    assert_eq!(c.call("GET", "/keys/a/../b", b"").await.0, 400);
+    let text = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect to metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        out
+    })
+    .await
+    .expect("join");
+    assert!(
+        text.contains(r#"asya_state_proxy_requests_total{connector="redis-buffered-cas",op="get",status="400"} 1"#),
+        "{text}"
+    );
+}
