@@ -716,3 +716,31 @@ async fn metrics_count_requests() {
         "{text}"
     );
 }
+
+/// Writes sent at the same moment from two pods that read the same version: Redis runs the
+/// compare-and-set atomically, so in every round exactly one wins.
+#[tokio::test]
+async fn redis_concurrent_writers_exactly_one_wins() {
+    if !redis() {
+        return;
+    }
+    let prefix = unique("race");
+    let a = Connector::start("redis-buffered-cas", &prefix, &[]).await;
+    let b = Connector::start("redis-buffered-cas", &prefix, &[]).await;
+    a.call("PUT", "/keys/n", b"0").await;
+    for round in 0..20 {
+        assert_eq!(a.call("GET", "/keys/n", b"").await.0, 200);
+        assert_eq!(b.call("GET", "/keys/n", b"").await.0, 200);
+        let (wa, wb) = (format!("a{round}"), format!("b{round}"));
+        let (ra, rb) = tokio::join!(
+            a.call("PUT", "/keys/n", wa.as_bytes()),
+            b.call("PUT", "/keys/n", wb.as_bytes()),
+        );
+        let mut statuses = [ra.0, rb.0];
+        statuses.sort();
+        assert_eq!(statuses, [200, 409], "round {round}");
+        let winner = if ra.0 == 200 { "a" } else { "b" };
+        let (_, _, body) = a.call("GET", "/keys/n", b"").await;
+        assert_eq!(body, format!("{winner}{round}").as_bytes(), "round {round}");
+    }
+}
