@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] || need_apt+=(rabbitmq-server)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
+# The state proxy's Redis connector is tested against a real Redis.
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 # The container runtime the image tests (and the test node) run images with, and the builder
@@ -31,6 +33,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   service postgresql stop >/dev/null 2>&1 || true
   # Likewise the package's containerd: tests/services/containerd runs one of our own.
   service containerd stop >/dev/null 2>&1 || true
+  # And Redis: tests/services/redis runs its own on loopback.
+  service redis-server stop >/dev/null 2>&1 || true
 fi
 
 py_missing=$(python3 - <<'PY'

@@ -439,6 +439,8 @@ RUST_IMAGES = {
     "asya-queue-provisioner": ("Asya queue provisioner: queues, workloads and KEDA scaling for AsyncActors", ["8080"]),
     "asya-sidecar": ("Asya actor sidecar: queue <-> runtime bridge with routing and resiliency", ["8080"]),
     "asya-gateway": ("Asya gateway: actor pipelines as MCP tools and REST, envelope status in PostgreSQL", ["8080"]),
+    # A Unix socket, no port: ASYA_METRICS_ADDR opens one when the webhook asks for metrics.
+    "asya-state-proxy": ("Asya state proxy: handlers' files under a state mount, stored in S3 or Redis over a Unix socket", []),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import http.client
 import io
 import json
 import os
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "target" / "images"
 CTL = os.environ.get("ASYA_TEST_CONTAINERD_CTL", str(ROOT / "tests/services/containerd"))
 NS = "asya-image-tests"
-RUST_IMAGES = ["asya-webhook", "asya-queue-provisioner", "asya-sidecar", "asya-gateway"]
+RUST_IMAGES = ["asya-webhook", "asya-queue-provisioner", "asya-sidecar", "asya-gateway", "asya-state-proxy"]
 # The Python images: the handlers of each (source directory -> directory in the image).
 PYTHON_IMAGES = {
     "asya-examples": ("deploy/examples/handlers", "app"),
@@ -47,6 +48,7 @@ ENTRYPOINT_ANSWERS = {
     "asya-sidecar": "ASYA_ACTOR_NAME: is required",
     "asya-queue-provisioner": "/home/nonroot/.kube/config",
     "asya-gateway": "Usage: asya-gateway",
+    "asya-state-proxy": "ASYA_CONNECTOR",
 }
 SHELLS = ("bin/sh", "bin/bash", "bin/dash", "bin/busybox", "usr/bin/sh", "usr/bin/bash", "usr/bin/dash")
 
@@ -608,3 +610,52 @@ def test_crew_image_stores_the_envelope_in_s3(imported, shared_dir, handler, pre
             for o in s3.list_objects_v2(Bucket=bucket).get("Contents", []):
                 s3.delete_object(Bucket=bucket, Key=o["Key"])
             s3.delete_bucket(Bucket=bucket)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over a Unix socket, as the runtime speaks to a state-proxy connector."""
+
+    def __init__(self, path: str):
+        super().__init__("localhost", timeout=30)
+        self.unix_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(30)
+        self.sock.connect(self.unix_path)
+
+
+def state_call(sock_path: str, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    conn = _UnixHTTPConnection(sock_path)
+    try:
+        conn.request(method, path, body=body)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_state_proxy_stores_a_file_in_s3_as_nonroot_on_a_read_only_root(imported, shared_dir):
+    import boto3
+
+    bucket = "asya-image-test-state"
+    s3 = boto3.client("s3", endpoint_url=S3_ENDPOINT, region_name="us-east-1",
+                      aws_access_key_id="test", aws_secret_access_key="test")
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+        s3.create_bucket(Bucket=bucket)
+    prefix = f"image-test-{uuid.uuid4().hex[:8]}"
+    env = ("CONNECTOR_SOCKET=/var/run/asya/state/ckpt.sock", f"STATE_BUCKET={bucket}", f"STATE_PREFIX={prefix}",
+           f"AWS_ENDPOINT_URL={S3_ENDPOINT}", "AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=test",
+           "AWS_SECRET_ACCESS_KEY=test")
+    with running(imported["asya-state-proxy"], "/usr/local/bin/asya-state-proxy", "s3-buffered-cas", env=env,
+                 mounts=(f"type=bind,src={shared_dir},dst=/var/run/asya/state,options=rbind:rw",),
+                 net_host=True) as pid:
+        sock_path = os.path.join(shared_dir, "ckpt.sock")
+        wait_for("the connector's socket", lambda: os.path.exists(sock_path))
+        assert all(u == NONROOT for u in uids_of(pid)), uids_of(pid)
+        assert state_call(sock_path, "GET", "/healthz")[0] == 200
+        status, body = state_call(sock_path, "PUT", "/keys/runs/run-42.json", b'{"step": 7}')
+        assert status == 200, body
+        assert state_call(sock_path, "GET", "/keys/runs/run-42.json") == (200, b'{"step": 7}')
+        got = s3.get_object(Bucket=bucket, Key=f"{prefix}/runs/run-42.json")["Body"].read()
+        assert got == b'{"step": 7}'
