@@ -619,11 +619,10 @@ class _UploadRaw(io.RawIOBase):
             # The connector answered early (a refusal) and hung up: its answer is the error.
             try:
                 _raise_for_status(self._conn.getresponse(), self._m, self._key, "write")
-            except (http.client.HTTPException, OSError) as answer:
-                if isinstance(answer, OSError) and not isinstance(answer, (ConnectionResetError, BrokenPipeError)):
-                    self._abort()
-                    raise
-            self._abort()
+            except (http.client.HTTPException, BrokenPipeError, ConnectionResetError):
+                pass  # no answer to read: the hang-up itself is the error
+            finally:
+                self._abort()
             raise ConnectionError("state proxy %r: write %r: the connector hung up: %s" % (self._m.name, self._key, e))
 
     def _abort(self):

@@ -6,7 +6,8 @@ directory. It is a real process speaking the wire; the Rust connector can take i
 
 Test hooks (not part of the contract): a key whose first segment is `_status` and second a
 number NNN is answered with that HTTP status and an error body; `_sleep/S/...` waits S
-seconds before answering. Attributes: `url` (read-only) and `content_type`, `ttl`
+seconds before answering; `_early/NNN/...` answers NNN before reading the body and hangs
+up. Attributes: `url` (read-only) and `content_type`, `ttl`
 (writable) exist; any other is 400 (unsupported).
 """
 
@@ -111,6 +112,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         parts = key.split("/")
         if parts[0] == "_sleep" and len(parts) > 1:
             time.sleep(float(parts[1]))
+        if parts[0] == "_early" and len(parts) > 1:
+            # A refusal before the body is read, then the connection closes (a size limit).
+            self.close_connection = True
+            self.error(int(parts[1]), "test", "refused before the body")
+            return True
         if parts[0] == "_status" and len(parts) > 1:
             for _ in self.body_chunks():
                 pass

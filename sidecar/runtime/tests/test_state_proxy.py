@@ -257,6 +257,14 @@ def test_413_is_efbig(state):
     assert e.value.errno == errno.EFBIG
 
 
+def test_a_refusal_before_the_body_is_read_is_the_error_of_a_streamed_write(state):
+    with pytest.raises(OSError) as e:
+        with open("/state/media/_early/413/big", "wb") as f:
+            for _ in range(64):
+                f.write(b"x" * (1024 * 1024))
+    assert e.value.errno == errno.EFBIG and "refused before the body" in str(e.value), repr(e.value)
+
+
 def test_a_slow_connector_times_out(state):
     start = time.monotonic()
     with pytest.raises(TimeoutError):
