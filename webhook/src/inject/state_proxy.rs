@@ -111,12 +111,11 @@ pub(super) fn inject_state_proxies(
             .iter()
             .position(|c| c.name == asya_api::labels::SIDECAR_CONTAINER)
             .map_or(0, |i| i + 1);
-        let mut n = at;
-        for mut c in connectors {
+        let native_connectors = connectors.map(|mut c| {
             c.restart_policy = Some("Always".into());
-            inits.insert(n, c);
-            n += 1;
-        }
+            c
+        });
+        inits.splice(at..at, native_connectors);
     } else {
         pod.containers.extend(connectors);
     }
