@@ -13,7 +13,10 @@ A result that would itself look like an error object is wrapped in a one-item li
 means the same thing (fan-out of one) and cannot be mistaken for an error.
 
 Environment: ASYA_HANDLER (module.function or module.Class.method), ASYA_HANDLER_MODE
-(payload | envelope), ASYA_SOCKET_DIR (default /var/run/asya).
+(payload | envelope), ASYA_SOCKET_DIR (default /var/run/asya). State proxies (docs/DESIGN.md
+§10): ASYA_STATE_PROXY_MOUNTS ({name}:{path}:write={mode} joined by ;),
+ASYA_STATE_PROXY_TIMEOUT (seconds per socket operation, 30), ASYA_STATE_PROXY_STARTUP_TIMEOUT
+(seconds to wait for the connectors at start, 60), ASYA_STATE_SOCKET_DIR (/var/run/asya/state).
 
 If the sidecar closes the connection while the handler still runs (its timeout fired), the
 runtime exits with status 3 so that its supervisor (the kubelet) starts a fresh one: a
