@@ -264,6 +264,10 @@ pub struct StateProxy {
     /// Where the runtime sees the state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mount: Option<StateMount>,
+    /// How the runtime sends writes: `buffered` (default: the whole file on close) or
+    /// `passthrough` (streamed while the handler writes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_mode: Option<String>,
     /// The connector container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connector: Option<StateConnector>,
@@ -283,6 +287,9 @@ pub struct StateMount {
 pub struct StateConnector {
     /// Connector image.
     pub image: String,
+    /// Connector image pull policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
     /// Connector environment.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,

@@ -481,25 +481,5 @@ fn validate_lists(spec: &AsyncActorSpec, e: &mut FieldErrors) {
             ));
         }
     }
-    let mut names = BTreeSet::new();
-    for (i, sp) in spec.state_proxy.iter().enumerate() {
-        if !names.insert(sp.name.as_str()) {
-            e.push(FieldError::duplicate(
-                format!("spec.stateProxy[{i}].name"),
-                sp.name.as_str(),
-            ));
-        }
-        if sp.connector.as_ref().is_none_or(|c| c.image.is_empty()) {
-            e.push(FieldError::required(
-                format!("spec.stateProxy[{i}].connector.image"),
-                "the connector image",
-            ));
-        }
-        if sp.mount.as_ref().is_none_or(|m| !m.path.starts_with('/')) {
-            e.push(FieldError::required(
-                format!("spec.stateProxy[{i}].mount.path"),
-                "an absolute path",
-            ));
-        }
-    }
+    e.extend(crate::state_proxy::validate(&spec.state_proxy));
 }

@@ -559,3 +559,29 @@ fn accepted_objects_round_trip() {
         );
     }
 }
+
+#[test]
+fn state_proxy_entries_are_complete_and_stay_off_the_runtimes_paths() {
+    let sp = |name: &str, path: &str| {
+        json!({"name": name, "mount": {"path": path}, "writeMode": "passthrough",
+               "connector": {"image": "ghcr.io/asya-rs/asya-state-proxy:0.1.0"}})
+    };
+    ok(flat(
+        json!({"stateProxy": [sp("checkpoints", "/state/checkpoints"), sp("cache", "/state/cache")]}),
+    ));
+    rejects(
+        flat(json!({"stateProxy": [sp("checkpoints", "/state"), sp("cache", "/state/cache")]})),
+        r#"spec.stateProxy[1].mount.path: Invalid value: "/state/cache": must not be nested with spec.stateProxy[0].mount.path "/state": a file would belong to two connectors"#,
+    );
+    rejects(
+        flat(json!({"stateProxy": [sp("sockets", "/var/run/asya/state")]})),
+        r#"spec.stateProxy[0].mount.path: Invalid value: "/var/run/asya/state": must not be on, under or above /var/run/asya, which the Asya runtime uses itself"#,
+    );
+    rejects(
+        flat(
+            json!({"stateProxy": [{"name": "c", "mount": {"path": "/c"}, "writeMode": "async",
+                                    "connector": {"image": "i:1"}}]}),
+        ),
+        r#"spec.stateProxy[0].writeMode: Unsupported value: "async": supported values: "buffered", "passthrough""#,
+    );
+}

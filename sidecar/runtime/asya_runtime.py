@@ -13,7 +13,10 @@ A result that would itself look like an error object is wrapped in a one-item li
 means the same thing (fan-out of one) and cannot be mistaken for an error.
 
 Environment: ASYA_HANDLER (module.function or module.Class.method), ASYA_HANDLER_MODE
-(payload | envelope), ASYA_SOCKET_DIR (default /var/run/asya).
+(payload | envelope), ASYA_SOCKET_DIR (default /var/run/asya). State proxies (docs/DESIGN.md
+§10): ASYA_STATE_PROXY_MOUNTS ({name}:{path}:write={mode} joined by ;),
+ASYA_STATE_PROXY_TIMEOUT (seconds per socket operation, 30), ASYA_STATE_PROXY_STARTUP_TIMEOUT
+(seconds to wait for the connectors at start, 60), ASYA_STATE_SOCKET_DIR (/var/run/asya/state).
 
 If the sidecar closes the connection while the handler still runs (its timeout fired), the
 runtime exits with status 3 so that its supervisor (the kubelet) starts a fresh one: a
@@ -25,14 +28,18 @@ forced pod deletion) was stopped by the platform, not by its envelope: the sidec
 the message to the queue instead of charging it with a crash.
 """
 
+import builtins
+import errno
 import importlib
 import inspect
+import io
 import json
 import logging
 import os
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -349,6 +356,520 @@ class Runtime:
             pass
 
 
+# ---------------------------------------------------------------------------------------------
+# State proxies (docs/DESIGN.md §10). With ASYA_STATE_PROXY_MOUNTS set, file calls on paths
+# under a mount go, before the handler is imported, to that mount's connector: HTTP/1.1 on
+# the Unix socket {ASYA_STATE_SOCKET_DIR}/{name}.sock (the original Asya's contract). Paths
+# outside every mount reach the real functions unchanged.
+# ---------------------------------------------------------------------------------------------
+
+STATE_SOCKET_DIR = "/var/run/asya/state"
+STATE_WRITE_MODES = ("buffered", "passthrough")
+XATTR_PREFIX = "user.asya."
+# Buffered reads and writes stay in memory up to this size, then spool to a temp file.
+SPOOL_MAX = 8 * 1024 * 1024
+CHUNK = 1024 * 1024
+
+
+class StateMount(object):
+    __slots__ = ("name", "path", "mode", "socket")
+
+    def __init__(self, name, path, mode, socket_path):
+        self.name, self.path, self.mode, self.socket = name, path, mode, socket_path
+
+
+def parse_state_mounts(text, socket_dir=STATE_SOCKET_DIR):
+    """`{name}:{path}:write={mode}` entries joined by `;`, longest path first (the most
+    specific mount wins where the original took the first in list order)."""
+    mounts = []
+    for entry in text.split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        parts = entry.split(":", 2)
+        if len(parts) != 3:
+            raise ConfigError("ASYA_STATE_PROXY_MOUNTS entry %r: expected name:path:write=MODE" % entry)
+        name, path, opts = parts
+        options = dict(o.strip().split("=", 1) for o in opts.split(",") if "=" in o)
+        mode = options.get("write", "buffered")
+        if mode not in STATE_WRITE_MODES:
+            raise ConfigError("ASYA_STATE_PROXY_MOUNTS entry %r: write=%s, expected buffered or passthrough" % (entry, mode))
+        if not name or path == "/" or not path.startswith("/") or os.path.normpath(path) != path:
+            raise ConfigError("ASYA_STATE_PROXY_MOUNTS entry %r: a name and a normalised absolute path other than /" % entry)
+        mounts.append(StateMount(name, path, mode, os.path.join(socket_dir, name + ".sock")))
+    mounts.sort(key=lambda m: len(m.path), reverse=True)
+    return mounts
+
+
+def resolve_state_path(path, mounts):
+    """(mount, key) for a path under a mount, else (None, None). Relative paths are taken
+    from the working directory; `..` is resolved first, so a key never leaves its mount."""
+    if isinstance(path, int):
+        return None, None
+    try:
+        p = os.fsdecode(os.fspath(path))
+    except TypeError:
+        return None, None
+    p = os.path.normpath(p if p.startswith("/") else os.path.join(os.getcwd(), p))
+    for m in mounts:
+        if p == m.path:
+            return m, ""
+        if p.startswith(m.path) and p[len(m.path)] == "/":
+            return m, p[len(m.path) + 1 :]
+    return None, None
+
+
+def quote_key(key):
+    return "/".join(urllib.parse.quote(seg, safe="") for seg in key.split("/"))
+
+
+def _import_state_modules():
+    """The modules only state proxies use, imported once a mount is configured: http.client
+    alone would add some 15 ms to the start of every runtime."""
+    global email, http, shutil, tempfile, urllib
+    import email.utils
+    import http.client
+    import shutil
+    import tempfile
+    import urllib.parse
+
+
+def _unix_connection(mount, timeout):
+    """An HTTPConnection already connected to the mount's socket (it sends on that one)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(mount.socket)
+    except socket.timeout:
+        s.close()
+        raise TimeoutError("state proxy %r: no answer on %s within %ss" % (mount.name, mount.socket, timeout))
+    except OSError as e:
+        s.close()
+        # A missing socket is the connector's absence, not a missing state file.
+        raise ConnectionError("state proxy %r does not answer on %s: %s" % (mount.name, mount.socket, e))
+    conn = http.client.HTTPConnection("localhost", timeout=timeout)
+    conn.sock = s
+    return conn
+
+
+def _raise_for_status(resp, mount, key, op):
+    if resp.status < 400:
+        return
+    body = resp.read(65536)
+    try:
+        msg = json.loads(body).get("message") or body.decode("utf-8", "replace")
+    except (ValueError, AttributeError):
+        msg = body.decode("utf-8", "replace")[:300]
+    text = "state proxy %r: %s %r: HTTP %d: %s" % (mount.name, op, key, resp.status, msg)
+    path = mount.path + ("/" + key if key else "")
+    st = resp.status
+    if st == 404:
+        raise FileNotFoundError(errno.ENOENT, text, path)
+    if st in (409, 412):
+        raise FileExistsError(errno.EEXIST, text, path)
+    if st == 400:
+        raise ValueError(text)
+    if st == 403:
+        raise PermissionError(errno.EACCES, text, path)
+    if st == 413:
+        raise OSError(errno.EFBIG, text, path)
+    if st == 503:
+        raise ConnectionError(text)
+    if st == 504:
+        raise TimeoutError(text)
+    raise OSError(errno.EIO, text, path)
+
+
+class StateClient(object):
+    """One request per connection (the connector may be restarted between calls)."""
+
+    def __init__(self, timeout):
+        _import_state_modules()
+        self.timeout = timeout
+
+    def connection(self, mount):
+        return _unix_connection(mount, self.timeout)
+
+    def request(self, mount, method, target, key, op, body=None, headers=None):
+        """The response of a completed request (the caller reads and closes it), errors raised."""
+        conn = self.connection(mount)
+        try:
+            try:
+                conn.request(method, target, body=body, headers=headers or {})
+            except socket.timeout:
+                raise TimeoutError("state proxy %r: %s %r: no progress within %ss" % (mount.name, op, key, self.timeout))
+            return conn, self.response(conn, mount, key, op)
+        except BaseException:
+            conn.close()
+            raise
+
+    def response(self, conn, mount, key, op):
+        """The answer on `conn`, its error status raised. (socket.timeout is TimeoutError
+        since Python 3.10: the status check stays outside the handler of the wait.)"""
+        try:
+            resp = conn.getresponse()
+        except socket.timeout:
+            conn.close()
+            raise TimeoutError("state proxy %r: %s %r: no answer within %ss" % (mount.name, op, key, self.timeout))
+        except http.client.HTTPException as e:
+            conn.close()
+            raise ConnectionError("state proxy %r: %s %r: %s" % (mount.name, op, key, e))
+        _raise_for_status(resp, mount, key, op)
+        return resp
+
+    def call(self, mount, method, target, key, op, body=None, headers=None):
+        conn, resp = self.request(mount, method, target, key, op, body, headers)
+        try:
+            return resp, resp.read()
+        except socket.timeout:
+            raise TimeoutError("state proxy %r: %s %r: no answer within %ss" % (mount.name, op, key, self.timeout))
+        finally:
+            conn.close()
+
+    def wait_ready(self, mounts, deadline):
+        """Until every connector answers GET /healthz, or ConfigError after `deadline`."""
+        for m in mounts:
+            while True:
+                try:
+                    resp, _ = self.call(m, "GET", "/healthz", "", "healthz")
+                    if resp.status == 200:
+                        break
+                except (OSError, ValueError) as e:
+                    err = e
+                if time.monotonic() > deadline:
+                    raise ConfigError("state proxy %r at %s is not ready: %s" % (m.name, m.socket, err))
+                time.sleep(0.2)
+
+
+class _ResponseRaw(io.RawIOBase):
+    """A GET's body as a raw stream: bounded memory, timeouts and cut-offs as OSErrors."""
+
+    def __init__(self, conn, resp, what):
+        self._conn, self._resp, self._what = conn, resp, what
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        try:
+            return self._resp.readinto(b)
+        except socket.timeout:
+            raise TimeoutError("%s: no data within %ss" % (self._what, self._conn.timeout))
+        except http.client.HTTPException as e:
+            raise OSError(errno.EIO, "%s: the connector cut the body short: %r" % (self._what, e))
+
+    def close(self):
+        if not self.closed:
+            self._resp.close()
+            self._conn.close()
+        io.RawIOBase.close(self)
+
+
+class _SpoolRaw(io.RawIOBase):
+    """A read-only, seekable view of a spooled body (buffered mode)."""
+
+    def __init__(self, spool):
+        self._f = spool
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def readinto(self, b):
+        data = self._f.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def seek(self, pos, whence=0):
+        return self._f.seek(pos, whence)
+
+    def tell(self):
+        return self._f.tell()
+
+    def close(self):
+        if not self.closed:
+            self._f.close()
+        io.RawIOBase.close(self)
+
+
+class _UploadRaw(io.RawIOBase):
+    """The body of one PUT /keys/{key}. Buffered: spooled, sent with Content-Length on
+    close. Passthrough: sent as chunks while the handler writes. The connector's answer
+    (and its error) comes on close."""
+
+    def __init__(self, client, mount, key, exclusive):
+        self._client, self._m, self._key = client, mount, key
+        self._headers = {"If-None-Match": "*"} if exclusive else {}
+        self._target = "/keys/" + quote_key(key)
+        self._conn = self._spool = None
+        if mount.mode == "passthrough":
+            self._conn = client.connection(mount)
+            self._conn.putrequest("PUT", self._target)
+            self._conn.putheader("Transfer-Encoding", "chunked")
+            for k, v in self._headers.items():
+                self._conn.putheader(k, v)
+            self._guard(self._conn.endheaders)
+        else:
+            self._spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX)
+
+    def writable(self):
+        return True
+
+    def _guard(self, fn, *args):
+        try:
+            fn(*args)
+        except socket.timeout:
+            self._abort()
+            raise TimeoutError("state proxy %r: write %r: no progress within %ss" % (self._m.name, self._key, self._client.timeout))
+        except (BrokenPipeError, ConnectionResetError) as e:
+            # The connector answered early (a refusal) and hung up: its answer is the error.
+            try:
+                _raise_for_status(self._conn.getresponse(), self._m, self._key, "write")
+            except (http.client.HTTPException, BrokenPipeError, ConnectionResetError):
+                pass  # no answer to read: the hang-up itself is the error
+            finally:
+                self._abort()
+            raise ConnectionError("state proxy %r: write %r: the connector hung up: %s" % (self._m.name, self._key, e))
+
+    def _abort(self):
+        if self._conn is not None:
+            self._conn.close()
+        io.RawIOBase.close(self)
+
+    def write(self, b):
+        n = len(b)
+        if self._spool is not None:
+            self._spool.write(b)
+        elif n:
+            self._guard(self._conn.send, b"%x\r\n" % n)
+            self._guard(self._conn.send, b)
+            self._guard(self._conn.send, b"\r\n")
+        return n
+
+    def close(self):
+        if self.closed:
+            return
+        try:
+            if self._spool is not None:
+                size = self._spool.tell()
+                self._spool.seek(0)
+                headers = dict(self._headers, **{"Content-Length": str(size)})
+                self._client.call(self._m, "PUT", self._target, self._key, "write", body=self._spool, headers=headers)
+            else:
+                self._guard(self._conn.send, b"0\r\n\r\n")
+                self._client.response(self._conn, self._m, self._key, "write").read()
+        finally:
+            if self._spool is not None:
+                self._spool.close()
+            if self._conn is not None:
+                self._conn.close()
+            io.RawIOBase.close(self)
+
+
+class StateHooks(object):
+    """The patched functions; `install()` puts them in place and returns the undo."""
+
+    def __init__(self, mounts, timeout):
+        self.mounts = mounts
+        self.client = StateClient(timeout)
+        self.real = {}
+
+    def resolve(self, path):
+        return resolve_state_path(path, self.mounts)
+
+    # -- open ----------------------------------------------------------------------------------
+    def open(self, file, mode="r", buffering=-1, encoding=None, errors=None, newline=None, closefd=True, opener=None):
+        m, key = self.resolve(file)
+        if m is None:
+            return self.real["open"](file, mode, buffering, encoding, errors, newline, closefd, opener)
+        kinds = [c for c in mode if c in "rwax"]
+        if "+" in mode or len(kinds) != 1 or set(mode) - set("rwaxbt"):
+            raise ValueError("open(%r, %r): a state mount supports r, w, a and x (text or binary), not %r" % (file, mode, mode))
+        if not key or os.fspath(file)[-1:] in ("/", b"/"):
+            raise IsADirectoryError(errno.EISDIR, "a state mount's directory is not a file", os.fsdecode(os.fspath(file)))
+        kind, binary = kinds[0], "b" in mode
+        if kind == "r":
+            f = self._open_read(m, key)
+        else:
+            f = self._open_write(m, key, kind)
+        if binary:
+            return f
+        return io.TextIOWrapper(f, encoding=encoding or "utf-8", errors=errors, newline=newline)
+
+    def _open_read(self, m, key):
+        conn, resp = self.client.request(m, "GET", "/keys/" + quote_key(key), key, "read")
+        raw = _ResponseRaw(conn, resp, "state proxy %r: read %r" % (m.name, key))
+        if m.mode == "passthrough":
+            return io.BufferedReader(raw, CHUNK)
+        # Buffered: the whole body first (seekable, like a real file), then the socket closes.
+        with raw:
+            spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX)
+            shutil.copyfileobj(raw, spool, CHUNK)
+        spool.seek(0)
+        return io.BufferedReader(_SpoolRaw(spool), CHUNK)
+
+    def _open_write(self, m, key, kind):
+        if kind == "x":
+            # Early refusal for the common case; If-None-Match: * decides any race.
+            try:
+                self._head(m, key)
+            except FileNotFoundError:
+                pass
+            else:
+                raise FileExistsError(errno.EEXIST, "state proxy %r: %r exists" % (m.name, key), m.path + "/" + key)
+        raw = _UploadRaw(self.client, m, key, exclusive=kind == "x")
+        f = io.BufferedWriter(raw, CHUNK)
+        if kind == "a":
+            # Append: the stored bytes first (streamed), then the handler's.
+            try:
+                src = self._open_read(m, key)
+            except FileNotFoundError:
+                return f
+            with src:
+                shutil.copyfileobj(src, f, CHUNK)
+        return f
+
+    # -- os ------------------------------------------------------------------------------------
+    def _head(self, m, key):
+        conn = None
+        try:
+            conn, resp = self.client.request(m, "HEAD", "/keys/" + quote_key(key), key, "stat")
+            return resp
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def stat(self, path, *args, **kwargs):
+        m, key = self.resolve(path)
+        if m is None or args or kwargs.get("dir_fd") is not None:
+            return self.real["stat"](path, *args, **kwargs)
+        size, is_file, mtime = 0, False, 0.0
+        if key:
+            resp = self._head(m, key)
+            size = int(resp.getheader("Content-Length") or 0)
+            is_file = (resp.getheader("X-Is-File") or "true").lower() == "true"
+            lm = resp.getheader("Last-Modified")
+            if lm:
+                try:
+                    mtime = email.utils.parsedate_to_datetime(lm).timestamp()
+                except (TypeError, ValueError):
+                    pass
+        mode = (stat.S_IFREG | 0o644) if is_file else (stat.S_IFDIR | 0o755)
+        return os.stat_result((mode, 0, 0, 1, os.getuid(), os.getgid(), size, mtime, mtime, mtime))
+
+    def listdir(self, path="."):
+        m, key = self.resolve(path)
+        if m is None:
+            return self.real["listdir"](path)
+        prefix = key + "/" if key else ""
+        target = "/keys/?prefix=%s&delimiter=/" % urllib.parse.quote(prefix, safe="")
+        _, body = self.client.call(m, "GET", target, key, "list")
+        listing = json.loads(body)
+        names = []
+        for k in listing.get("keys", []):
+            names.append(k[len(prefix) :] if k.startswith(prefix) else k)
+        for p in listing.get("prefixes", []):
+            p = p[len(prefix) :] if p.startswith(prefix) else p
+            names.append(p.rstrip("/"))
+        names = [n for n in names if n]
+        if isinstance(path, bytes):
+            return [os.fsencode(n) for n in names]
+        return names
+
+    def remove(self, path, *args, **kwargs):
+        m, key = self.resolve(path)
+        if m is None or args or kwargs.get("dir_fd") is not None:
+            return self.real["remove"](path, *args, **kwargs)
+        if not key:
+            raise IsADirectoryError(errno.EISDIR, "a state mount's directory cannot be removed", m.path)
+        self.client.call(m, "DELETE", "/keys/" + quote_key(key), key, "remove")
+
+    def makedirs(self, name, mode=0o777, exist_ok=False):
+        if self.resolve(name)[0] is None:
+            return self.real["makedirs"](name, mode, exist_ok)
+        # Directories under a mount are prefixes of keys: nothing to create.
+
+    def _xattr(self, path, attribute):
+        m, key = self.resolve(path)
+        if m is None:
+            return None, None, None
+        a = os.fsdecode(attribute)
+        if not a.startswith(XATTR_PREFIX):
+            raise OSError(errno.ENODATA, "only %s* attributes exist under a state mount" % XATTR_PREFIX, os.fsdecode(os.fspath(path)))
+        return m, key, a[len(XATTR_PREFIX) :]
+
+    def _meta_target(self, key, attr=None):
+        t = "/meta/" + quote_key(key)
+        return t + "?attr=" + urllib.parse.quote(attr, safe="") if attr is not None else t
+
+    def getxattr(self, path, attribute, *args, **kwargs):
+        if self.resolve(path)[0] is None:
+            return self.real["getxattr"](path, attribute, *args, **kwargs)
+        m, key, a = self._xattr(path, attribute)
+        try:
+            _, body = self.client.call(m, "GET", self._meta_target(key, a), key, "getxattr " + a)
+        except ValueError as e:
+            raise OSError(errno.ENODATA, str(e), m.path + "/" + key)
+        return json.loads(body)["value"].encode("utf-8")
+
+    def listxattr(self, path=None, *args, **kwargs):
+        m, key = self.resolve(path) if path is not None else (None, None)
+        if m is None:
+            return self.real["listxattr"](path, *args, **kwargs)
+        _, body = self.client.call(m, "GET", self._meta_target(key), key, "listxattr")
+        return [XATTR_PREFIX + a for a in json.loads(body).get("attrs", [])]
+
+    def setxattr(self, path, attribute, value, *args, **kwargs):
+        if self.resolve(path)[0] is None:
+            return self.real["setxattr"](path, attribute, value, *args, **kwargs)
+        m, key, a = self._xattr(path, attribute)
+        try:
+            self.client.call(m, "PUT", self._meta_target(key, a), key, "setxattr " + a, body=bytes(value))
+        except ValueError as e:
+            raise OSError(errno.ENOTSUP, str(e), m.path + "/" + key)
+
+    def install(self):
+        """Patches builtins.open/io.open and the os functions; returns a function that undoes it."""
+        targets = [(builtins, "open", self.open), (io, "open", self.open)]
+        for name, fn in (("stat", self.stat), ("listdir", self.listdir), ("remove", self.remove),
+                         ("unlink", self.remove), ("makedirs", self.makedirs), ("getxattr", self.getxattr),
+                         ("listxattr", self.listxattr), ("setxattr", self.setxattr)):
+            if hasattr(os, name):
+                targets.append((os, name, fn))
+        saved = []
+        for mod, name, fn in targets:
+            saved.append((mod, name, getattr(mod, name)))
+            self.real.setdefault("remove" if name == "unlink" else name, getattr(mod, name))
+            setattr(mod, name, fn)
+
+        def restore():
+            for mod, name, fn in saved:
+                setattr(mod, name, fn)
+
+        return restore
+
+
+def install_state_proxies(environ):
+    """Reads ASYA_STATE_PROXY_MOUNTS (nothing to do when unset), waits for every connector's
+    /healthz and installs the hooks. ConfigError when a setting is wrong or a connector is
+    not up within ASYA_STATE_PROXY_STARTUP_TIMEOUT seconds (default 60)."""
+    text = environ.get("ASYA_STATE_PROXY_MOUNTS", "").strip()
+    if not text:
+        return None
+    try:
+        timeout = float(environ.get("ASYA_STATE_PROXY_TIMEOUT", "30"))
+        startup = float(environ.get("ASYA_STATE_PROXY_STARTUP_TIMEOUT", "60"))
+    except ValueError as e:
+        raise ConfigError("ASYA_STATE_PROXY_TIMEOUT / ASYA_STATE_PROXY_STARTUP_TIMEOUT: %s" % e)
+    mounts = parse_state_mounts(text, environ.get("ASYA_STATE_SOCKET_DIR", STATE_SOCKET_DIR))
+    hooks = StateHooks(mounts, timeout)
+    hooks.client.wait_ready(mounts, time.monotonic() + startup)
+    log.info("state proxies: %s", ", ".join("%s at %s (%s)" % (m.name, m.path, m.mode) for m in mounts))
+    return hooks.install()
+
+
 def main():
     logging.basicConfig(
         level=os.environ.get("ASYA_LOG_LEVEL", "INFO").upper(),
@@ -359,6 +880,9 @@ def main():
     try:
         if mode not in ("payload", "envelope"):
             raise ConfigError("ASYA_HANDLER_MODE=%r: expected payload or envelope" % mode)
+        # The hooks are in place before the handler's module is imported: it may read state
+        # at import time.
+        install_state_proxies(os.environ)
         handler = load_handler(os.environ.get("ASYA_HANDLER", "").strip())
     except ConfigError as e:
         sys.stderr.write("asya-runtime: %s\n" % e)

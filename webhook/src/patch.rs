@@ -354,8 +354,9 @@ fn prefixed(prefix: &PointerBuf, op: PatchOperation) -> Result<Op, serde_json::E
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inject::ActorSettings;
     use crate::inject::inject;
-    use crate::inject::tests::settings;
+    use crate::inject::tests::{settings, settings_with_state};
     use asya_api::config::ClusterConfig;
     use json_patch::Patch;
     use k8s_openapi::api::core::v1::Pod;
@@ -374,18 +375,17 @@ mod tests {
     }
 
     /// The pod injected, its parts before and after, and the patch between them.
-    fn injected(v: Value, native: bool, cache: Option<&RenderCache>) -> (Pod, Pod, Vec<u8>) {
+    fn injected(
+        v: Value,
+        a: &ActorSettings,
+        native: bool,
+        cache: Option<&RenderCache>,
+    ) -> (Pod, Pod, Vec<u8>) {
         let before: Pod = serde_json::from_value(v).unwrap();
         let parts = InjectedPod::cloned(&before).unwrap();
         let mut after = before.clone();
         let mut injected = InjectedPod::take(&mut after).unwrap();
-        inject(
-            &mut injected,
-            &settings(),
-            &ClusterConfig::default(),
-            native,
-        )
-        .unwrap();
+        inject(&mut injected, a, &ClusterConfig::default(), native).unwrap();
         let patch = injection_patch(&parts, &injected, cache).unwrap();
         injected.put_back(&mut after);
         (before, after, patch)
@@ -420,8 +420,12 @@ mod tests {
             (true, Some(&cache)),
             (false, Some(&cache)),
         ] {
-            for v in pods() {
-                let (before, after, bytes) = injected(v.clone(), native, cache);
+            // With state proxies too: their connectors and volume are in the patch.
+            for (v, a) in pods()
+                .into_iter()
+                .flat_map(|v| [(v.clone(), settings()), (v, settings_with_state())])
+            {
+                let (before, after, bytes) = injected(v.clone(), &a, native, cache);
                 let got = parsed(&bytes);
                 assert_eq!(
                     serde_json::to_value(&got).unwrap(),
@@ -433,7 +437,7 @@ mod tests {
                 // The cache changes nothing in the bytes.
                 assert_eq!(
                     String::from_utf8(bytes).unwrap(),
-                    String::from_utf8(injected(v, native, None).2).unwrap()
+                    String::from_utf8(injected(v, &a, native, None).2).unwrap()
                 );
             }
         }

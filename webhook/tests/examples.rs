@@ -66,11 +66,11 @@ fn every_seed_example_is_accepted() {
     assert!(reports.iter().all(ObjectReport::accepted), "{text}");
 
     let counts = kinds(&reports);
-    assert_eq!(counts.get("AsyncActor"), Some(&40), "{text}");
+    assert_eq!(counts.get("AsyncActor"), Some(&41), "{text}");
     assert_eq!(counts.get("EnvironmentConfig"), Some(&20), "{text}");
     assert_eq!(counts.get("Flavor"), Some(&2), "{text}");
     assert_eq!(counts.get("ConfigMap"), Some(&1), "{text}");
-    assert_eq!(reports.len(), 63, "{text}");
+    assert_eq!(reports.len(), 64, "{text}");
 
     // Every flavor an example lists exists among the examples.
     for r in &reports {
@@ -303,7 +303,7 @@ fn cli_accepts_the_examples_directory() {
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(
-        out.ends_with("63 objects: 63 accepted, 0 rejected\n"),
+        out.ends_with("64 objects: 64 accepted, 0 rejected\n"),
         "{out}"
     );
     assert!(out.contains(

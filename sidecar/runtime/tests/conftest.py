@@ -63,6 +63,21 @@ class NeedsArg:
 not_callable = 42
 '''
 
+# A handler that reads state when imported and writes it per call (state proxy tests).
+STATE_HANDLERS = '''
+import json, os
+
+with open("/state/ckpt/config.json") as f:
+    FACTOR = json.load(f)["factor"]
+
+def handle(payload):
+    os.makedirs("/state/ckpt/runs", exist_ok=True)
+    key = "runs/%d.json" % payload["run"]
+    with open("/state/ckpt/" + key, "w") as f:
+        json.dump({"v": payload["v"] * FACTOR}, f)
+    return {"v": payload["v"] * FACTOR, "saved": key}
+'''
+
 
 class Client:
     def __init__(self, path):
@@ -96,17 +111,26 @@ def envelope(payload, actors=("a", "b"), current=0):
 @pytest.fixture
 def handler_dir(tmp_path):
     (tmp_path / "handlers_mod.py").write_text(HANDLERS)
+    (tmp_path / "state_mod.py").write_text(STATE_HANDLERS)
     return tmp_path
 
 
 @pytest.fixture
-def start_runtime(handler_dir, tmp_path):
+def start_runtime(start_runtime_with_env):
+    def start(handler, mode="payload", wait=True):
+        return start_runtime_with_env(handler, {"ASYA_HANDLER_MODE": mode}, wait)
+
+    return start
+
+
+@pytest.fixture
+def start_runtime_with_env(handler_dir, tmp_path):
     procs = []
 
-    def start(handler, mode="payload", wait=True):
+    def start(handler, extra_env, wait=True):
         sock_dir = tmp_path / ("sock%d" % len(procs))
         sock_dir.mkdir()
-        env = dict(os.environ, ASYA_HANDLER=handler, ASYA_HANDLER_MODE=mode, ASYA_SOCKET_DIR=str(sock_dir))
+        env = dict(os.environ, ASYA_HANDLER=handler, ASYA_SOCKET_DIR=str(sock_dir), **extra_env)
         proc = subprocess.Popen(
             [sys.executable, RUNTIME], cwd=str(handler_dir), env=env, stderr=subprocess.PIPE, text=True
         )

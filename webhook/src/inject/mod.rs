@@ -9,6 +9,7 @@ use asya_api::labels;
 use asya_api::resolved::ResolvedActor;
 use asya_api::restricted;
 use asya_api::sidecar_settings::{self, env as sidecar_env};
+use asya_api::types::StateProxy;
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, ResourceRequirements, Volume, VolumeMount,
 };
@@ -16,7 +17,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 mod injected_pod;
 mod sidecar;
+mod state_proxy;
 use sidecar::sidecar_container;
+pub use state_proxy::{HEALTHCHECK, is_our_image};
 #[cfg(test)]
 mod restricted_tests;
 #[cfg(test)]
@@ -54,6 +57,8 @@ pub struct ActorSettings {
     pub sidecar_pull_policy: Option<String>,
     pub sidecar_resources: Option<ResourceRequirements>,
     pub sidecar_env: Vec<EnvVar>,
+    /// The actor's `stateProxy` entries (validated): one connector container each.
+    pub state_proxy: Vec<StateProxy>,
 }
 
 impl ActorSettings {
@@ -71,6 +76,7 @@ impl ActorSettings {
             sidecar_pull_policy: sc.and_then(|s| s.image_pull_policy.clone()),
             sidecar_resources: sc.and_then(|s| s.resources.clone()),
             sidecar_env: sc.map(|s| s.env.clone()).unwrap_or_default(),
+            state_proxy: r.spec.state_proxy.clone(),
         }
     }
 }
@@ -245,6 +251,7 @@ pub fn inject(
     upsert_env(&mut rt.env, env(sidecar_env::SOCKET_DIR, SOCKET_DIR));
     ensure_mount(rt, SOCKET_VOLUME, SOCKET_DIR, false);
     ensure_mount(rt, RUNTIME_VOLUME, RUNTIME_DIR, true);
+    state_proxy::inject_state_proxies(pod, idx, &a.state_proxy, native);
 
     let ann = pod.annotations.get_or_insert_with(BTreeMap::new);
     ann.insert(INJECTED.into(), image);

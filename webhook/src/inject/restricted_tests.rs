@@ -175,3 +175,63 @@ fn under_a_pod_that_runs_as_root_our_containers_name_their_non_root_uid() {
         "the pod's own setting stays"
     );
 }
+
+#[test]
+fn state_proxy_connectors_meet_restricted_in_both_forms_and_under_a_root_pod() {
+    use super::tests::settings_with_state;
+    for (native, root) in [(true, false), (false, false), (true, true), (false, true)] {
+        let mut p = restricted_pod();
+        if root {
+            p.spec
+                .as_mut()
+                .unwrap()
+                .security_context
+                .as_mut()
+                .unwrap()
+                .run_as_user = Some(0);
+        }
+        let mut parts = InjectedPod::take(&mut p).unwrap();
+        inject(
+            &mut parts,
+            &settings_with_state(),
+            &ClusterConfig::default(),
+            native,
+        )
+        .unwrap();
+        parts.put_back(&mut p);
+        let spec = p.spec.as_ref().unwrap();
+        let connectors: Vec<_> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .filter(|c| c.name.starts_with("asya-state-proxy-"))
+            .cloned()
+            .collect();
+        assert_eq!(connectors.len(), 2, "native={native} root={root}");
+        for c in &connectors {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
+            assert_eq!(sc.run_as_non_root, Some(true), "{}", c.name);
+            let want = root.then_some(65532);
+            assert_eq!(sc.run_as_user, want, "{} root={root}", c.name);
+        }
+        // The connectors alone, without the pod's own settings, meet restricted.
+        let only = k8s_openapi::api::core::v1::PodSpec {
+            containers: connectors,
+            ..Default::default()
+        };
+        assert_eq!(
+            restricted_violations(&only),
+            Vec::<String>::new(),
+            "native={native}"
+        );
+        if !root {
+            assert_eq!(
+                restricted_violations(spec),
+                Vec::<String>::new(),
+                "native={native}"
+            );
+        }
+    }
+}

@@ -18,6 +18,7 @@ pub(crate) fn settings() -> ActorSettings {
         sidecar_pull_policy: None,
         sidecar_resources: None,
         sidecar_env: vec![],
+        state_proxy: vec![],
     }
 }
 
@@ -488,4 +489,199 @@ fn shared_admin_credentials_keep_the_platform_identity() {
     );
     assert!(env_of(sc, "ASYA_RABBITMQ_EXCHANGE").is_none());
     assert!(env_of(sc, "ASYA_RABBITMQ_USERNAME").is_none());
+}
+
+/// The settings of `echo` with two state proxies: our connector image (buffered) and a
+/// foreign one (passthrough).
+pub(crate) fn settings_with_state() -> ActorSettings {
+    let mut a = settings();
+    a.state_proxy = serde_json::from_value(json!([
+        {"name": "checkpoints", "mount": {"path": "/state/checkpoints"},
+         "connector": {"image": "ghcr.io/asya-rs/asya-state-proxy:0.1.0", "imagePullPolicy": "Never",
+                       "env": [{"name": "ASYA_CONNECTOR", "value": "s3-buffered-lww"},
+                               {"name": "STATE_BUCKET", "value": "ckpt"}],
+                       "resources": {"requests": {"cpu": "50m"}}}},
+        {"name": "media", "mount": {"path": "/state/media"}, "writeMode": "passthrough",
+         "connector": {"image": "ghcr.io/deliveryhero/asya-state-proxy-s3-passthrough:v1.0.0"}}
+    ]))
+    .unwrap();
+    a
+}
+
+fn names(cs: &[Container]) -> Vec<&str> {
+    cs.iter().map(|c| c.name.as_str()).collect()
+}
+
+#[test]
+fn state_proxies_are_native_sidecars_after_the_asya_sidecar_and_the_runtime_points_at_them() {
+    let cfg = ClusterConfig::default();
+    let mut p = pod();
+    run(&mut p, &settings_with_state(), &cfg, true).unwrap();
+    let s = p.spec.as_ref().unwrap();
+    let inits = s.init_containers.as_ref().unwrap();
+    assert_eq!(
+        names(inits),
+        [
+            "asya-install-runtime",
+            "asya-sidecar",
+            "asya-state-proxy-checkpoints",
+            "asya-state-proxy-media",
+            "user-init"
+        ]
+    );
+    let ck = &inits[2];
+    assert_eq!(ck.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(
+        ck.image.as_deref(),
+        Some("ghcr.io/asya-rs/asya-state-proxy:0.1.0")
+    );
+    assert_eq!(ck.image_pull_policy.as_deref(), Some("Never"));
+    let env_names: Vec<_> = ck
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(
+        env_names,
+        ["ASYA_CONNECTOR", "STATE_BUCKET", "CONNECTOR_SOCKET"]
+    );
+    assert_eq!(
+        env_of(ck, "CONNECTOR_SOCKET").unwrap().value.as_deref(),
+        Some("/var/run/asya/state/checkpoints.sock")
+    );
+    assert_eq!(
+        ck.resources.as_ref().unwrap().requests.as_ref().unwrap()["cpu"].0,
+        "50m"
+    );
+    let mounts: Vec<_> = ck
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("state-sockets", "/var/run/asya/state"),
+            (NO_API_TOKEN_VOLUME, API_TOKEN_PATH)
+        ]
+    );
+    // Our image: probes run its healthcheck; the startup probe holds the runtime back.
+    let cmd = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        p.as_ref()
+            .unwrap()
+            .exec
+            .as_ref()
+            .unwrap()
+            .command
+            .clone()
+            .unwrap()
+    };
+    assert_eq!(cmd(&ck.startup_probe), HEALTHCHECK);
+    assert_eq!(cmd(&ck.readiness_probe), HEALTHCHECK);
+    assert!(
+        ck.liveness_probe.is_none(),
+        "a probe must not kill an upload in flight"
+    );
+    // A foreign image: no probe (its binary is unknown); the runtime waits for /healthz.
+    let media = &inits[3];
+    assert!(media.startup_probe.is_none() && media.readiness_probe.is_none());
+    assert_eq!(media.image_pull_policy, None);
+
+    let rt = &s.containers[0];
+    assert_eq!(s.containers.len(), 1);
+    assert_eq!(
+        env_of(rt, "ASYA_STATE_PROXY_MOUNTS")
+            .unwrap()
+            .value
+            .as_deref(),
+        Some("checkpoints:/state/checkpoints:write=buffered;media:/state/media:write=passthrough")
+    );
+    let rt_mounts: Vec<_> = rt
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert_eq!(
+        rt_mounts,
+        ["/var/run/asya", "/opt/asya", "/var/run/asya/state"]
+    );
+    let vols = s.volumes.as_ref().unwrap();
+    let state_vol: Vec<_> = vols.iter().filter(|v| v.name == "state-sockets").collect();
+    assert_eq!(state_vol.len(), 1);
+    assert!(state_vol[0].empty_dir.is_some());
+
+    let once = p.clone();
+    run(&mut p, &settings_with_state(), &cfg, true).unwrap();
+    assert_eq!(p, once, "second pass changes nothing");
+}
+
+#[test]
+fn state_proxies_are_regular_containers_without_native_sidecars_and_stale_ones_are_replaced() {
+    let cfg = ClusterConfig::default();
+    let mut p: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"asya.sh/inject": "true"}},
+        "spec": {"containers": [
+            {"name": "asya-state-proxy-old", "image": "old:0"},
+            {"name": "asya-runtime", "image": "python:3.13"}],
+            "initContainers": [{"name": "asya-state-proxy-older", "image": "old:0"}]}
+    }))
+    .unwrap();
+    run(&mut p, &settings_with_state(), &cfg, false).unwrap();
+    let s = p.spec.as_ref().unwrap();
+    assert_eq!(
+        names(&s.containers),
+        [
+            "asya-runtime",
+            "asya-sidecar",
+            "asya-state-proxy-checkpoints",
+            "asya-state-proxy-media"
+        ]
+    );
+    assert_eq!(
+        names(s.init_containers.as_ref().unwrap()),
+        ["asya-install-runtime"]
+    );
+    assert!(s.containers[2].restart_policy.is_none());
+    assert!(env_of(&s.containers[0], "ASYA_STATE_PROXY_MOUNTS").is_some());
+}
+
+#[test]
+fn without_state_proxies_nothing_of_them_is_injected() {
+    let mut p = pod();
+    run(&mut p, &settings(), &ClusterConfig::default(), true).unwrap();
+    let s = p.spec.as_ref().unwrap();
+    assert!(
+        !s.volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|v| v.name == "state-sockets")
+    );
+    assert!(env_of(&s.containers[0], "ASYA_STATE_PROXY_MOUNTS").is_none());
+}
+
+#[test]
+fn our_connector_image_is_recognised_by_its_repository_name() {
+    for i in [
+        "asya-state-proxy",
+        "asya-state-proxy:1",
+        "ghcr.io/asya-rs/asya-state-proxy:0.1.0",
+        "localhost:5000/x/asya-state-proxy@sha256:ab",
+    ] {
+        assert!(is_our_image(i), "{i}");
+    }
+    for i in [
+        "ghcr.io/deliveryhero/asya-state-proxy-s3-buffered-lww:v1.0.0",
+        "asya-state-proxy.evil/other:1",
+        "my-asya-state-proxy:1",
+    ] {
+        assert!(!is_our_image(i), "{i}");
+    }
 }

@@ -1,0 +1,457 @@
+"""The runtime's state proxy hooks (docs/DESIGN.md §10) against a real connector process
+(state_connector.py: the wire contract over a Unix socket, keys stored as files)."""
+
+import builtins
+import errno
+import hashlib
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+
+import pytest
+
+from conftest import RUNTIME, envelope
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONNECTOR = os.path.join(HERE, "state_connector.py")
+
+
+def load_runtime():
+    spec = importlib.util.spec_from_file_location("asya_runtime_under_test", RUNTIME)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+rt = load_runtime()
+
+
+def start_connector(sock_dir, name, root):
+    sock = os.path.join(str(sock_dir), name + ".sock")
+    proc = subprocess.Popen([sys.executable, CONNECTOR, sock, str(root)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(sock):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "connector did not create its socket"
+        time.sleep(0.02)
+    return proc
+
+
+@pytest.fixture
+def state(tmp_path):
+    """Two connectors: `ckpt` (buffered) at /state/ckpt and `media` (passthrough) at
+    /state/media, and the hooks installed in this process (undone afterwards). Yields the
+    connectors' storage roots by name."""
+    sock_dir = tmp_path / "sockets"
+    sock_dir.mkdir()
+    roots = {"ckpt": tmp_path / "ckpt-store", "media": tmp_path / "media-store"}
+    procs = [start_connector(sock_dir, n, r) for n, r in roots.items()]
+    env = {
+        "ASYA_STATE_PROXY_MOUNTS": "ckpt:/state/ckpt:write=buffered;media:/state/media:write=passthrough",
+        "ASYA_STATE_SOCKET_DIR": str(sock_dir),
+        "ASYA_STATE_PROXY_TIMEOUT": "2",
+        "ASYA_STATE_PROXY_STARTUP_TIMEOUT": "5",
+    }
+    restore = rt.install_state_proxies(env)
+    try:
+        yield {n: str(r / "data") for n, r in roots.items()}
+    finally:
+        restore()
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def stored(root, key):
+    with io.FileIO(os.path.join(root, key)) as f:
+        return f.read()
+
+
+MODES = ["ckpt", "media"]
+
+
+@pytest.mark.parametrize("mount", MODES)
+def test_write_then_read_text_and_binary(state, mount):
+    path = "/state/%s/runs/run-42.json" % mount
+    with open(path, "w") as f:
+        f.write('{"step": 1}')
+    assert stored(state[mount], "runs/run-42.json") == b'{"step": 1}'
+    with open(path) as f:
+        assert f.read() == '{"step": 1}'
+    with open(path, "rb") as f:
+        assert f.read() == b'{"step": 1}'
+    with open(path, "wb") as f:
+        f.write(b"\x00\xff" * 10)
+    with open(path, "rb") as f:
+        assert f.read() == b"\x00\xff" * 10
+
+
+@pytest.mark.parametrize("mount", MODES)
+def test_text_mode_honours_encoding_and_lines(state, mount):
+    path = "/state/%s/t.txt" % mount
+    with open(path, "w", encoding="latin-1") as f:
+        f.write("zäh\nline 2\n")
+    assert stored(state[mount], "t.txt") == "zäh\nline 2\n".encode("latin-1")
+    with open(path, encoding="latin-1") as f:
+        assert list(f) == ["zäh\n", "line 2\n"]
+
+
+def test_buffered_reads_are_seekable_passthrough_reads_stream(state):
+    for mount in MODES:
+        with open("/state/%s/s.bin" % mount, "wb") as f:
+            f.write(b"0123456789")
+    with open("/state/ckpt/s.bin", "rb") as f:
+        f.seek(5)
+        assert f.read() == b"56789"
+    with open("/state/media/s.bin", "rb") as f:
+        assert not f.seekable()
+        assert f.read(3) == b"012"
+
+
+@pytest.mark.parametrize("mount", MODES)
+def test_overwrite_append_and_exclusive_create(state, mount):
+    path = "/state/%s/a.txt" % mount
+    with open(path, "w") as f:
+        f.write("one")
+    with open(path, "w") as f:
+        f.write("two")
+    with open(path, "a") as f:
+        f.write("+three")
+    assert stored(state[mount], "a.txt") == b"two+three"
+    with open("/state/%s/new.txt" % mount, "a") as f:
+        f.write("fresh")
+    assert stored(state[mount], "new.txt") == b"fresh"
+    with pytest.raises(FileExistsError):
+        open(path, "x")
+    with open("/state/%s/x.txt" % mount, "xb") as f:
+        f.write(b"mine")
+    assert stored(state[mount], "x.txt") == b"mine"
+
+
+def test_exclusive_create_loses_a_race_at_close(state):
+    # Both pass the early check; the connector's If-None-Match: * decides.
+    for mount in MODES:
+        path = "/state/%s/race.txt" % mount
+        first = open(path, "x")
+        second = open(path, "x")
+        first.write("first")
+        first.close()
+        second.write("second")
+        with pytest.raises(FileExistsError):
+            second.close()
+        assert stored(state[mount], "race.txt") == b"first"
+
+
+def test_unsupported_modes_and_directories_are_refused(state):
+    for mode in ("r+", "w+", "rw"):
+        with pytest.raises(ValueError, match="supports r, w, a and x"):
+            open("/state/ckpt/f", mode)
+    with pytest.raises(IsADirectoryError):
+        open("/state/ckpt", "w")
+    with pytest.raises(IsADirectoryError):
+        open("/state/ckpt/dir/", "w")
+
+
+def test_stat_exists_isdir_getsize(state):
+    with open("/state/ckpt/d/f.bin", "wb") as f:
+        f.write(b"x" * 1234)
+    st = os.stat("/state/ckpt/d/f.bin")
+    assert st.st_size == 1234 and os.path.isfile("/state/ckpt/d/f.bin")
+    assert st.st_mtime > 0, "Last-Modified is the mtime"
+    assert os.path.getsize("/state/ckpt/d/f.bin") == 1234
+    assert os.path.isdir("/state/ckpt/d") and os.path.isdir("/state/ckpt")
+    assert os.path.exists("/state/ckpt/d/f.bin")
+    assert not os.path.exists("/state/ckpt/nothing")
+    with pytest.raises(FileNotFoundError):
+        os.stat("/state/ckpt/nothing")
+
+
+def test_listdir_with_prefixes(state):
+    for key in ("top.txt", "runs/a.json", "runs/b.json", "runs/old/c.json", "other/d"):
+        with open("/state/ckpt/" + key, "w") as f:
+            f.write("x")
+    assert sorted(os.listdir("/state/ckpt")) == ["other", "runs", "top.txt"]
+    assert sorted(os.listdir("/state/ckpt/runs")) == ["a.json", "b.json", "old"]
+    assert sorted(os.listdir("/state/ckpt/runs/")) == ["a.json", "b.json", "old"]
+    assert os.listdir("/state/ckpt/runs/old") == ["c.json"]
+    assert os.listdir(b"/state/ckpt/runs/old") == [b"c.json"]
+    assert os.listdir("/state/ckpt/empty") == []
+
+
+def test_remove_unlink_and_makedirs(state):
+    for key in ("r1", "r2"):
+        with open("/state/ckpt/" + key, "w") as f:
+            f.write("x")
+    os.remove("/state/ckpt/r1")
+    os.unlink("/state/ckpt/r2")
+    assert os.listdir("/state/ckpt") == []
+    with pytest.raises(FileNotFoundError):
+        os.remove("/state/ckpt/r1")
+    os.makedirs("/state/ckpt/a/b/c")
+    os.makedirs("/state/ckpt/a/b/c", exist_ok=False)
+    assert os.listdir("/state/ckpt") == []
+
+
+def test_xattrs_under_user_asya(state):
+    with open("/state/ckpt/report.pdf", "wb") as f:
+        f.write(b"%PDF")
+    assert os.listxattr("/state/ckpt/report.pdf") == ["user.asya.url", "user.asya.content_type", "user.asya.ttl"]
+    assert os.getxattr("/state/ckpt/report.pdf", "user.asya.url") == b"file://report.pdf"
+    os.setxattr("/state/ckpt/report.pdf", "user.asya.content_type", b"application/pdf")
+    assert os.getxattr("/state/ckpt/report.pdf", b"user.asya.content_type") == b"application/pdf"
+    with pytest.raises(OSError) as e:
+        os.getxattr("/state/ckpt/report.pdf", "user.asya.nosuch")
+    assert e.value.errno == errno.ENODATA
+    with pytest.raises(OSError) as e:
+        os.setxattr("/state/ckpt/report.pdf", "user.asya.nosuch", b"v")
+    assert e.value.errno == errno.ENOTSUP
+    with pytest.raises(PermissionError):
+        os.setxattr("/state/ckpt/report.pdf", "user.asya.url", b"s3://elsewhere")
+    with pytest.raises(OSError) as e:
+        os.getxattr("/state/ckpt/report.pdf", "user.other")
+    assert e.value.errno == errno.ENODATA
+    with pytest.raises(FileNotFoundError):
+        os.getxattr("/state/ckpt/missing", "user.asya.url")
+
+
+@pytest.mark.parametrize(
+    "status,exc",
+    [
+        (404, FileNotFoundError),
+        (409, FileExistsError),
+        (412, FileExistsError),
+        (400, ValueError),
+        (403, PermissionError),
+        (503, ConnectionError),
+        (504, TimeoutError),
+        (500, OSError),
+        (502, OSError),
+    ],
+)
+def test_every_error_status_maps_to_its_exception(state, status, exc):
+    for mount in MODES:
+        path = "/state/%s/_status/%d/k" % (mount, status)
+        calls = [
+            lambda: open(path).read(),
+            lambda: open(path, "w").close(),
+            lambda: os.stat(path),
+            lambda: os.remove(path),
+            lambda: os.listdir("/state/%s/_status/%d/dir" % (mount, status)),
+        ]
+        for call in calls:
+            with pytest.raises(exc) as e:
+                call()
+            assert "HTTP %d" % status in str(e.value), str(e.value)
+            if status in (500, 502):
+                assert type(e.value) is OSError and e.value.errno == errno.EIO
+
+
+def test_413_is_efbig(state):
+    with pytest.raises(OSError) as e:
+        with open("/state/ckpt/_status/413/big", "wb") as f:
+            f.write(b"x" * 10)
+    assert e.value.errno == errno.EFBIG
+
+
+def test_a_refusal_before_the_body_is_read_is_the_error_of_a_streamed_write(state):
+    with pytest.raises(OSError) as e:
+        with open("/state/media/_early/413/big", "wb") as f:
+            for _ in range(64):
+                f.write(b"x" * (1024 * 1024))
+    assert e.value.errno == errno.EFBIG and "refused before the body" in str(e.value), repr(e.value)
+
+
+def test_a_slow_connector_times_out(state):
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        open("/state/ckpt/_sleep/5/k").read()
+    assert time.monotonic() - start < 4.5
+
+
+def test_a_missing_connector_is_a_connection_error_not_a_missing_file(state, tmp_path):
+    mounts = rt.parse_state_mounts("gone:/state/gone:write=buffered", str(tmp_path))
+    hooks = rt.StateHooks(mounts, 1)
+    with pytest.raises(ConnectionError, match="does not answer"):
+        hooks.open("/state/gone/k")
+    with pytest.raises(rt.ConfigError, match="not ready"):
+        hooks.client.wait_ready(mounts, time.monotonic() + 0.3)
+
+
+def test_paths_outside_every_mount_are_untouched(state, tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    with open(str(real / "f.txt"), "w") as f:
+        f.write("local")
+    assert open(str(real / "f.txt")).read() == "local"
+    assert os.listdir(str(real)) == ["f.txt"]
+    assert os.stat(str(real / "f.txt")).st_size == 5
+    os.makedirs(str(real / "x" / "y"))
+    assert os.path.isdir(str(real / "x" / "y"))
+    os.remove(str(real / "f.txt"))
+    assert not os.path.exists(str(real / "f.txt"))
+    # A sibling that shares the prefix text is not under the mount.
+    with pytest.raises(FileNotFoundError) as e:
+        open("/state/ckptx/f")
+    assert "state proxy" not in str(e.value)
+    # A path that leaves the mount with .. is resolved first.
+    with pytest.raises(FileNotFoundError) as e:
+        open("/state/ckpt/../nope/f")
+    assert "state proxy" not in str(e.value)
+    fd = os.open(str(real / "fd.txt"), os.O_CREAT | os.O_WRONLY)
+    with open(fd, "w") as f:
+        f.write("fd")
+    assert open(str(real / "fd.txt")).read() == "fd"
+
+
+def test_relative_paths_and_pathlib_resolve_under_the_mount(state, monkeypatch):
+    import pathlib
+
+    with open("/state/ckpt/rel.txt", "w") as f:
+        f.write("r")
+    monkeypatch.chdir("/")
+    assert open("state/ckpt/rel.txt").read() == "r"
+    assert pathlib.Path("/state/ckpt/rel.txt").read_text() == "r"
+    assert pathlib.Path("/state/ckpt/rel.txt").exists()
+
+
+def test_keys_are_url_encoded_per_segment(state):
+    key = "odd names/a b?c#d%e&f=g.json"
+    with open("/state/ckpt/" + key, "w") as f:
+        f.write("ok")
+    assert stored(state["ckpt"], key) == b"ok"
+    assert open("/state/ckpt/" + key).read() == "ok"
+    assert os.listdir("/state/ckpt/odd names") == ["a b?c#d%e&f=g.json"]
+
+
+def test_the_longest_mount_wins(tmp_path):
+    sock_dir = tmp_path / "s"
+    sock_dir.mkdir()
+    procs = [start_connector(sock_dir, n, tmp_path / n) for n in ("outer", "inner")]
+    try:
+        hooks = rt.StateHooks(rt.parse_state_mounts("outer:/st:write=buffered;inner:/st/in:write=buffered", str(sock_dir)), 2)
+        with hooks.open("/st/in/k", "w") as f:
+            f.write("inner")
+        with hooks.open("/st/k", "w") as f:
+            f.write("outer")
+        assert stored(str(tmp_path / "inner" / "data"), "k") == b"inner"
+        assert stored(str(tmp_path / "outer" / "data"), "k") == b"outer"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_mount_settings_are_checked():
+    for bad in ("x", "a:/s:write=async", "a:relative:write=buffered", "a:/:write=buffered", "a:/s/../t:write=buffered"):
+        with pytest.raises(rt.ConfigError):
+            rt.parse_state_mounts(bad)
+    assert rt.install_state_proxies({}) is None
+    m = rt.parse_state_mounts("a:/s:write=passthrough;b:/t:")
+    assert [(x.name, x.mode) for x in m] == [("a", "passthrough"), ("b", "buffered")]
+
+
+@pytest.mark.parametrize("mount", MODES)
+def test_a_large_file_streams_with_bounded_memory(state, mount):
+    size, piece = 200 * 1024 * 1024, os.urandom(1024 * 1024)
+    want = hashlib.sha256()
+    tracemalloc.start()
+    try:
+        with open("/state/%s/big.bin" % mount, "wb") as f:
+            for _ in range(size // len(piece)):
+                f.write(piece)
+                want.update(piece)
+        got, n = hashlib.sha256(), 0
+        with open("/state/%s/big.bin" % mount, "rb") as f:
+            while True:
+                chunk = f.read(1024 * 1024)
+                if not chunk:
+                    break
+                got.update(chunk)
+                n += len(chunk)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        # pytest keeps the temp dirs of the last runs: not 200 MiB each.
+        if os.path.exists("/state/%s/big.bin" % mount):
+            os.remove("/state/%s/big.bin" % mount)
+    assert n == size and got.hexdigest() == want.hexdigest()
+    print("%s: 200 MiB written and read, peak Python allocations %.1f MiB" % (mount, peak / 2**20))
+    # Buffered mode spools past 8 MiB to a temp file; passthrough never holds the file.
+    assert peak < 24 * 2**20, peak
+
+
+def test_the_runtime_installs_the_hooks_before_it_imports_the_handler(tmp_path, start_runtime_with_env):
+    sock_dir = tmp_path / "state-sockets"
+    sock_dir.mkdir()
+    store = tmp_path / "store"
+    proc = start_connector(sock_dir, "ckpt", store)
+    try:
+        os.makedirs(str(store / "data"), exist_ok=True)
+        with io.FileIO(str(store / "data" / "config.json"), "w") as f:
+            f.write(b'{"factor": 3}')
+        env = {
+            "ASYA_STATE_PROXY_MOUNTS": "ckpt:/state/ckpt:write=buffered",
+            "ASYA_STATE_SOCKET_DIR": str(sock_dir),
+        }
+        _, client = start_runtime_with_env("state_mod.handle", env)
+        assert client.call(envelope({"run": 7, "v": 2})) == {"v": 6, "saved": "runs/7.json"}
+        assert stored(str(store / "data"), "runs/7.json") == b'{"v": 6}'
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_runtime_refuses_to_start_without_its_connector(tmp_path, start_runtime_with_env):
+    env = {
+        "ASYA_STATE_PROXY_MOUNTS": "ckpt:/state/ckpt:write=buffered",
+        "ASYA_STATE_SOCKET_DIR": str(tmp_path),
+        "ASYA_STATE_PROXY_STARTUP_TIMEOUT": "0.5",
+    }
+    proc, _ = start_runtime_with_env("state_mod.handle", env, wait=False)
+    assert proc.wait(timeout=10) == rt.EXIT_BAD_CONFIG
+    assert "state proxy 'ckpt'" in proc.stderr.read()
+
+
+def test_installing_and_undoing_the_hooks_leaves_the_real_functions(tmp_path):
+    real = (builtins.open, io.open, os.stat, os.listdir, os.remove, os.unlink, os.makedirs, os.getxattr)
+    hooks = rt.StateHooks(rt.parse_state_mounts("a:/s:write=buffered", str(tmp_path)), 1)
+    restore = hooks.install()
+    assert builtins.open == hooks.open and os.unlink == hooks.remove and io.open == hooks.open
+    restore()
+    assert (builtins.open, io.open, os.stat, os.listdir, os.remove, os.unlink, os.makedirs, os.getxattr) == real
+
+
+def test_the_example_checkpoints_handler_saves_and_loads(tmp_path, handler_dir, start_runtime_with_env):
+    # deploy/examples/handlers/checkpoints.py, as the checkpointer example actor runs it.
+    example = os.path.join(HERE, "..", "..", "..", "deploy", "examples", "handlers", "checkpoints.py")
+    with io.FileIO(example) as src, io.FileIO(str(handler_dir / "checkpoints.py"), "w") as dst:
+        dst.write(src.read())
+    sock_dir = tmp_path / "state-sockets"
+    sock_dir.mkdir()
+    store = tmp_path / "store"
+    proc = start_connector(sock_dir, "checkpoints", store)
+    try:
+        env = {
+            "ASYA_STATE_PROXY_MOUNTS": "checkpoints:/state/checkpoints:write=buffered",
+            "ASYA_STATE_SOCKET_DIR": str(sock_dir),
+        }
+        _, saver = start_runtime_with_env("checkpoints.save", env)
+        for run in (41, 42):
+            assert saver.call(envelope({"run": run, "loss": 0.5})) == {
+                "run": run,
+                "checkpoint": "/state/checkpoints/run-%d.json" % run,
+            }
+        _, loader = start_runtime_with_env("checkpoints.load", env)
+        assert loader.call(envelope({"run": 42})) == {
+            "checkpoint": {"run": 42, "loss": 0.5},
+            "all": ["run-41.json", "run-42.json"],
+        }
+        missing = loader.call(envelope({"run": 7}))
+        assert missing["error"] == "handler_error" and missing["details"]["type"] == "FileNotFoundError"
+    finally:
+        proc.kill()
+        proc.wait()
