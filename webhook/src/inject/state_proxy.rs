@@ -15,20 +15,8 @@ use super::{
 };
 
 /// The command the probes run in our connector image: it asks `GET /healthz` on
-/// `$CONNECTOR_SOCKET` and exits 0 on a 200 (the connector binary's `healthcheck`).
-pub const HEALTHCHECK: [&str; 2] = ["/usr/local/bin/asya-state-proxy", "healthcheck"];
-/// The repository name of our connector image.
-pub const OUR_IMAGE: &str = "asya-state-proxy";
-
-/// Whether an image reference names our connector image (any registry, tag or digest): only
-/// there is the probe's binary known to exist. Another connector image gets no probe; the
-/// runtime still waits for its `/healthz` before it takes an envelope.
-pub fn is_our_image(image: &str) -> bool {
-    let no_digest = image.split('@').next().unwrap_or(image);
-    let last = no_digest.rsplit('/').next().unwrap_or(no_digest);
-    last.split(':').next() == Some(OUR_IMAGE)
-}
-
+/// `$CONNECTOR_SOCKET` and exits 0 on a 200 (state-proxy/src/main.rs, `--probe`).
+pub const HEALTHCHECK: [&str; 2] = ["/usr/local/bin/asya-state-proxy", "--probe"];
 fn exec_probe(period: i32, failures: i32) -> Probe {
     Probe {
         exec: Some(ExecAction {
@@ -50,7 +38,7 @@ pub(super) fn connector_container(entry: &StateProxy, pod_runs_as_root: bool) ->
         &mut env_list,
         env(ENV_CONNECTOR_SOCKET, sp::socket_path(&entry.name)),
     );
-    let ours = is_our_image(&conn.image);
+    let ours = sp::is_our_image(&conn.image);
     let mut c = Container {
         name: sp::container_name(&entry.name),
         image: Some(conn.image),
