@@ -18,6 +18,12 @@ pub const AMQPS_PORT: u16 = 5671;
 /// build (`make images` builds it as `localhost/asya-rs/asya-sidecar`, docs/images.md).
 pub const DEFAULT_SIDECAR_IMAGE: &str =
     concat!("ghcr.io/asya-rs/asya-sidecar:", env!("CARGO_PKG_VERSION"));
+/// The state proxy connector image a flavor gets when it names just `asya-state-proxy`
+/// (docs/DESIGN.md §10): the release of this build, like the sidecar's.
+pub const DEFAULT_STATE_PROXY_IMAGE: &str = concat!(
+    "ghcr.io/asya-rs/asya-state-proxy:",
+    env!("CARGO_PKG_VERSION")
+);
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +66,31 @@ pub struct ClusterConfig {
     /// so the provisioner reconciles none of them (§9).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excluded_namespaces: Vec<String>,
+    /// Our state proxy connector image (the chart's `stateProxy.image`, under its registry).
+    #[serde(default)]
+    pub state_proxy: StateProxyConfig,
+}
+
+/// Where our connector image comes from: a `stateProxy` entry whose image is just
+/// `asya-state-proxy[:TAG]` takes this reference (its tag unless the entry gives one), so
+/// flavors need not name the platform's registry.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StateProxyConfig {
+    #[serde(default = "default_state_proxy_image")]
+    pub image: String,
+}
+
+impl Default for StateProxyConfig {
+    fn default() -> Self {
+        Self {
+            image: default_state_proxy_image(),
+        }
+    }
+}
+
+fn default_state_proxy_image() -> String {
+    DEFAULT_STATE_PROXY_IMAGE.into()
 }
 
 /// Bounds on the namespaced flavor ConfigMaps kept in memory. The worst case is
@@ -400,6 +431,7 @@ impl Default for ClusterConfig {
             gateway: GatewayConfig::default(),
             flavor_limits: FlavorLimits::default(),
             excluded_namespaces: Vec::new(),
+            state_proxy: StateProxyConfig::default(),
         }
     }
 }

@@ -385,6 +385,8 @@ fn check_effective(
     config: &ClusterConfig,
 ) -> (AsyncActorSpec, FieldErrors) {
     apply_defaults(&mut effective);
+    // A bare `asya-state-proxy` connector is the platform's image: policy checks that one.
+    crate::state_proxy::resolve_images(&mut effective.state_proxy, &config.state_proxy.image);
     let ctx = Context { namespace, config };
     let mut errs = validate::validate_spec(&effective, &ctx);
     errs.extend(policy::check(&effective, namespace, &config.policy));

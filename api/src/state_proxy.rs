@@ -24,6 +24,50 @@ pub const MAX_NAME_LEN: usize = 63 - CONTAINER_PREFIX.len();
 /// route the runtime's own file operations to a connector.
 pub const RESERVED_PATHS: [&str; 3] = ["/opt/asya", "/var/run/asya", "/tmp"];
 
+/// The repository name of our connector image (any registry, tag or digest).
+pub const OUR_IMAGE: &str = "asya-state-proxy";
+
+/// Whether an image reference names our connector image: only there is the probe's binary
+/// known to exist.
+pub fn is_our_image(image: &str) -> bool {
+    let no_digest = image.split('@').next().unwrap_or(image);
+    let last = no_digest.rsplit('/').next().unwrap_or(no_digest);
+    last.split(':').next() == Some(OUR_IMAGE)
+}
+
+/// The reference without its tag or digest (a `:` in the registry's port is kept).
+fn repository(image: &str) -> &str {
+    let no_digest = image.split('@').next().unwrap_or(image);
+    match no_digest.rfind(':') {
+        Some(i) if !no_digest[i..].contains('/') => &no_digest[..i],
+        _ => no_digest,
+    }
+}
+
+/// The image an entry's connector runs: a bare `asya-state-proxy`, `asya-state-proxy:TAG` or
+/// `asya-state-proxy@DIGEST` (no registry) becomes `configured` (the platform's registry and
+/// tag), keeping the entry's own tag or digest; any other reference is the user's choice and
+/// stays as written. `None`: unchanged.
+pub fn resolve_image(image: &str, configured: &str) -> Option<String> {
+    let rest = image.strip_prefix(OUR_IMAGE)?;
+    if rest.is_empty() {
+        return (image != configured).then(|| configured.to_string());
+    }
+    if !(rest.starts_with(':') || rest.starts_with('@')) || rest.contains('/') {
+        return None;
+    }
+    Some(format!("{}{rest}", repository(configured)))
+}
+
+/// Resolves every entry's connector image (see `resolve_image`), before policy checks it.
+pub fn resolve_images(entries: &mut [StateProxy], configured: &str) {
+    for c in entries.iter_mut().filter_map(|e| e.connector.as_mut()) {
+        if let Some(image) = resolve_image(&c.image, configured) {
+            c.image = image;
+        }
+    }
+}
+
 /// The connector container's name.
 pub fn container_name(name: &str) -> String {
     format!("{CONTAINER_PREFIX}{name}")

@@ -585,3 +585,57 @@ fn state_proxy_entries_are_complete_and_stay_off_the_runtimes_paths() {
         r#"spec.stateProxy[0].writeMode: Unsupported value: "async": supported values: "buffered", "passthrough""#,
     );
 }
+
+#[test]
+fn a_bare_connector_image_is_the_platforms_and_policy_checks_that_one() {
+    let cfg = ClusterConfig {
+        policy: Policy {
+            allowed_registries: vec!["ghcr.io/org".into(), "registry.example/asya".into()],
+            ..Policy::default()
+        },
+        state_proxy: asya_api::config::StateProxyConfig {
+            image: "registry.example/asya/asya-state-proxy:0.9.0".into(),
+        },
+        ..ClusterConfig::default()
+    };
+    let with_image = |image: &str| {
+        flat(
+            json!({"stateProxy": [{"name": "ckpt", "mount": {"path": "/state/ckpt"},
+                                    "connector": {"image": image}}]}),
+        )
+    };
+    let cat = catalog();
+    let review = |obj: &Value| {
+        review_actor(&ReviewRequest {
+            object: obj,
+            old_object: None,
+            namespace: None,
+            catalog: &cat,
+            config: &cfg,
+        })
+    };
+    for (written, runs) in [
+        (
+            "asya-state-proxy",
+            "registry.example/asya/asya-state-proxy:0.9.0",
+        ),
+        (
+            "asya-state-proxy:1.0.0",
+            "registry.example/asya/asya-state-proxy:1.0.0",
+        ),
+    ] {
+        let obj = with_image(written);
+        let r = review(&obj);
+        assert!(r.allowed(), "{written}: {:?}", r.errors);
+        let resolved = r.resolved.expect("a resolved actor");
+        let conn = resolved.spec.state_proxy[0].connector.as_ref().unwrap();
+        assert_eq!(conn.image, runs, "{written}");
+    }
+    // A full reference is the author's and meets the registry policy as written.
+    let errs = errors_with(&with_image("docker.io/someone/asya-state-proxy:1"), &cfg);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].starts_with(r#"spec.stateProxy[0].connector.image: Forbidden: image "docker.io/someone/asya-state-proxy:1" is not from an allowed registry"#),
+        "{errs:#?}"
+    );
+}

@@ -192,3 +192,78 @@ fn overlap_is_by_whole_segments() {
     assert!(!overlaps("/ab", "/a"));
     assert!(!overlaps("/a", "/b"));
 }
+
+#[test]
+fn a_bare_connector_name_takes_the_platform_registry() {
+    let configured = "registry.example:5000/platform/asya-state-proxy:0.2.0";
+    let cases = [
+        ("asya-state-proxy", Some(configured.to_string())),
+        (
+            "asya-state-proxy:dev",
+            Some("registry.example:5000/platform/asya-state-proxy:dev".into()),
+        ),
+        (
+            "asya-state-proxy@sha256:abc",
+            Some("registry.example:5000/platform/asya-state-proxy@sha256:abc".into()),
+        ),
+        // Anything with a registry or another name is the author's choice.
+        ("ghcr.io/asya-rs/asya-state-proxy:0.1.0", None),
+        ("docker.io/library/asya-state-proxy", None),
+        ("asya-state-proxy-fork:1", None),
+        ("my/asya-state-proxy", None),
+        ("asya-state-proxy:x/y", None),
+    ];
+    for (image, want) in cases {
+        assert_eq!(resolve_image(image, configured), want, "{image}");
+    }
+    // Already the configured reference: nothing to change.
+    assert_eq!(resolve_image(configured, configured), None);
+    assert_eq!(
+        resolve_image("asya-state-proxy", "asya-state-proxy"),
+        None,
+        "a bare configured name is left alone"
+    );
+}
+
+#[test]
+fn resolving_a_list_rewrites_only_bare_connector_images() {
+    let mut list = entries(json!([
+        {"name": "a", "mount": {"path": "/state/a"}, "connector": {"image": "asya-state-proxy:1.2"}},
+        {"name": "b", "mount": {"path": "/state/b"}, "connector": {"image": "quay.io/x/conn:3"}},
+        {"name": "c", "mount": {"path": "/state/c"}},
+    ]));
+    resolve_images(&mut list, "localhost/asya-rs/asya-state-proxy:dev");
+    let images: Vec<_> = list
+        .iter()
+        .map(|e| e.connector.as_ref().map(|c| c.image.as_str()))
+        .collect();
+    assert_eq!(
+        images,
+        [
+            Some("localhost/asya-rs/asya-state-proxy:1.2"),
+            Some("quay.io/x/conn:3"),
+            None
+        ]
+    );
+}
+
+#[test]
+fn our_image_is_recognised_under_any_registry_tag_or_digest() {
+    for image in [
+        "asya-state-proxy",
+        "ghcr.io/asya-rs/asya-state-proxy:0.1.0",
+        "localhost:5000/asya-state-proxy@sha256:abc",
+        "localhost:5000/x/asya-state-proxy@sha256:ab",
+    ] {
+        assert!(is_our_image(image), "{image}");
+    }
+    for image in [
+        "asya-state-proxy-fork",
+        "ghcr.io/x/other:asya-state-proxy",
+        "ghcr.io/deliveryhero/asya-state-proxy-s3-buffered-lww:v1.0.0",
+        "asya-state-proxy.evil/other:1",
+        "my-asya-state-proxy:1",
+    ] {
+        assert!(!is_our_image(image), "{image}");
+    }
+}

@@ -98,6 +98,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $sidecar := include "asya.compact" .Values.sidecar | fromJson -}}
 {{- $_ := set $sidecar "image" (include "asya.image" (dict "root" . "image" .Values.sidecar.image)) -}}
 {{- $_ := set $cfg "sidecar" $sidecar -}}
+{{- $_ := set $cfg "stateProxy" (dict "image" (include "asya.image" (dict "root" . "image" .Values.stateProxy.image))) -}}
 {{- $_ := set $cfg "policy" .Values.policy -}}
 {{- $_ := set $cfg "endQueueRetention" (.Values.endQueueRetention | default "168h") -}}
 {{- $_ := set $cfg "flavorLimits" .Values.flavorLimits -}}

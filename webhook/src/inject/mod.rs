@@ -19,7 +19,7 @@ mod injected_pod;
 mod sidecar;
 mod state_proxy;
 use sidecar::sidecar_container;
-pub use state_proxy::{HEALTHCHECK, is_our_image};
+pub use state_proxy::HEALTHCHECK;
 #[cfg(test)]
 mod restricted_tests;
 #[cfg(test)]

@@ -666,22 +666,3 @@ fn without_state_proxies_nothing_of_them_is_injected() {
     );
     assert!(env_of(&s.containers[0], "ASYA_STATE_PROXY_MOUNTS").is_none());
 }
-
-#[test]
-fn our_connector_image_is_recognised_by_its_repository_name() {
-    for i in [
-        "asya-state-proxy",
-        "asya-state-proxy:1",
-        "ghcr.io/asya-rs/asya-state-proxy:0.1.0",
-        "localhost:5000/x/asya-state-proxy@sha256:ab",
-    ] {
-        assert!(is_our_image(i), "{i}");
-    }
-    for i in [
-        "ghcr.io/deliveryhero/asya-state-proxy-s3-buffered-lww:v1.0.0",
-        "asya-state-proxy.evil/other:1",
-        "my-asya-state-proxy:1",
-    ] {
-        assert!(!is_our_image(i), "{i}");
-    }
-}
