@@ -110,7 +110,7 @@ async fn keys_op(
             }
             Method::HEAD => {
                 let head = app.store.head(&key).await?;
-                Ok((
+                let mut resp = (
                     [
                         (header::CONTENT_LENGTH, head.size.to_string()),
                         (
@@ -120,7 +120,13 @@ async fn keys_op(
                     ],
                     Body::empty(),
                 )
-                    .into_response())
+                    .into_response();
+                if let Some(t) = head.modified
+                    && let Ok(v) = header::HeaderValue::from_str(&httpdate::fmt_http_date(t))
+                {
+                    resp.headers_mut().insert(header::LAST_MODIFIED, v);
+                }
+                Ok(resp)
             }
             _ => {
                 app.store.delete(&key).await?;
@@ -130,12 +136,6 @@ async fn keys_op(
     }
     .await;
     answer(&app, op, started, r)
-}
-
-/// The body of `PUT /meta/{key}?attr=A`: `{"value": "..."}`.
-#[derive(serde::Deserialize)]
-struct MetaValue {
-    value: String,
 }
 
 async fn meta_op(State(app): State<Arc<App>>, method: Method, uri: Uri, body: Body) -> Response {
@@ -159,12 +159,17 @@ async fn meta_op(State(app): State<Arc<App>>, method: Method, uri: Uri, body: Bo
         })?;
         // An attribute value is small: 64 KiB, like a filesystem's xattr limit.
         let raw = crate::store::read_bounded(body, 64 * 1024, &key).await?;
-        let v: MetaValue = serde_json::from_slice(&raw).map_err(|_| ProxyError::BadRequest {
+        // The body is the value itself (docs/DESIGN.md §10, what the runtime's setxattr sends);
+        // S3 metadata and Redis fields hold text.
+        let value = String::from_utf8(raw.to_vec()).map_err(|e| ProxyError::BadRequest {
             field: "body",
-            value: String::from_utf8_lossy(&raw).chars().take(80).collect(),
-            rule: r#"must be {"value": "<string>"}"#,
+            value: String::from_utf8_lossy(e.as_bytes())
+                .chars()
+                .take(80)
+                .collect(),
+            rule: "an attribute value must be UTF-8 text",
         })?;
-        app.store.meta_put(&key, &attr, &v.value).await?;
+        app.store.meta_put(&key, &attr, &value).await?;
         Ok(axum::Json(serde_json::json!({"key": key, "attr": attr})).into_response())
     }
     .await;

@@ -234,6 +234,19 @@ async fn contract(connector: &str) {
         ),
         (200, Some("11"), Some("true"))
     );
+    // Its Last-Modified is the write's time (the runtime's st_mtime), within the last hour.
+    let modified = h
+        .get("last-modified")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| httpdate::parse_http_date(v).ok())
+        .expect("HEAD of a file answers an HTTP-date Last-Modified");
+    let age = std::time::SystemTime::now()
+        .duration_since(modified)
+        .unwrap_or_default();
+    assert!(
+        age.as_secs() < 3600,
+        "Last-Modified {modified:?} is not recent"
+    );
     let (s, h, _) = c.call("HEAD", "/keys/runs/r1", b"").await;
     assert_eq!((s, h["x-is-file"].to_str().ok()), (200, Some("false")));
     let (s, _, _) = c.call("HEAD", "/keys/runs/none", b"").await;
@@ -257,11 +270,7 @@ async fn contract(connector: &str) {
 
     // Attributes: user ones round-trip, the backend's own are read-only.
     let (s, _, b) = c
-        .call(
-            "PUT",
-            "/meta/runs/r1/a.json?attr=owner",
-            br#"{"value": "ann"}"#,
-        )
+        .call("PUT", "/meta/runs/r1/a.json?attr=owner", b"ann")
         .await;
     assert_eq!(s, 200, "{b:?}");
     let (_, _, b) = c.call("GET", "/meta/runs/r1/a.json?attr=owner", b"").await;
@@ -274,13 +283,7 @@ async fn contract(connector: &str) {
             .is_some_and(|a| a.contains(&"owner".into()) && a.contains(&"size".into())),
         "{attrs}"
     );
-    let (s, _, _) = c
-        .call(
-            "PUT",
-            "/meta/runs/r1/a.json?attr=size",
-            br#"{"value": "1"}"#,
-        )
-        .await;
+    let (s, _, _) = c.call("PUT", "/meta/runs/r1/a.json?attr=size", b"1").await;
     assert_eq!(s, 403);
     let (s, _, _) = c.call("GET", "/meta/runs/r1/a.json?attr=nope", b"").await;
     assert_eq!(s, 400);

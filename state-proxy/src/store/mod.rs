@@ -22,6 +22,8 @@ pub struct Object {
 pub struct Head {
     pub size: u64,
     pub is_file: bool,
+    /// When the file was last written (`Last-Modified`: the runtime's `st_mtime`).
+    pub modified: Option<std::time::SystemTime>,
 }
 
 /// The answer of `GET /meta/{key}`: `{"attrs": [...]}`, or `{"value": ...}` with `?attr=`.

@@ -4,7 +4,7 @@
 //! Versions come from one counter per STATE_PREFIX, so a key deleted and created again
 //! never repeats a version a reader may hold (no ABA).
 
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::body::Body;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -21,12 +21,13 @@ const MAX_LIST_ENTRIES: usize = 100_000;
 /// KEYS[1] the key, KEYS[2] the version counter; ARGV[1] the condition (none, absent,
 /// match), ARGV[2] the version expected, ARGV[3] the bytes. Answers the new version, -1
 /// when the key exists (absent), -2 when its version is not the one expected (match).
+/// Field `t` is the server's time of the write (Unix seconds): the file's mtime.
 const PUT_SCRIPT: &str = r#"
 local cur = redis.call('HGET', KEYS[1], 'v')
 if ARGV[1] == 'absent' and cur then return -1 end
 if ARGV[1] == 'match' and cur ~= ARGV[2] then return -2 end
 local v = redis.call('INCR', KEYS[2])
-redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', tostring(v))
+redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', tostring(v), 't', redis.call('TIME')[1])
 return v
 "#;
 
@@ -240,7 +241,7 @@ impl RedisStore {
 
     pub async fn head(&self, key: &str) -> Result<Head, ProxyError> {
         let full = self.full(key);
-        let (exists, size): (bool, u64) = self
+        let (exists, size, modified): (bool, u64, Option<u64>) = self
             .run(async |c| {
                 redis::pipe()
                     .cmd("EXISTS")
@@ -248,6 +249,9 @@ impl RedisStore {
                     .cmd("HSTRLEN")
                     .arg(&full)
                     .arg("d")
+                    .cmd("HGET")
+                    .arg(&full)
+                    .arg("t")
                     .query_async(c)
                     .await
             })
@@ -256,6 +260,7 @@ impl RedisStore {
             return Ok(Head {
                 size,
                 is_file: true,
+                modified: modified.map(|t| UNIX_EPOCH + Duration::from_secs(t)),
             });
         }
         if self.scan(&format!("{full}/"), 1).await?.is_empty() {
@@ -264,6 +269,7 @@ impl RedisStore {
             Ok(Head {
                 size: 0,
                 is_file: false,
+                modified: None,
             })
         }
     }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::error::{DisplayErrorContext, SdkError};
@@ -388,6 +388,9 @@ impl S3Store {
             Ok(out) => Ok(Head {
                 size: out.content_length().unwrap_or(0).max(0) as u64,
                 is_file: true,
+                modified: out
+                    .last_modified()
+                    .and_then(|t| SystemTime::try_from(*t).ok()),
             }),
             Err((Failure::Status(404), _)) => {
                 // A "directory": some key below it exists.
@@ -403,6 +406,7 @@ impl S3Store {
                     Ok(out) if out.key_count().unwrap_or(0) > 0 => Ok(Head {
                         size: 0,
                         is_file: false,
+                        modified: None,
                     }),
                     Ok(_) => Err(ProxyError::NotFound(key.to_string())),
                     Err(f) => Err(self.fail(key, f)),
