@@ -62,9 +62,10 @@ services:
 # here ASYA_REQUIRE_SERVICES=1 turns such a skip into a failure, so CI never passes by skipping.
 unit:
 	source tests/cluster/env && ASYA_REQUIRE_SERVICES=1 cargo test --profile $(PROFILE) --workspace --locked
-	python3 -m pytest -q sidecar/runtime/tests
-	# The gateway end to end (MCP client, sidecars, crew, PostgreSQL, S3): needs the binaries.
+	# The runtime's state proxy hooks run against the Rust connector too: binaries and S3.
 	cargo build --profile $(PROFILE) --workspace --locked --bins
+	source tests/cluster/env && ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q sidecar/runtime/tests
+	# The gateway end to end (MCP client, sidecars, crew, PostgreSQL, S3): needs the binaries.
 	source tests/cluster/env && python3 -m pytest -q -p no:cacheprovider gateway/tests/e2e
 
 e2e:

@@ -498,6 +498,14 @@ class StateClient(object):
                 conn.request(method, target, body=body, headers=headers or {})
             except socket.timeout:
                 raise TimeoutError("state proxy %r: %s %r: no progress within %ss" % (mount.name, op, key, self.timeout))
+            except (BrokenPipeError, ConnectionResetError) as e:
+                # The connector refused before reading the whole body (a buffered file over
+                # its limit: 413) and hung up: its answer, when there is one, is the error.
+                try:
+                    self.response(conn, mount, key, op)
+                except (http.client.HTTPException, BrokenPipeError, ConnectionResetError):
+                    pass
+                raise ConnectionError("state proxy %r: %s %r: the connector hung up: %s" % (mount.name, op, key, e))
             return conn, self.response(conn, mount, key, op)
         except BaseException:
             conn.close()
