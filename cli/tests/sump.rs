@@ -240,7 +240,8 @@ async fn rabbitmq_redrive_abandoned_after_a_resend_then_rerun_loses_nothing() {
 
 struct SqsFixture {
     ns: String,
-    client: aws_sdk_sqs::Client,
+    /// The same client set-up as the command's (rustls on ring), for this test's own queues.
+    admin: Sqs,
     urls: Vec<String>,
 }
 
@@ -251,18 +252,16 @@ fn sqs() -> bool {
 impl SqsFixture {
     async fn new(tag: &str) -> SqsFixture {
         let ns = unique_ns(tag);
-        let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .region(aws_config::Region::new("us-east-1"))
-            .load()
-            .await;
-        let client = aws_sdk_sqs::Client::from_conf(
-            aws_sdk_sqs::config::Builder::from(&conf)
-                .endpoint_url(std::env::var("ASYA_TEST_SQS_ENDPOINT").unwrap())
-                .build(),
-        );
+        let admin = Sqs::connect(
+            "us-east-1".into(),
+            std::env::var("ASYA_TEST_SQS_ENDPOINT").ok(),
+            None,
+        )
+        .await;
         let mut urls = Vec::new();
         for actor in ["b", "x-sump"] {
-            let out = client
+            let out = admin
+                .client()
                 .create_queue()
                 .queue_name(asya_api::naming::actor_queue(&ns, actor))
                 .send()
@@ -270,7 +269,7 @@ impl SqsFixture {
                 .unwrap();
             urls.push(out.queue_url().unwrap().to_string());
         }
-        SqsFixture { ns, client, urls }
+        SqsFixture { ns, admin, urls }
     }
 
     async fn connect() -> Broker {
@@ -299,7 +298,8 @@ impl SqsFixture {
         let mut out = Vec::new();
         loop {
             let got = self
-                .client
+                .admin
+                .client()
                 .receive_message()
                 .queue_url(url)
                 .max_number_of_messages(10)
@@ -312,7 +312,8 @@ impl SqsFixture {
             }
             for m in msgs {
                 out.push(serde_json::from_str(m.body().unwrap()).unwrap_or(Value::Null));
-                self.client
+                self.admin
+                    .client()
                     .delete_message()
                     .queue_url(url)
                     .receipt_handle(m.receipt_handle().unwrap())
@@ -325,7 +326,8 @@ impl SqsFixture {
 
     async fn cleanup(self) {
         for url in &self.urls {
-            self.client
+            self.admin
+                .client()
                 .delete_queue()
                 .queue_url(url)
                 .send()

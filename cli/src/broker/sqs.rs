@@ -67,6 +67,11 @@ impl Sqs {
         }
     }
 
+    /// The SDK client, for what the commands do not wrap (tests create their queues with it).
+    pub fn client(&self) -> &aws_sdk_sqs::Client {
+        self.t.client()
+    }
+
     async fn url(&self, queue: &str) -> Result<String> {
         self.t.queue_url(queue).await.map_err(|e| match e {
             asya_transport::TransportError::NoSuchQueue(q) => CliError::NotFound {
