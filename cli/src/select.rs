@@ -74,7 +74,7 @@ impl Selector {
 
     /// Whether `f` is selected at `now_ms`.
     pub fn matches(&self, f: &Failed, now_ms: u64) -> bool {
-        if !self.ids.is_empty() && !self.ids.iter().any(|i| *i == f.id) {
+        if !self.ids.is_empty() && !self.ids.contains(&f.id) {
             return false;
         }
         if let Some(a) = &self.actor

@@ -90,11 +90,11 @@ impl RabbitFixture {
 
     async fn broker(&self) -> Broker {
         let ex = asya_api::naming::tenant_exchange(&self.ns);
-        Broker::Rabbit(
+        Broker::Rabbit(Box::new(
             Rabbit::connect(&self.url, "guest", &ex, "test broker".into())
                 .await
                 .unwrap(),
-        )
+        ))
     }
 
     async fn put(&self, broker: &Broker, bodies: &[Vec<u8>]) {
@@ -273,14 +273,14 @@ impl SqsFixture {
     }
 
     async fn connect() -> Broker {
-        Broker::Sqs(
+        Broker::Sqs(Box::new(
             Sqs::connect(
                 "us-east-1".into(),
                 std::env::var("ASYA_TEST_SQS_ENDPOINT").ok(),
                 None,
             )
             .await,
-        )
+        ))
     }
 
     async fn put(&self, broker: &Broker, bodies: &[Vec<u8>]) {

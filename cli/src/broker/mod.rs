@@ -33,8 +33,9 @@ enum Handle {
 }
 
 pub enum Broker {
-    Rabbit(rabbit::Rabbit),
-    Sqs(sqs::Sqs),
+    // Boxed: one broker per command, the size difference costs nothing worth a clippy note.
+    Rabbit(Box<rabbit::Rabbit>),
+    Sqs(Box<sqs::Sqs>),
 }
 
 /// Where the broker is, when the caller reaches it by another address than the cluster's
@@ -94,9 +95,9 @@ impl Broker {
                         .map(|p| p.to_string())
                         .unwrap_or_else(|| "default port".into())
                 );
-                Ok(Broker::Rabbit(
+                Ok(Broker::Rabbit(Box::new(
                     rabbit::Rabbit::connect(&url, &user, exchange, place).await?,
-                ))
+                )))
             }
             Identity::SqsStatic {
                 secret: name,
@@ -108,9 +109,11 @@ impl Broker {
                     key(data, name, access_key_id_key, namespace)?.to_string(),
                     key(data, name, secret_access_key_key, namespace)?.to_string(),
                 );
-                Ok(Broker::Sqs(sqs_client(&c, reach, Some(keys)).await))
+                Ok(Broker::Sqs(Box::new(
+                    sqs_client(&c, reach, Some(keys)).await,
+                )))
             }
-            Identity::SqsAmbient => Ok(Broker::Sqs(sqs_client(&c, reach, None).await)),
+            Identity::SqsAmbient => Ok(Broker::Sqs(Box::new(sqs_client(&c, reach, None).await))),
         }
     }
 
