@@ -14,32 +14,55 @@ fn usage(e: impl std::fmt::Display) -> CliError {
     CliError::Usage(e.to_string())
 }
 
+/// The selection of the command line, refused before anything is connected to.
+fn selection(c: &SumpCommand) -> Result<Selector> {
+    let sel = match c {
+        SumpCommand::List {
+            actor,
+            since,
+            error,
+        } => Selector::parse(
+            vec![],
+            actor.clone(),
+            error.as_deref(),
+            since.as_deref(),
+            false,
+            false,
+        ),
+        SumpCommand::Show { id } => {
+            Selector::parse(vec![id.clone()], None, None, None, false, false)
+        }
+        SumpCommand::Redrive {
+            ids,
+            actor,
+            error,
+            since,
+            all,
+            ..
+        } => Selector::parse(
+            ids.clone(),
+            actor.clone(),
+            error.as_deref(),
+            since.as_deref(),
+            *all,
+            true,
+        ),
+    };
+    sel.map_err(usage)
+}
+
 pub async fn run(g: &Global, c: &SumpCommand) -> Result<(String, Exit)> {
+    let sel = selection(c)?;
     let s = session::open(g).await?;
     let ns = s.cluster.namespace.clone();
     let queue = asya_api::naming::sump_queue(&ns);
     let broker = s.broker(&ns).await?;
     let out = match c {
-        SumpCommand::List {
-            actor,
-            since,
-            error,
-        } => {
-            let sel = Selector::parse(
-                vec![],
-                actor.clone(),
-                error.as_deref(),
-                since.as_deref(),
-                false,
-                false,
-            )
-            .map_err(usage)?;
+        SumpCommand::List { .. } => {
             let l = sump::browse(&broker, &queue, &sel, g.max, clock::now_ms()).await?;
             (list_text(&l, g.output), Exit::Ok)
         }
         SumpCommand::Show { id } => {
-            let sel =
-                Selector::parse(vec![id.clone()], None, None, None, false, false).map_err(usage)?;
             let l = sump::browse(&broker, &queue, &sel, g.max, clock::now_ms()).await?;
             if l.envelopes.is_empty() {
                 broker.close().await;
@@ -50,23 +73,7 @@ pub async fn run(g: &Global, c: &SumpCommand) -> Result<(String, Exit)> {
             }
             (show_text(&l, g.output), Exit::Ok)
         }
-        SumpCommand::Redrive {
-            ids,
-            actor,
-            error,
-            since,
-            all,
-            dry_run,
-        } => {
-            let sel = Selector::parse(
-                ids.clone(),
-                actor.clone(),
-                error.as_deref(),
-                since.as_deref(),
-                *all,
-                true,
-            )
-            .map_err(usage)?;
+        SumpCommand::Redrive { dry_run, .. } => {
             let mut progress = |o: &sump::Outcome| {
                 // Progress on stderr, one line per envelope, so a long redrive shows life
                 // and stdout stays the report.
