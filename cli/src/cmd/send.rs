@@ -82,7 +82,7 @@ pub async fn run(g: &Global, a: &SendArgs) -> Result<(String, Exit)> {
 
 /// Looks into x-sink and x-sump (browsing, every message left in place) until the envelope
 /// is in one of them.
-async fn wait(
+pub async fn wait(
     broker: &Broker,
     ns: &str,
     id: &str,
