@@ -14,6 +14,7 @@ pub mod clock;
 pub mod cluster;
 pub mod cmd;
 pub mod compose;
+pub mod crew;
 pub mod error;
 pub mod failed;
 pub mod redrive;
@@ -21,6 +22,7 @@ pub mod render;
 pub mod select;
 pub mod session;
 pub mod sump;
+pub mod sump_store;
 pub mod trace;
 pub mod views;
 

@@ -3,6 +3,7 @@
 //! give back what was held — connected with the namespace's own identity (`access`).
 
 pub mod rabbit;
+pub mod s3;
 pub mod sqs;
 
 use std::collections::BTreeMap;
