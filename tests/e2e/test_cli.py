@@ -161,9 +161,15 @@ def test_a_redrive_killed_midway_and_rerun_loses_nothing(namespace, transport):
            "--transport", transport, "sump", "redrive", "--all"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        # Progress is one line per envelope on stderr: kill after the first confirmed resend.
-        first = proc.stderr.readline()
-        assert first.startswith("redriven "), first
+        # Progress is one line per envelope on stderr (log lines may come before it): kill
+        # after the first confirmed resend.
+        first, seen = "", []
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("redriven "):
+                first = line
+                break
+        assert first, seen
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
