@@ -6,8 +6,10 @@ use asya_api::config::{ClusterConfig, Transport};
 
 use crate::access::{self, Identity};
 use crate::args::Global;
+use crate::broker::s3::CrewStore;
 use crate::broker::{Broker, Reach};
 use crate::cluster::{self, Cluster, Where};
+use crate::crew;
 use crate::error::{CliError, Result};
 
 /// The name of the chart's ConfigMap (`asya.configMap` in the chart's helpers).
@@ -69,5 +71,38 @@ impl Session {
             &self.reach,
         )
         .await
+    }
+
+    /// The crew's S3 store when the namespace's x-sump is consumed by its error-end actor
+    /// (seed 001), else `None` (x-sump is a plain queue). A caller who may not list the actors
+    /// gets the queue, as without a crew.
+    pub async fn crew_store(&self, ns: &str) -> Result<Option<CrewStore>> {
+        let actors = match cluster::actors(&self.cluster.client, Some(ns)).await {
+            Ok(a) => a,
+            Err(CliError::Forbidden { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Some(store) = crew::store_of(&actors) else {
+            return Ok(None);
+        };
+        let keys = match &store.keys {
+            Some((secret, id_key, key_key)) => {
+                let data = cluster::secret(&self.cluster.client, ns, secret)
+                    .await?
+                    .ok_or_else(|| CliError::NotFound {
+                        what: format!("Secret {secret:?} in namespace {ns:?}"),
+                        why: format!("the crew actor {} reads its S3 keys from it", store.actor),
+                    })?;
+                let get = |k: &str| {
+                    data.get(k).cloned().ok_or_else(|| CliError::NotFound {
+                        what: format!("key {k:?} of Secret {ns}/{secret}"),
+                        why: format!("the crew actor {} reads its S3 keys from it", store.actor),
+                    })
+                };
+                Some((get(id_key)?, get(key_key)?))
+            }
+            None => None,
+        };
+        Ok(Some(CrewStore::connect(&store, keys).await))
     }
 }

@@ -8,6 +8,7 @@ use asya_transport::envelope;
 
 use crate::args::Global;
 use crate::broker::Broker;
+use crate::broker::s3::CrewStore;
 use crate::cluster;
 use crate::error::{Exit, Result};
 use crate::failed::Failed;
@@ -68,7 +69,12 @@ async fn namespace_rows(
             return false;
         }
     };
-    let sump = sump_by_actor(&broker, ns, max).await;
+    // Where the crew's error-end actor consumes x-sump, its store holds the failed ones.
+    let sump = match s.crew_store(ns).await {
+        Ok(Some(store)) => store_by_actor(&store, max).await,
+        Ok(None) => sump_by_actor(&broker, ns, max).await,
+        Err(e) => Err(e),
+    };
     for a in actors {
         let actor = a
             .spec
@@ -94,17 +100,49 @@ async fn namespace_rows(
     true
 }
 
-/// x-sump envelopes per failed actor (browsed, every message left in place).
-async fn sump_by_actor(broker: &Broker, ns: &str, max: usize) -> Result<BTreeMap<String, u64>> {
-    let (held, _) = broker.browse(&naming::sump_queue(ns), max).await?;
+/// Failed envelopes per actor in the crew's store.
+async fn store_by_actor(store: &CrewStore, max: usize) -> Result<BTreeMap<String, u64>> {
+    let (stored, _) = store.list(max).await?;
+    Ok(count_by_actor(stored.iter().map(|s| s.body.as_slice())))
+}
+
+/// How many of `bodies` failed at each actor (anything not an envelope is not counted).
+fn count_by_actor<'a>(bodies: impl Iterator<Item = &'a [u8]>) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
-    for h in &held {
-        if let Ok(e) = envelope::parse(&h.body, None)
+    for b in bodies {
+        if let Ok(e) = envelope::parse(b, None)
             && let Some(a) = Failed::of(&e, None).actor
         {
             *m.entry(a).or_insert(0) += 1;
         }
     }
+    m
+}
+
+/// x-sump envelopes per failed actor (browsed, every message left in place).
+async fn sump_by_actor(broker: &Broker, ns: &str, max: usize) -> Result<BTreeMap<String, u64>> {
+    let (held, _) = broker.browse(&naming::sump_queue(ns), max).await?;
+    let m = count_by_actor(held.iter().map(|h| h.body.as_slice()));
     broker.give_back(held).await?;
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counts_failed_envelopes_by_the_actor_they_failed_at() {
+        let b = |id: &str, actor: &str| {
+            serde_json::to_vec(
+                &serde_json::json!({"id": id, "route": {"actors": ["a", "b"], "current": 1},
+                "headers": {"x-asya-error": {"actor": actor}}}),
+            )
+            .unwrap()
+        };
+        let bodies = [b("1", "b"), b("2", "b"), b("3", "a"), b"junk".to_vec()];
+        let m = super::count_by_actor(bodies.iter().map(Vec::as_slice));
+        assert_eq!(
+            m.into_iter().collect::<Vec<_>>(),
+            [("a".to_string(), 1), ("b".to_string(), 2)]
+        );
+    }
 }

@@ -3,14 +3,13 @@
 use std::io::Write;
 
 use crate::args::{Global, SumpCommand};
-use crate::broker::s3::CrewStore;
 use crate::clock;
 use crate::error::{CliError, Exit, Result};
 use crate::render::{self, Format, Table};
 use crate::select::Selector;
-use crate::session::{self, Session};
+use crate::session;
 use crate::sump::{self, Flow, Listing, RedriveReport};
-use crate::{cluster, crew, sump_store};
+use crate::sump_store;
 
 fn usage(e: impl std::fmt::Display) -> CliError {
     CliError::Usage(e.to_string())
@@ -58,7 +57,7 @@ pub async fn run(g: &Global, c: &SumpCommand) -> Result<(String, Exit)> {
     let s = session::open(g).await?;
     let ns = s.cluster.namespace.clone();
     let queue = asya_api::naming::sump_queue(&ns);
-    let store = crew_store(&s, &ns).await?;
+    let store = s.crew_store(&ns).await?;
     let broker = s.broker(&ns).await?;
     let listing = async |sel: &Selector| match &store {
         Some(st) => sump_store::browse(st, sel, g.max, clock::now_ms()).await,
@@ -144,39 +143,6 @@ pub async fn run(g: &Global, c: &SumpCommand) -> Result<(String, Exit)> {
     };
     broker.close().await;
     Ok(out)
-}
-
-/// The crew's S3 store when the namespace's x-sump is consumed by its error-end actor
-/// (seed 001), else `None` (x-sump is a plain queue). A caller who may not list the actors
-/// gets the queue, as without a crew.
-async fn crew_store(s: &Session, ns: &str) -> Result<Option<CrewStore>> {
-    let actors = match cluster::actors(&s.cluster.client, Some(ns)).await {
-        Ok(a) => a,
-        Err(CliError::Forbidden { .. }) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let Some(store) = crew::store_of(&actors) else {
-        return Ok(None);
-    };
-    let keys = match &store.keys {
-        Some((secret, id_key, key_key)) => {
-            let data = cluster::secret(&s.cluster.client, ns, secret)
-                .await?
-                .ok_or_else(|| CliError::NotFound {
-                    what: format!("Secret {secret:?} in namespace {ns:?}"),
-                    why: format!("the crew actor {} reads its S3 keys from it", store.actor),
-                })?;
-            let get = |k: &str| {
-                data.get(k).cloned().ok_or_else(|| CliError::NotFound {
-                    what: format!("key {k:?} of Secret {ns}/{secret}"),
-                    why: format!("the crew actor {} reads its S3 keys from it", store.actor),
-                })
-            };
-            Some((get(id_key)?, get(key_key)?))
-        }
-        None => None,
-    };
-    Ok(Some(CrewStore::connect(&store, keys).await))
 }
 
 fn list_text(l: &Listing, f: Format) -> String {
