@@ -110,6 +110,9 @@ impl Sqs {
     pub async fn browse(&self, queue: &str, max: usize) -> Result<(Vec<Held>, bool)> {
         let url = self.url(queue).await?;
         let mut out = Vec::new();
+        // A browse longer than HOLD sees its first messages again: each is held once (the
+        // second receipt lapses and the message reappears on its own).
+        let mut seen = std::collections::HashSet::new();
         while out.len() < max {
             let want = (max - out.len()).min(10) as i32;
             let got = self
@@ -128,7 +131,13 @@ impl Sqs {
             if messages.is_empty() {
                 return Ok((out, false));
             }
+            let before = out.len();
             for m in messages {
+                if let Some(id) = &m.message_id
+                    && !seen.insert(id.clone())
+                {
+                    continue;
+                }
                 let (Some(body), Some(receipt)) = (m.body, m.receipt_handle) else {
                     continue;
                 };
@@ -145,6 +154,10 @@ impl Sqs {
                         receipt,
                     },
                 });
+            }
+            if out.len() == before {
+                // Only messages already held came back: everything has been seen.
+                return Ok((out, false));
             }
         }
         Ok((out, true))
