@@ -19,7 +19,7 @@ bin_dir = $(CARGO_TARGET_DIR)/$(if $(filter dev,$(1)),debug,$(1))
 export ASYA_CARGO_PROFILE = $(PROFILE)
 export ASYA_BIN_DIR = $(call bin_dir,$(PROFILE))
 
-.PHONY: demo demo-local test deps lint images image-tests unit services e2e validate-examples crds
+.PHONY: demo demo-local test deps lint images image-tests unit services e2e validate-examples crds install-cli
 
 # The story on the test cluster (scripts/demo-cluster.sh): deps, `make images` (ci profile),
 # `make services` and the chart as tests/e2e/up installs it, then actors, envelopes, KEDA.
@@ -73,6 +73,10 @@ e2e:
 
 validate-examples:
 	cargo run -q -p asya-webhook --bin asya-webhook -- validate -f deploy/examples/
+
+# The `asya` command line (cli/README.md): `asya` and `kubectl-asya` into ~/.cargo/bin.
+install-cli:
+	cargo install --locked --path cli
 
 # Regenerates deploy/crds from the Rust types (a test fails when they differ).
 crds:

@@ -5,10 +5,8 @@ use serde_json::{Map, Value, json};
 use asya_transport::envelope::{Envelope, Malformed, Route};
 use asya_transport::resiliency::Failure;
 
-/// Envelope header with the history of failed attempts (travels to x-sump).
-pub const ATTEMPTS_HEADER: &str = "x-asya-attempts";
-/// Envelope header describing why an envelope landed in x-sump.
-pub const ERROR_HEADER: &str = "x-asya-error";
+// The header names are the wire contract: shared with the `asya` command through the transport.
+pub use asya_transport::envelope::{ATTEMPTS_HEADER, ERROR_HEADER};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HandlerMode {

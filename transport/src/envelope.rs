@@ -4,6 +4,16 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// Envelope header with the history of failed attempts (travels to x-sump): a list of
+/// `{actor, hop, attempt, error, type, message, at_ms}`.
+pub const ATTEMPTS_HEADER: &str = "x-asya-attempts";
+/// Envelope header describing why an envelope landed in x-sump: `{actor, reason, error?,
+/// type?, message?, traceback?}`.
+pub const ERROR_HEADER: &str = "x-asya-error";
+/// Envelope header of an envelope sent back from x-sump (`asya sump redrive`): `{count, at,
+/// at_ms}`. The sidecar carries it like any header.
+pub const REDRIVEN_HEADER: &str = "x-asya-redriven";
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
     pub id: String,

@@ -11,6 +11,7 @@ use std::time::Duration;
 pub mod envelope;
 pub mod http_client;
 pub mod rabbitmq;
+pub mod rabbitmq_publish;
 pub mod report;
 pub mod resiliency;
 pub mod sqs;

@@ -19,12 +19,10 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::uri::AMQPUri;
-use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, Consumer,
-    ExchangeKind,
-};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
 use tokio::sync::Mutex;
 
+use crate::rabbitmq_publish::{check_confirm, envelope_properties};
 use crate::{Outgoing, Received, Transport, TransportError};
 
 /// AMQP header where the sidecar counts unfinished deliveries of a message (classic queues
@@ -391,20 +389,6 @@ impl RabbitTransport {
     }
 }
 
-fn check_confirm(queue: &str, c: Confirmation) -> Result<(), TransportError> {
-    match c {
-        Confirmation::Ack(None) => Ok(()),
-        Confirmation::Ack(Some(_)) => Err(TransportError::NoSuchQueue(queue.to_string())),
-        Confirmation::Nack(_) => Err(TransportError::Rejected(format!(
-            "broker nacked the publish to {queue}"
-        ))),
-        // confirm_select is always on; treat the impossible as a failure, not a success.
-        Confirmation::NotRequested => Err(TransportError::Rejected(
-            "publisher confirms are off".into(),
-        )),
-    }
-}
-
 async fn declare_queue(ch: &Channel, exchange: &str, queue: &str) -> Result<(), TransportError> {
     declare_bound_queue(ch, exchange, queue)
         .await
@@ -534,9 +518,7 @@ impl Transport for RabbitTransport {
 
     async fn send(&self, messages: &[Outgoing]) -> Result<(), TransportError> {
         let link = self.current_link().await?;
-        let props = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_content_type("application/json".into());
+        let props = envelope_properties();
         let mut pending = Vec::with_capacity(messages.len());
         for m in messages {
             let (exchange, key) = match m.delay {

@@ -53,6 +53,12 @@ fn unavailable(e: impl std::fmt::Debug) -> TransportError {
 
 impl SqsTransport {
     pub async fn new(s: SqsSettings) -> Self {
+        Self::with_credentials(s, None).await
+    }
+
+    /// As [`Self::new`], with static keys (`(access key id, secret key)`) instead of the
+    /// default AWS chain: for tools acting with a namespace's copied keys (the `asya` command).
+    pub async fn with_credentials(s: SqsSettings, keys: Option<(String, String)>) -> Self {
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
                 aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
@@ -66,6 +72,15 @@ impl SqsTransport {
         let mut b = aws_sdk_sqs::config::Builder::from(&shared);
         if let Some(ep) = &s.endpoint {
             b = b.endpoint_url(ep);
+        }
+        if let Some((id, secret)) = keys {
+            b = b.credentials_provider(aws_sdk_sqs::config::Credentials::new(
+                id,
+                secret,
+                None,
+                None,
+                "asya-namespace-secret",
+            ));
         }
         let client = Client::from_conf(b.build());
         SqsTransport {

@@ -14,6 +14,10 @@ class ContentPolicyViolation(Exception):
     pass
 
 
+class NotFixedYet(Exception):
+    pass
+
+
 _attempts = {}
 
 
@@ -39,6 +43,17 @@ def act(payload):
         if n <= payload.get("fails", 1):
             raise RateLimitError("rate limited (attempt %d)" % n)
         return dict(payload, attempts=n)
+    if kind == "until_fixed":
+        # Fails until the file `flag` (a mounted ConfigMap key) says "fixed": a handler whose
+        # cause is fixed by flipping a ConfigMap (tests/e2e/test_cli.py redrives after it).
+        try:
+            with open(payload["flag"]) as f:
+                fixed = f.read().strip() == "fixed"
+        except OSError:
+            fixed = False
+        if not fixed:
+            raise NotFixedYet("not fixed yet: %s" % key)
+        return dict(payload, fixed=True)
     if kind == "forbidden":
         raise ContentPolicyViolation("not allowed: %s" % key)
     if kind == "sleep":

@@ -1,0 +1,166 @@
+//! `asya trace`: which source tells an envelope's hops, and the hops from each. Pure.
+//!
+//! Sources, best first: the gateway's store (when the release has a gateway: every
+//! sidecar reports each hop there), the trace backend of the observability work (not there
+//! yet: [`Source::TraceBackend`] is the seam, chosen when the configuration names one), and
+//! what the queues still hold (where each envelope of the family is now).
+
+use serde::Serialize;
+use serde_json::Value;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// The gateway's REST API (`GET /envelopes/{id}`), at this URL.
+    Gateway(String),
+    /// The trace backend (observability issue). No configuration names one yet.
+    TraceBackend(String),
+    /// The namespace's queues: x-sink, x-sump and the actors' queues.
+    Queues,
+}
+
+/// The source for a release: the gateway when configured (or given), else the queues.
+pub fn source(gateway_url: Option<&str>, trace_backend: Option<&str>) -> Source {
+    match (gateway_url, trace_backend) {
+        (Some(g), _) => Source::Gateway(g.trim_end_matches('/').to_string()),
+        (None, Some(t)) => Source::TraceBackend(t.to_string()),
+        (None, None) => Source::Queues,
+    }
+}
+
+/// One hop of one envelope.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Hop {
+    pub envelope: String,
+    pub actor: String,
+    /// ms since the epoch of the first report of this hop.
+    pub at_ms: Option<i64>,
+    pub duration_ms: Option<i64>,
+    /// The last phase reported for the hop (`received`, `processing`, `completed`, `failed`,
+    /// …), or where the queues hold it (`waiting`, `finished`, `failed`).
+    pub outcome: String,
+}
+
+/// Hops from the gateway's record of one envelope (`{id, history: [{actor, phase, at_ms}],
+/// children: [...]}`): consecutive events of the same actor are one hop.
+pub fn hops_from_gateway(record: &Value) -> Vec<Hop> {
+    let id = record.get("id").and_then(Value::as_str).unwrap_or_default();
+    let mut hops: Vec<Hop> = Vec::new();
+    let history = record
+        .get("history")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for ev in &history {
+        let actor = ev
+            .get("actor")
+            .and_then(Value::as_str)
+            .unwrap_or("-")
+            .to_string();
+        let phase = ev
+            .get("phase")
+            .and_then(Value::as_str)
+            .unwrap_or("-")
+            .to_string();
+        let at = ev.get("at_ms").and_then(Value::as_i64);
+        match hops.last_mut() {
+            Some(h) if h.actor == actor => {
+                if let (Some(start), Some(t)) = (h.at_ms, at) {
+                    h.duration_ms = Some(t - start);
+                }
+                h.outcome = phase;
+            }
+            _ => hops.push(Hop {
+                envelope: id.to_string(),
+                actor,
+                at_ms: at,
+                duration_ms: None,
+                outcome: phase,
+            }),
+        }
+    }
+    hops
+}
+
+/// The ids of an envelope's fan-out children in the gateway's record.
+pub fn children(record: &Value) -> Vec<String> {
+    record
+        .get("children")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| {
+                    c.as_str()
+                        .map(str::to_string)
+                        .or_else(|| c.get("id").and_then(Value::as_str).map(str::to_string))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `candidate` is `id` or one of its fan-out descendants (`{id}-{i}`, §4).
+pub fn in_family(id: &str, candidate: &str) -> bool {
+    candidate == id
+        || candidate
+            .strip_prefix(id)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|rest| {
+                rest.split('-')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_gateway_wins_then_the_backend_then_the_queues() {
+        assert_eq!(
+            source(Some("http://g/"), Some("t")),
+            Source::Gateway("http://g".into())
+        );
+        assert_eq!(source(None, Some("t")), Source::TraceBackend("t".into()));
+        assert_eq!(source(None, None), Source::Queues);
+    }
+
+    #[test]
+    fn consecutive_events_of_an_actor_are_one_hop() {
+        let rec = json!({"id": "e1", "children": ["e1-1", {"id": "e1-2"}], "history": [
+            {"actor": "a", "phase": "received", "at_ms": 100},
+            {"actor": "a", "phase": "completed", "at_ms": 160},
+            {"actor": "b", "phase": "received", "at_ms": 170},
+            {"actor": "b", "phase": "failed", "at_ms": 200}
+        ]});
+        let hops = hops_from_gateway(&rec);
+        assert_eq!(hops.len(), 2);
+        assert_eq!(
+            (
+                hops[0].actor.as_str(),
+                hops[0].duration_ms,
+                hops[0].outcome.as_str()
+            ),
+            ("a", Some(60), "completed")
+        );
+        assert_eq!(
+            (
+                hops[1].actor.as_str(),
+                hops[1].at_ms,
+                hops[1].outcome.as_str()
+            ),
+            ("b", Some(170), "failed")
+        );
+        assert_eq!(children(&rec), vec!["e1-1", "e1-2"]);
+    }
+
+    #[test]
+    fn family_is_the_id_and_its_numbered_children() {
+        assert!(in_family("e1", "e1"));
+        assert!(in_family("e1", "e1-2"));
+        assert!(in_family("e1", "e1-2-1"));
+        assert!(!in_family("e1", "e10"));
+        assert!(!in_family("e1", "e1-x"));
+        assert!(!in_family("e1", "e1-"));
+    }
+}
