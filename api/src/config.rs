@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{FieldError, FieldErrors};
+use crate::telemetry::{MonitoringConfig, TracingConfig};
 
 pub const TRANSPORT_RABBITMQ: &str = "rabbitmq";
 pub const TRANSPORT_SQS: &str = "sqs";
@@ -60,6 +61,12 @@ pub struct ClusterConfig {
     /// so the provisioner reconciles none of them (§9).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excluded_namespaces: Vec<String>,
+    /// Where injected sidecars send spans (`OTEL_*` variables; docs/observability.md).
+    #[serde(default, skip_serializing_if = "TracingConfig::is_default")]
+    pub tracing: TracingConfig,
+    /// What the webhook adds to injected pods for monitoring (`prometheus.io/*`).
+    #[serde(default, skip_serializing_if = "MonitoringConfig::is_default")]
+    pub monitoring: MonitoringConfig,
 }
 
 /// Bounds on the namespaced flavor ConfigMaps kept in memory. The worst case is
@@ -400,6 +407,8 @@ impl Default for ClusterConfig {
             gateway: GatewayConfig::default(),
             flavor_limits: FlavorLimits::default(),
             excluded_namespaces: Vec::new(),
+            tracing: TracingConfig::default(),
+            monitoring: MonitoringConfig::default(),
         }
     }
 }
@@ -516,6 +525,7 @@ impl ClusterConfig {
                 errs.push(FieldError::invalid(field, value, "must be >= 1"));
             }
         }
+        self.tracing.validate(&mut errs);
         errs.into_result()
     }
 

@@ -19,6 +19,7 @@ pub mod report_token;
 pub mod restricted;
 pub mod schema;
 pub mod sidecar_settings;
+pub mod telemetry;
 pub mod types;
 
 pub use config::ClusterConfig;

@@ -247,6 +247,9 @@ pub fn inject(
     ensure_mount(rt, RUNTIME_VOLUME, RUNTIME_DIR, true);
 
     let ann = pod.annotations.get_or_insert_with(BTreeMap::new);
+    for (k, v) in cfg.monitoring.pod_annotations(cfg.sidecar.metrics_port) {
+        ann.insert(k.into(), v);
+    }
     ann.insert(INJECTED.into(), image);
     ann.insert(
         "asya.sh/injected-mode".into(),
