@@ -12,6 +12,7 @@ pub mod duration;
 pub mod error;
 pub mod flavor;
 pub mod labels;
+pub mod metrics_dump;
 pub mod naming;
 pub mod normalize;
 pub mod percent;
