@@ -42,7 +42,7 @@ groups:
         labels:
           severity: warning
         annotations:
-          summary: "Actor {{ $actor }}: {{ $value }} handler calls ran past actorTimeout in {{ $t.timeoutsFor }}"
+          summary: "Actor {{ $actor }}: handler calls ran past actorTimeout in the last {{ $t.timeoutsFor }}"
           runbook_url: {{ $rb }}#asyaactortimeouts
       - alert: AsyaActorRuntimeCrashing
         expr: |
@@ -50,7 +50,7 @@ groups:
         labels:
           severity: warning
         annotations:
-          summary: "Actor {{ $actor }}: the runtime died or was unreachable during {{ $value }} calls in {{ $t.timeoutsFor }}"
+          summary: "Actor {{ $actor }}: the runtime died or was unreachable during calls in the last {{ $t.timeoutsFor }}"
           runbook_url: {{ $rb }}#asyaactorruntimecrashing
       - alert: AsyaBrokerDisconnected
         expr: |
@@ -68,7 +68,7 @@ groups:
         labels:
           severity: warning
         annotations:
-          summary: "Actor {{ $actor }} sent {{ $value }} {{ `{{ $labels.reason }}` }} messages to x-sump in 10m"
+          summary: "Actor {{ $actor }} sent {{ `{{ $labels.reason }}` }} messages to x-sump in the last 10m"
           runbook_url: {{ $rb }}#asyapoisonormalformedmessages
   - name: asya-control-plane
     rules:
@@ -95,7 +95,7 @@ groups:
         labels:
           severity: warning
         annotations:
-          summary: "AsyncActor reconciles have kept failing for {{ $t.reconcileErrorsFor }} ({{ $value }}/s)"
+          summary: "AsyncActor reconciles have kept failing for {{ $t.reconcileErrorsFor }}"
           runbook_url: {{ $rb }}#asyareconcileerrors
       - alert: AsyaWebhookDown
         # With failurePolicy Fail, no actor pod can be created while it is down.
