@@ -14,9 +14,9 @@ groups:
       - alert: AsyaActorFailureRatioHigh
         expr: |
           (
-            sum by (namespace, actor) (rate(asya_actor_messages_processed_total{status=~"failed|poison|malformed"}[10m]))
+            sum by (namespace, actor) (rate(asya_actor_messages_processed_total{status=~"failed|poison|malformed"}[{{ $t.failureRatioWindow }}]))
             /
-            sum by (namespace, actor) (rate(asya_actor_messages_processed_total[10m]))
+            sum by (namespace, actor) (rate(asya_actor_messages_processed_total[{{ $t.failureRatioWindow }}]))
           ) > {{ $t.failureRatio }}
         for: {{ $t.failureRatioFor }}
         labels:
