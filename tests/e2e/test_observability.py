@@ -20,8 +20,8 @@ from asya_e2e.actors import EXAMPLES_IMAGE, POD_TIMEOUT, apply_on_node, pods, wa
 from asya_e2e.brokers import Collected, rabbit_send, rabbit_stopped, rabbit_take
 from asya_e2e.kube import CommandError, keda_running, kubectl
 from asya_e2e.observability import (
-    alerts, chart_monitors_accepted, dashboard_queries, firing, install_monitoring_crds, install_rules,
-    query, release_has_gateway, render_chart, start_prometheus, targets, value, write_local_targets,
+    alerts, chart_monitors_accepted, dashboard_queries, firing, install_monitoring_crds, query,
+    release_has_gateway, render_chart, start_with_chart_rules, targets, value,
 )
 from asya_e2e.wait import wait_for
 
@@ -44,9 +44,7 @@ NOT_SCRAPED_HERE = {"KEDA's value"}
 @pytest.fixture(scope="module")
 def prometheus():
     """The test Prometheus with the chart's rules and the local components' addresses."""
-    start_prometheus()
-    write_local_targets()
-    return install_rules()
+    return start_with_chart_rules()
 
 
 def _new_namespace() -> str:

@@ -69,15 +69,11 @@ def firing(name: str, **labels) -> bool:
     return any(a["state"] == "firing" for a in alerts(name, **labels))
 
 
-def start_prometheus() -> None:
-    """Starts (or finds running) the test Prometheus: it is this suite's own server."""
-    subprocess.run([PROMETHEUS_CTL, "start"], check=True, timeout=1800)
-
-
-def reload_prometheus() -> None:
-    req = urllib.request.Request(f"{PROMETHEUS_URL}/-/reload", method="POST")
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 200
+def restart_prometheus() -> None:
+    """(Re)starts the test Prometheus, this suite's own server: its Kubernetes discovery reads
+    the cluster's credentials when it starts, and tests/services/up may have started it
+    before the cluster made them."""
+    subprocess.run([PROMETHEUS_CTL, "restart"], check=True, timeout=1800)
 
 
 def operator_crd_dir() -> str:
@@ -107,15 +103,17 @@ def render_chart(*args: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
-def install_rules() -> dict:
-    """The chart's PrometheusRule with E2E_THRESHOLDS as Prometheus' rule file; reloaded."""
+def start_with_chart_rules() -> dict:
+    """The chart's PrometheusRule with E2E_THRESHOLDS as Prometheus' rule file, the local
+    components' addresses, and Prometheus (re)started on them. Returns the rules."""
     sets = [a for k, v in E2E_THRESHOLDS.items()
             for a in ("--set", f"monitoring.prometheusRule.thresholds.{k}={v}")]
     (rule,) = [d for d in render_chart("--set", "monitoring.prometheusRule.enabled=true", *sets)
                if d["kind"] == "PrometheusRule"]
     RULES_DIR.mkdir(parents=True, exist_ok=True)
     (RULES_DIR / "asya.yaml").write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
-    reload_prometheus()
+    write_local_targets()
+    restart_prometheus()
     wait_for("Prometheus to load the chart's alert rules",
              lambda: any(g["name"] == "asya-actors" for g in _get("/api/v1/rules")["groups"]))
     return rule["spec"]
