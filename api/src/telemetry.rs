@@ -114,7 +114,10 @@ impl TracingConfig {
             (otel_env::RESOURCE_ATTRIBUTES, attrs.join(",")),
             (otel_env::TRACES_EXPORTER, "otlp".to_string()),
             (otel_env::EXPORTER_OTLP_ENDPOINT, self.otlp_endpoint.clone()),
-            (otel_env::EXPORTER_OTLP_PROTOCOL, "http/protobuf".to_string()),
+            (
+                otel_env::EXPORTER_OTLP_PROTOCOL,
+                "http/protobuf".to_string(),
+            ),
             (
                 otel_env::TRACES_SAMPLER,
                 "parentbased_traceidratio".to_string(),
@@ -174,14 +177,24 @@ mod tests {
 
     #[test]
     fn tracing_off_adds_no_variable() {
-        assert!(TracingConfig::default().sidecar_env("a", "$(NS)").is_empty());
+        assert!(
+            TracingConfig::default()
+                .sidecar_env("a", "$(NS)")
+                .is_empty()
+        );
     }
 
     #[test]
     fn tracing_on_sets_the_standard_variables() {
-        let env: BTreeMap<_, _> = on().sidecar_env("resize", "$(ASYA_NAMESPACE)").into_iter().collect();
+        let env: BTreeMap<_, _> = on()
+            .sidecar_env("resize", "$(ASYA_NAMESPACE)")
+            .into_iter()
+            .collect();
         assert_eq!(env["OTEL_SERVICE_NAME"], "resize");
-        assert_eq!(env["OTEL_EXPORTER_OTLP_ENDPOINT"], "http://jaeger.default.svc:4318");
+        assert_eq!(
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"],
+            "http://jaeger.default.svc:4318"
+        );
         assert_eq!(env["OTEL_EXPORTER_OTLP_PROTOCOL"], "http/protobuf");
         assert_eq!(env["OTEL_TRACES_SAMPLER"], "parentbased_traceidratio");
         assert_eq!(env["OTEL_TRACES_SAMPLER_ARG"], "0.25");
@@ -204,9 +217,18 @@ mod tests {
         t.validate(&mut errs);
         let text: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
         assert_eq!(text.len(), 3, "{text:?}");
-        assert!(text[0].contains("tracing.samplingRatio") && text[0].contains("1.5"), "{text:?}");
-        assert!(text[1].contains("tracing.otlpEndpoint") && text[1].contains("jaeger:4318"), "{text:?}");
-        assert!(text[2].contains("tracing.resourceAttributes.a=b"), "{text:?}");
+        assert!(
+            text[0].contains("tracing.samplingRatio") && text[0].contains("1.5"),
+            "{text:?}"
+        );
+        assert!(
+            text[1].contains("tracing.otlpEndpoint") && text[1].contains("jaeger:4318"),
+            "{text:?}"
+        );
+        assert!(
+            text[2].contains("tracing.resourceAttributes.a=b"),
+            "{text:?}"
+        );
     }
 
     #[test]

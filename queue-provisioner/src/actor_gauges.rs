@@ -134,10 +134,20 @@ mod tests {
             ready: Some(3),
         };
         g.set("n", "a", all);
-        g.set("n", "a", ActorValues { queued: None, ..all });
+        g.set(
+            "n",
+            "a",
+            ActorValues {
+                queued: None,
+                ..all
+            },
+        );
         let t = text(&g);
         assert!(!t.contains("actor_messages_queued{"), "{t}");
-        assert!(t.contains("actor_messages_processing{namespace=\"n\",actor=\"a\"} 2"), "{t}");
+        assert!(
+            t.contains("actor_messages_processing{namespace=\"n\",actor=\"a\"} 2"),
+            "{t}"
+        );
         g.remove("n", "a");
         let t = text(&g);
         assert!(!t.contains("actor=\"a\""), "{t}");

@@ -92,14 +92,18 @@ impl Default for Metrics {
         );
         // Both at 0 from the start: an alert on their rate needs the series to exist.
         for result in ["success", "error"] {
-            controller_reconciles.get_or_create(&ControllerResultLabel {
-                controller: CONTROLLER.into(),
-                result: result.into(),
-            });
+            controller_reconciles
+                .get_or_create(&ControllerResultLabel {
+                    controller: CONTROLLER.into(),
+                    result: result.into(),
+                })
+                .inc_by(0);
         }
-        controller_errors.get_or_create(&ControllerLabel {
-            controller: CONTROLLER.into(),
-        });
+        controller_errors
+            .get_or_create(&ControllerLabel {
+                controller: CONTROLLER.into(),
+            })
+            .inc_by(0);
         let r = root.sub_registry_with_prefix("asya_provisioner");
         let actors = ActorGauges::default();
         actors.register(r);
@@ -228,7 +232,8 @@ mod tests {
         let m = Metrics::default();
         let before = m.encode();
         assert!(
-            before.contains("controller_runtime_reconcile_errors_total{controller=\"asyncactor\"} 0"),
+            before
+                .contains("controller_runtime_reconcile_errors_total{controller=\"asyncactor\"} 0"),
             "{before}"
         );
         m.controller_reconciled(true);
@@ -238,7 +243,11 @@ mod tests {
             "controller_runtime_reconcile_total{controller=\"asyncactor\",result=\"success\"} 1",
             "controller_runtime_reconcile_total{controller=\"asyncactor\",result=\"error\"} 1",
             "controller_runtime_reconcile_errors_total{controller=\"asyncactor\"} 1",
-            concat!("asya_provisioner_build_info{version=\"", env!("CARGO_PKG_VERSION"), "\"} 1"),
+            concat!(
+                "asya_provisioner_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1"
+            ),
             "# TYPE asya_provisioner_reconciles counter",
             "# TYPE asya_provisioner_actor_messages_queued gauge",
         ] {

@@ -221,7 +221,7 @@ impl Metrics {
             })
             .set(1);
         // Exported at 0 from the start, so rate() and "no timeouts" have a series to see.
-        m.timeouts.get_or_create(&m.queue);
+        m.timeouts.get_or_create(&m.queue).inc_by(0);
         Metrics { registry, ..m }
     }
 
@@ -359,7 +359,10 @@ mod tests {
     fn queue_wait_timeouts_and_build_info_are_exported() {
         let m = Metrics::new("asya-default-a");
         let before = m.encode();
-        assert!(before.contains("asya_actor_timeouts_total{queue=\"asya-default-a\"} 0"), "{before}");
+        assert!(
+            before.contains("asya_actor_timeouts_total{queue=\"asya-default-a\"} 0"),
+            "{before}"
+        );
         m.queue_wait(0.3);
         m.runtime_error(TIMEOUT_ERROR_TYPE);
         let text = m.encode();
@@ -380,7 +383,10 @@ mod tests {
     fn error_types_are_bounded() {
         let mut seen = BTreeSet::new();
         assert_eq!(bounded_error_type("ValueError", &mut seen), "ValueError");
-        assert_eq!(bounded_error_type("my.mod.Err_2", &mut seen), "my.mod.Err_2");
+        assert_eq!(
+            bounded_error_type("my.mod.Err_2", &mut seen),
+            "my.mod.Err_2"
+        );
         assert_eq!(bounded_error_type("not a class: 42", &mut seen), "other");
         assert_eq!(bounded_error_type("", &mut seen), "other");
         assert_eq!(bounded_error_type(&"E".repeat(65), &mut seen), "other");

@@ -98,7 +98,7 @@ pub const SENT_AT_HEADER: &str = "x-asya-sent-at";
 struct Stamped<'a> {
     id: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    parent_id: &'a Option<String>,
+    parent_id: Option<&'a str>,
     route: &'a Route,
     headers: &'a Map<String, Value>,
     payload: &'a Value,
@@ -112,7 +112,7 @@ pub fn to_body_stamped(env: &Envelope, sent_at_ms: u64) -> Vec<u8> {
     headers.insert(SENT_AT_HEADER.into(), Value::from(sent_at_ms));
     let stamped = Stamped {
         id: &env.id,
-        parent_id: &env.parent_id,
+        parent_id: env.parent_id.as_deref(),
         route: &env.route,
         headers: &headers,
         payload: &env.payload,
@@ -196,15 +196,20 @@ mod tests {
     fn the_stamped_body_is_the_envelope_plus_its_sent_time() {
         let b = body(serde_json::json!({
             "id": "e1", "parent_id": "p", "route": {"actors": ["a"], "current": 0},
-            "headers": {"k": 1, SENT_AT_HEADER: "forged"}, "payload": [1, 2], "custom": true
+            "headers": {"k": 1, "x-asya-sent-at": "forged"}, "payload": [1, 2], "custom": true
         }));
         let env = parse(&b, Some("a")).unwrap();
         let stamped = parse(&to_body_stamped(&env, 1_000), Some("a")).unwrap();
         assert_eq!(stamped.headers[SENT_AT_HEADER], 1_000);
         let mut expected = env.clone();
-        expected.headers.insert(SENT_AT_HEADER.into(), Value::from(1_000));
+        expected
+            .headers
+            .insert(SENT_AT_HEADER.into(), Value::from(1_000));
         assert_eq!(stamped, expected);
-        assert_eq!(queue_wait(&stamped, 1_250), Some(std::time::Duration::from_millis(250)));
+        assert_eq!(
+            queue_wait(&stamped, 1_250),
+            Some(std::time::Duration::from_millis(250))
+        );
         // The sender's clock ahead of ours: no observation rather than a negative wait.
         assert_eq!(queue_wait(&stamped, 999), None);
         // A forged or missing stamp is no observation either.

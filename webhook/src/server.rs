@@ -422,7 +422,10 @@ mod metrics_tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
         assert!(text.contains("asya_webhook_build_info{version="), "{text}");
-        assert!(text.contains("# TYPE asya_webhook_certificate_expiry_seconds gauge"), "{text}");
+        assert!(
+            text.contains("# TYPE asya_webhook_certificate_expiry_seconds gauge"),
+            "{text}"
+        );
         asya_api::metrics_dump::write("asya-webhook", &text).unwrap();
     }
 }

@@ -524,7 +524,10 @@ fn tracing_on_gives_the_sidecar_the_standard_otel_variables_after_its_namespace(
         .flatten()
         .map(|e| e.name.as_str())
         .collect();
-    let ns = names.iter().position(|n| *n == sidecar_env::NAMESPACE).unwrap();
+    let ns = names
+        .iter()
+        .position(|n| *n == sidecar_env::NAMESPACE)
+        .unwrap();
     let attrs = names
         .iter()
         .position(|n| *n == "OTEL_RESOURCE_ATTRIBUTES")
@@ -540,7 +543,10 @@ fn tracing_off_adds_no_otel_variable() {
     let mut p = pod();
     run(&mut p, &settings(), &ClusterConfig::default(), true).unwrap();
     let s = p.spec.as_ref().unwrap();
-    let all = s.containers.iter().chain(s.init_containers.iter().flatten());
+    let all = s
+        .containers
+        .iter()
+        .chain(s.init_containers.iter().flatten());
     for c in all {
         for e in c.env.iter().flatten() {
             assert!(!e.name.starts_with("OTEL_"), "{} in {}", e.name, c.name);
@@ -556,9 +562,18 @@ fn prometheus_annotations_name_the_sidecar_metrics_port_when_monitoring_annotati
     let mut p = pod();
     run(&mut p, &settings(), &cfg, true).unwrap();
     let ann = p.metadata.annotations.as_ref().unwrap();
-    assert_eq!(ann.get("prometheus.io/scrape").map(String::as_str), Some("true"));
-    assert_eq!(ann.get("prometheus.io/port").map(String::as_str), Some("9464"));
-    assert_eq!(ann.get("prometheus.io/path").map(String::as_str), Some("/metrics"));
+    assert_eq!(
+        ann.get("prometheus.io/scrape").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        ann.get("prometheus.io/port").map(String::as_str),
+        Some("9464")
+    );
+    assert_eq!(
+        ann.get("prometheus.io/path").map(String::as_str),
+        Some("/metrics")
+    );
 
     let mut plain = pod();
     run(&mut plain, &settings(), &ClusterConfig::default(), true).unwrap();
