@@ -137,8 +137,18 @@ mod tests {
     /// Every family this component registers, for tests/monitoring (ASYA_METRICS_DUMP_DIR).
     #[test]
     fn metrics_dump() {
-        let text = Metrics::new().encode();
+        // A family is exported once it has a series: record one of each.
+        let m = Metrics::new();
+        m.call("t", "accepted");
+        m.finished("t", "succeeded", 1.0);
+        m.report("final");
+        m.refused("auth");
+        let text = m.encode();
         assert!(text.contains("asya_gateway_build_info{version="), "{text}");
+        assert!(
+            text.contains("# TYPE asya_gateway_requests_refused counter"),
+            "{text}"
+        );
         asya_api::metrics_dump::write("asya-gateway", &text).unwrap();
     }
 }

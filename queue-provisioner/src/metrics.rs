@@ -248,8 +248,6 @@ mod tests {
                 env!("CARGO_PKG_VERSION"),
                 "\"} 1"
             ),
-            "# TYPE asya_provisioner_reconciles counter",
-            "# TYPE asya_provisioner_actor_messages_queued gauge",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
@@ -258,8 +256,44 @@ mod tests {
     /// Every family this component registers, for tests/monitoring (ASYA_METRICS_DUMP_DIR).
     #[test]
     fn metrics_dump() {
-        let text = Metrics::default().encode();
-        assert!(text.contains("# TYPE"), "{text}");
+        // A family is exported once it has a series: record one of each.
+        let m = Metrics::default();
+        m.reconciles
+            .get_or_create(&ResultLabel {
+                result: "ok".into(),
+            })
+            .inc();
+        m.errors
+            .get_or_create(&ErrorLabel {
+                kind: "kube".into(),
+            })
+            .inc();
+        m.duration.observe(0.1);
+        m.queue_op("rabbitmq", "ensure", true);
+        m.end_queue_deleted("rabbitmq", "empty");
+        m.actors.set(
+            "n",
+            "a",
+            crate::actor_gauges::ActorValues {
+                queued: Some(1),
+                processing: Some(0),
+                ready: Some(0),
+            },
+        );
+        m.controller_reconciled(false);
+        let text = m.encode();
+        for family in [
+            "reconciles",
+            "reconcile_errors",
+            "queue_operations",
+            "end_queues_deleted",
+            "actor_messages_queued",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE asya_provisioner_{family} ")),
+                "{family}: {text}"
+            );
+        }
         asya_api::metrics_dump::write("asya-queue-provisioner", &text).unwrap();
     }
 }

@@ -402,8 +402,23 @@ mod tests {
     /// Every family this component registers, for tests/monitoring (ASYA_METRICS_DUMP_DIR).
     #[test]
     fn metrics_dump() {
-        let text = Metrics::new("asya-default-a").encode();
-        assert!(text.contains("# TYPE"), "{text}");
+        // A family is exported once it has a series: record one of each.
+        let m = Metrics::new("asya-default-a");
+        m.received();
+        m.finished("success", 0.01);
+        m.failed("poison");
+        m.runtime_call(0.01);
+        m.runtime_error("ValueError");
+        m.sent("asya-default-x-sink");
+        m.set_transport_up(true);
+        m.set_runtime_up(true);
+        m.reconnected();
+        m.set_queue_depth(1);
+        m.gateway_report("final", "sent");
+        m.queue_wait(0.1);
+        let text = m.encode();
+        let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        assert_eq!(families, 16, "a family without a series here: {text}");
         asya_api::metrics_dump::write("asya-sidecar", &text).unwrap();
     }
 }

@@ -418,7 +418,22 @@ mod metrics_tests {
     /// Every family this component registers, for tests/monitoring (ASYA_METRICS_DUMP_DIR).
     #[test]
     fn metrics_dump() {
+        // A family is exported once it has a series: record one of each.
         let m = Metrics::new();
+        m.requests
+            .get_or_create(&RequestLabels {
+                endpoint: "mutate",
+                operation: "CREATE",
+                result: "allowed",
+            })
+            .inc();
+        m.latency
+            .get_or_create(&EndpointLabels { endpoint: "mutate" })
+            .observe(0.001);
+        m.cache_objects
+            .get_or_create(&KindLabels { kind: "Flavor" })
+            .set(1);
+        m.cert_expiry.set(3600);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
         assert!(text.contains("asya_webhook_build_info{version="), "{text}");
