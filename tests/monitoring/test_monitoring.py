@@ -169,6 +169,10 @@ def test_tracing_on_without_an_endpoint_is_refused_by_the_schema(helm):
     out = render(helm, "--set", "tracing.enabled=true", check=False)
     assert out.returncode != 0
     assert "otlpEndpoint" in out.stderr, out.stderr
+    out = render(helm, "--set", "tracing.enabled=true", "--set", "tracing.otlpEndpoint=http://c:4318",
+                 "--set-string", "tracing.resourceAttributes.a\\,b=c", check=False)
+    assert out.returncode != 0
+    assert "'a,b' does not match pattern" in out.stderr, out.stderr
 
 
 def _snake(rule: dict) -> dict:
