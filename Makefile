@@ -60,11 +60,16 @@ services:
 
 # A plain `cargo test` skips the tests whose servers are not configured (tests/services/require.rs);
 # here ASYA_REQUIRE_SERVICES=1 turns such a skip into a failure, so CI never passes by skipping.
+# The components' unit tests also write the metrics they export (ASYA_METRICS_DUMP_DIR) for
+# tests/monitoring: chart monitors, promtool on the alerts, dashboards, metrics used exist.
+unit: export ASYA_METRICS_DUMP_DIR = $(CARGO_TARGET_DIR)/metrics-dump
 unit:
+	rm -rf $(ASYA_METRICS_DUMP_DIR)
 	source tests/cluster/env && ASYA_REQUIRE_SERVICES=1 cargo test --profile $(PROFILE) --workspace --locked
 	# The runtime's state proxy hooks run against the Rust connector too: binaries and S3.
 	cargo build --profile $(PROFILE) --workspace --locked --bins
 	source tests/cluster/env && ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q sidecar/runtime/tests
+	ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q -p no:cacheprovider tests/monitoring
 	# The gateway end to end (MCP client, sidecars, crew, PostgreSQL, S3): needs the binaries.
 	source tests/cluster/env && python3 -m pytest -q -p no:cacheprovider gateway/tests/e2e
 

@@ -428,6 +428,26 @@ say "(QUEUED and PROCESSING: the provisioner's last look at the broker, every 15
 say " queue has messages, once a minute when idle; KEDA reads the queues itself to scale.)"
 say "(with no more envelopes, KEDA scales validate, split and shout back to zero after the 30s cooldown)"
 
+heading "Metrics: the test Prometheus scrapes the sidecars and the control plane"
+# Restarted so its Kubernetes discovery reads the cluster's credentials (docs/observability.md).
+if "$root/tests/services/prometheus" restart >/dev/null 2>&1; then
+  q='sum by (namespace, actor) (asya_provisioner_actor_messages_queued{namespace="'"$ns"'"})'
+  deadline=$((SECONDS + 60)); out=""
+  until [ -n "$out" ] || [ $SECONDS -ge $deadline ]; do
+    out=$(curl -fsS -m 5 --get --data-urlencode "query=$q" http://127.0.0.1:9090/api/v1/query 2>/dev/null \
+      | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print("\n".join(x["metric"]["actor"] + ": " + x["value"][1] + " queued" for x in r))' 2>/dev/null || true)
+    [ -n "$out" ] || sleep 1
+  done
+  say "Prometheus (loopback only): http://127.0.0.1:9090/graph"
+  say "the provisioner's per-actor gauges (they exist at zero pods too):"
+  printf '%s\n' "${out:-(no data yet)}" | sed 's/^/      /'
+else
+  say "(tests/services/prometheus is not built or would not start: see its log)"
+fi
+say "the dashboards' queries: deploy/chart/dashboards/{actors,control-plane}.json (\"expr\"), to paste"
+say "into Prometheus with \$__rate_interval as 5m and \$namespace/\$actor as .*; alerts and runbooks:"
+say "docs/observability.md"
+
 # --- 3. clean up -------------------------------------------------------------------------------
 if [ "${ASYA_DEMO_KEEP:-}" = 1 ]; then
   heading "Kept: namespace $ns and flavor $flavor (the next run removes them)"

@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{FieldError, FieldErrors};
+use crate::telemetry::{MonitoringConfig, TracingConfig};
 
 pub const TRANSPORT_RABBITMQ: &str = "rabbitmq";
 pub const TRANSPORT_SQS: &str = "sqs";
@@ -18,12 +19,8 @@ pub const AMQPS_PORT: u16 = 5671;
 /// build (`make images` builds it as `localhost/asya-rs/asya-sidecar`, docs/images.md).
 pub const DEFAULT_SIDECAR_IMAGE: &str =
     concat!("ghcr.io/asya-rs/asya-sidecar:", env!("CARGO_PKG_VERSION"));
-/// The state proxy connector image a flavor gets when it names just `asya-state-proxy`
-/// (docs/DESIGN.md §10): the release of this build, like the sidecar's.
-pub const DEFAULT_STATE_PROXY_IMAGE: &str = concat!(
-    "ghcr.io/asya-rs/asya-state-proxy:",
-    env!("CARGO_PKG_VERSION")
-);
+
+pub use crate::state_proxy::{DEFAULT_STATE_PROXY_IMAGE, StateProxyConfig};
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -66,31 +63,15 @@ pub struct ClusterConfig {
     /// so the provisioner reconciles none of them (§9).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excluded_namespaces: Vec<String>,
+    /// Where injected sidecars send spans (`OTEL_*` variables; docs/observability.md).
+    #[serde(default, skip_serializing_if = "TracingConfig::is_default")]
+    pub tracing: TracingConfig,
+    /// What the webhook adds to injected pods for monitoring (`prometheus.io/*`).
+    #[serde(default, skip_serializing_if = "MonitoringConfig::is_default")]
+    pub monitoring: MonitoringConfig,
     /// Our state proxy connector image (the chart's `stateProxy.image`, under its registry).
     #[serde(default)]
     pub state_proxy: StateProxyConfig,
-}
-
-/// Where our connector image comes from: a `stateProxy` entry whose image is just
-/// `asya-state-proxy[:TAG]` takes this reference (its tag unless the entry gives one), so
-/// flavors need not name the platform's registry.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct StateProxyConfig {
-    #[serde(default = "default_state_proxy_image")]
-    pub image: String,
-}
-
-impl Default for StateProxyConfig {
-    fn default() -> Self {
-        Self {
-            image: default_state_proxy_image(),
-        }
-    }
-}
-
-fn default_state_proxy_image() -> String {
-    DEFAULT_STATE_PROXY_IMAGE.into()
 }
 
 /// Bounds on the namespaced flavor ConfigMaps kept in memory. The worst case is
@@ -432,6 +413,8 @@ impl Default for ClusterConfig {
             flavor_limits: FlavorLimits::default(),
             excluded_namespaces: Vec::new(),
             state_proxy: StateProxyConfig::default(),
+            tracing: TracingConfig::default(),
+            monitoring: MonitoringConfig::default(),
         }
     }
 }
@@ -548,6 +531,7 @@ impl ClusterConfig {
                 errs.push(FieldError::invalid(field, value, "must be >= 1"));
             }
         }
+        self.tracing.validate(&mut errs);
         errs.into_result()
     }
 

@@ -12,6 +12,7 @@ pub mod duration;
 pub mod error;
 pub mod flavor;
 pub mod labels;
+pub mod metrics_dump;
 pub mod naming;
 pub mod normalize;
 pub mod percent;
@@ -20,6 +21,7 @@ pub mod restricted;
 pub mod schema;
 pub mod sidecar_settings;
 pub mod state_proxy;
+pub mod telemetry;
 pub mod types;
 
 pub use config::ClusterConfig;

@@ -2,6 +2,8 @@
 //! `stateProxy` entry must meet, as pure functions the validator and the webhook share.
 
 use crate::error::{FieldError, FieldErrors};
+use serde::{Deserialize, Serialize};
+
 use crate::types::StateProxy;
 
 /// The pod volume that holds the connectors' sockets.
@@ -23,6 +25,35 @@ pub const MAX_NAME_LEN: usize = 63 - CONTAINER_PREFIX.len();
 /// /tmp, where buffered writes and reads spool. A mount on, under or above one of them would
 /// route the runtime's own file operations to a connector.
 pub const RESERVED_PATHS: [&str; 3] = ["/opt/asya", "/var/run/asya", "/tmp"];
+
+/// The state proxy connector image a flavor gets when it names just `asya-state-proxy`
+/// (docs/DESIGN.md §10): the release of this build, like the sidecar's.
+pub const DEFAULT_STATE_PROXY_IMAGE: &str = concat!(
+    "ghcr.io/asya-rs/asya-state-proxy:",
+    env!("CARGO_PKG_VERSION")
+);
+
+/// Where our connector image comes from: a `stateProxy` entry whose image is just
+/// `asya-state-proxy[:TAG]` takes this reference (its tag unless the entry gives one), so
+/// flavors need not name the platform's registry.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StateProxyConfig {
+    #[serde(default = "default_state_proxy_image")]
+    pub image: String,
+}
+
+impl Default for StateProxyConfig {
+    fn default() -> Self {
+        Self {
+            image: default_state_proxy_image(),
+        }
+    }
+}
+
+fn default_state_proxy_image() -> String {
+    DEFAULT_STATE_PROXY_IMAGE.into()
+}
 
 /// The repository name of our connector image (any registry, tag or digest).
 pub const OUR_IMAGE: &str = "asya-state-proxy";

@@ -4,6 +4,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -11,6 +12,11 @@ use prometheus_client::registry::Registry;
 pub struct ToolOutcome {
     pub tool: String,
     pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Version {
+    pub version: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -67,6 +73,17 @@ impl Metrics {
             "Requests refused before reaching a handler, by reason (auth, rate_limit, too_large)",
             m.refused.clone(),
         );
+        let build_info = Family::<Version, Gauge>::default();
+        registry.register(
+            "build_info",
+            "1, labelled with the gateway's version",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&Version {
+                version: env!("CARGO_PKG_VERSION").into(),
+            })
+            .set(1);
         Metrics { registry, ..m }
     }
 
@@ -110,5 +127,28 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every family this component registers, for tests/monitoring (ASYA_METRICS_DUMP_DIR).
+    #[test]
+    fn metrics_dump() {
+        // A family is exported once it has a series: record one of each.
+        let m = Metrics::new();
+        m.call("t", "accepted");
+        m.finished("t", "succeeded", 1.0);
+        m.report("final");
+        m.refused("auth");
+        let text = m.encode();
+        assert!(text.contains("asya_gateway_build_info{version="), "{text}");
+        assert!(
+            text.contains("# TYPE asya_gateway_requests_refused counter"),
+            "{text}"
+        );
+        asya_api::metrics_dump::write("asya-gateway", &text).unwrap();
     }
 }

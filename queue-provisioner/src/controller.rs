@@ -66,6 +66,7 @@ pub async fn reconcile(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, 
             result: if res.is_ok() { "ok" } else { "error" }.into(),
         })
         .inc();
+    metrics.controller_reconciled(res.is_ok());
     res
 }
 
@@ -389,7 +390,8 @@ pub async fn run(
         keda,
         keda_identity,
     };
-    let ctx = Arc::new(Reconciler::new(cluster, config));
+    let gauges = cluster.metrics.actors.clone();
+    let ctx = Arc::new(Reconciler::new(cluster, config).with_gauges(gauges));
     info!("controller starting");
     controller
         .shutdown_on_signal()

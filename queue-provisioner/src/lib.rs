@@ -3,6 +3,7 @@
 //! `watch`); I/O lives behind `reconcile::Cluster` (`kube_cluster` on a real cluster), in
 //! `queue` (brokers) and `controller` (the watches).
 
+pub mod actor_gauges;
 pub mod apply_skip;
 pub mod broker_identity;
 pub mod controller;

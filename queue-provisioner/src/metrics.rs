@@ -1,4 +1,6 @@
-//! Prometheus metrics: reconciles, errors, duration, queue operations.
+//! Prometheus metrics: reconciles, errors, duration, queue operations, per-actor gauges
+//! ([`ActorGauges`]), build info, and seed 001's controller-runtime names
+//! (`controller_runtime_reconcile_total{controller="asyncactor"}`, `…_errors_total`).
 
 use std::sync::Arc;
 
@@ -8,6 +10,27 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::actor_gauges::ActorGauges;
+
+/// The `controller` label of the controller-runtime metrics (seed 001).
+pub const CONTROLLER: &str = "asyncactor";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabel {
+    pub controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerResultLabel {
+    pub controller: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabel {
+    pub version: String,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -44,12 +67,57 @@ pub struct Metrics {
     /// End queues of deleted namespaces kept for their messages (endQueueRetention).
     pub end_queues_retained: Gauge,
     pub end_queues_deleted: Family<EndQueueLabel, Counter>,
+    /// Queued / processing / ready per actor, also while it has no pod.
+    pub actors: ActorGauges,
+    pub controller_reconciles: Family<ControllerResultLabel, Counter>,
+    pub controller_errors: Family<ControllerLabel, Counter>,
     pub registry: Arc<Registry>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut r = Registry::with_prefix("asya_provisioner");
+        // The controller-runtime names have no prefix; ours live under asya_provisioner.
+        let mut root = Registry::default();
+        let controller_reconciles = Family::<ControllerResultLabel, Counter>::default();
+        let controller_errors = Family::<ControllerLabel, Counter>::default();
+        root.register(
+            "controller_runtime_reconcile",
+            "Reconciles per controller and result (success, error), as controller-runtime names them",
+            controller_reconciles.clone(),
+        );
+        root.register(
+            "controller_runtime_reconcile_errors",
+            "Failed reconciles per controller, as controller-runtime names them",
+            controller_errors.clone(),
+        );
+        // Both at 0 from the start: an alert on their rate needs the series to exist.
+        for result in ["success", "error"] {
+            controller_reconciles
+                .get_or_create(&ControllerResultLabel {
+                    controller: CONTROLLER.into(),
+                    result: result.into(),
+                })
+                .inc_by(0);
+        }
+        controller_errors
+            .get_or_create(&ControllerLabel {
+                controller: CONTROLLER.into(),
+            })
+            .inc_by(0);
+        let r = root.sub_registry_with_prefix("asya_provisioner");
+        let actors = ActorGauges::default();
+        actors.register(r);
+        let build_info = Family::<VersionLabel, Gauge>::default();
+        r.register(
+            "build_info",
+            "1, labelled with the provisioner's version",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION").into(),
+            })
+            .set(1);
         let reconciles = Family::<ResultLabel, Counter>::default();
         let errors = Family::<ErrorLabel, Counter>::default();
         let duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
@@ -103,7 +171,10 @@ impl Default for Metrics {
             api_requests,
             end_queues_retained,
             end_queues_deleted,
-            registry: Arc::new(r),
+            actors,
+            controller_reconciles,
+            controller_errors,
+            registry: Arc::new(root),
         }
     }
 }
@@ -119,6 +190,23 @@ impl Metrics {
             .inc();
     }
 
+    /// One reconcile's outcome in the controller-runtime metrics.
+    pub fn controller_reconciled(&self, ok: bool) {
+        self.controller_reconciles
+            .get_or_create(&ControllerResultLabel {
+                controller: CONTROLLER.into(),
+                result: if ok { "success" } else { "error" }.into(),
+            })
+            .inc();
+        if !ok {
+            self.controller_errors
+                .get_or_create(&ControllerLabel {
+                    controller: CONTROLLER.into(),
+                })
+                .inc();
+        }
+    }
+
     pub fn end_queue_deleted(&self, transport: &str, reason: &str) {
         self.end_queues_deleted
             .get_or_create(&EndQueueLabel {
@@ -132,5 +220,80 @@ impl Metrics {
         let mut s = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut s, &self.registry);
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_controller_runtime_names_and_build_info_are_exported() {
+        let m = Metrics::default();
+        let before = m.encode();
+        assert!(
+            before
+                .contains("controller_runtime_reconcile_errors_total{controller=\"asyncactor\"} 0"),
+            "{before}"
+        );
+        m.controller_reconciled(true);
+        m.controller_reconciled(false);
+        let text = m.encode();
+        for line in [
+            "controller_runtime_reconcile_total{controller=\"asyncactor\",result=\"success\"} 1",
+            "controller_runtime_reconcile_total{controller=\"asyncactor\",result=\"error\"} 1",
+            "controller_runtime_reconcile_errors_total{controller=\"asyncactor\"} 1",
+            concat!(
+                "asya_provisioner_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1"
+            ),
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    /// Every family this component registers, for tests/monitoring (ASYA_METRICS_DUMP_DIR).
+    #[test]
+    fn metrics_dump() {
+        // A family is exported once it has a series: record one of each.
+        let m = Metrics::default();
+        m.reconciles
+            .get_or_create(&ResultLabel {
+                result: "ok".into(),
+            })
+            .inc();
+        m.errors
+            .get_or_create(&ErrorLabel {
+                kind: "kube".into(),
+            })
+            .inc();
+        m.duration.observe(0.1);
+        m.queue_op("rabbitmq", "ensure", true);
+        m.end_queue_deleted("rabbitmq", "empty");
+        m.actors.set(
+            "n",
+            "a",
+            crate::actor_gauges::ActorValues {
+                queued: Some(1),
+                processing: Some(0),
+                ready: Some(0),
+            },
+        );
+        m.controller_reconciled(false);
+        let text = m.encode();
+        for family in [
+            "reconciles",
+            "reconcile_errors",
+            "queue_operations",
+            "end_queues_deleted",
+            "actor_messages_queued",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE asya_provisioner_{family} ")),
+                "{family}: {text}"
+            );
+        }
+        asya_api::metrics_dump::write("asya-queue-provisioner", &text).unwrap();
     }
 }

@@ -1,5 +1,9 @@
 //! Prometheus metrics. Names follow seed 001 (`asya_actor_*` with a `queue` label), plus
-//! runtime, queue and broker health.
+//! runtime, queue and broker health, queue wait, timeouts and build info. No label carries
+//! an envelope id, and `error_type` is bounded ([`bounded_error_type`]).
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -39,6 +43,37 @@ pub struct ReportLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabel {
+    pub queue: String,
+    pub version: String,
+}
+
+/// Distinct `error_type` values one sidecar exports before the rest count as `other`: the
+/// handler's exception class names are the user's, and a label must stay bounded.
+pub const MAX_ERROR_TYPES: usize = 32;
+/// The platform's own error type for a runtime call past `actorTimeout`.
+pub const TIMEOUT_ERROR_TYPE: &str = "ActorTimeout";
+
+/// The label value for a runtime error type: the name itself while it looks like a class
+/// name (letters, digits, `_`, `.`, up to 64) and fewer than [`MAX_ERROR_TYPES`] distinct
+/// names were seen (`seen` remembers them), else `other`.
+pub fn bounded_error_type(raw: &str, seen: &mut BTreeSet<String>) -> String {
+    let looks_like_a_name = !raw.is_empty()
+        && raw.len() <= 64
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+    if !looks_like_a_name {
+        return "other".into();
+    }
+    if seen.contains(raw) || seen.len() < MAX_ERROR_TYPES {
+        seen.insert(raw.to_string());
+        return raw.to_string();
+    }
+    "other".into()
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DestinationLabel {
     pub queue: String,
     pub destination: String,
@@ -67,6 +102,10 @@ pub struct Metrics {
     queue_depth: Family<QueueLabel, Gauge>,
     in_flight: Family<QueueLabel, Gauge>,
     gateway_reports: Family<ReportLabel, Counter>,
+    queue_wait: HistogramFamily,
+    timeouts: Family<QueueLabel, Counter>,
+    build_info: Family<BuildLabel, Gauge>,
+    error_types: Mutex<BTreeSet<String>>,
 }
 
 impl Metrics {
@@ -89,6 +128,10 @@ impl Metrics {
             queue_depth: Family::default(),
             in_flight: Family::default(),
             gateway_reports: Family::default(),
+            queue_wait: Family::new_with_constructor(latency_histogram),
+            timeouts: Family::default(),
+            build_info: Family::default(),
+            error_types: Mutex::new(BTreeSet::new()),
             registry: Registry::default(),
         };
         registry.register(
@@ -156,7 +199,34 @@ impl Metrics {
             "Reports to the gateway by kind (progress, child, final) and outcome (sent, dropped_failed, dropped_queue_full)",
             m.gateway_reports.clone(),
         );
+        registry.register(
+            "queue_wait_seconds",
+            "Time an envelope waited between the sidecar that sent it and this one taking it",
+            m.queue_wait.clone(),
+        );
+        registry.register(
+            "timeouts",
+            "Runtime calls that ran past actorTimeout",
+            m.timeouts.clone(),
+        );
+        registry.register(
+            "build_info",
+            "1, labelled with the sidecar's version",
+            m.build_info.clone(),
+        );
+        m.build_info
+            .get_or_create(&BuildLabel {
+                queue: queue.to_string(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+            .set(1);
+        // Exported at 0 from the start, so rate() and "no timeouts" have a series to see.
+        m.timeouts.get_or_create(&m.queue).inc_by(0);
         Metrics { registry, ..m }
+    }
+
+    pub fn queue_wait(&self, seconds: f64) {
+        self.queue_wait.get_or_create(&self.queue).observe(seconds);
     }
 
     fn q(&self) -> String {
@@ -198,10 +268,17 @@ impl Metrics {
     }
 
     pub fn runtime_error(&self, error_type: &str) {
+        if error_type == TIMEOUT_ERROR_TYPE {
+            self.timeouts.get_or_create(&self.queue).inc();
+        }
+        let label = {
+            let mut seen = self.error_types.lock().unwrap_or_else(|e| e.into_inner());
+            bounded_error_type(error_type, &mut seen)
+        };
         self.runtime_errors
             .get_or_create(&ErrorTypeLabel {
                 queue: self.q(),
-                error_type: error_type.to_string(),
+                error_type: label,
             })
             .inc();
     }
@@ -276,5 +353,72 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn queue_wait_timeouts_and_build_info_are_exported() {
+        let m = Metrics::new("asya-default-a");
+        let before = m.encode();
+        assert!(
+            before.contains("asya_actor_timeouts_total{queue=\"asya-default-a\"} 0"),
+            "{before}"
+        );
+        m.queue_wait(0.3);
+        m.runtime_error(TIMEOUT_ERROR_TYPE);
+        let text = m.encode();
+        for name in [
+            "asya_actor_queue_wait_seconds_count{queue=\"asya-default-a\"} 1",
+            "asya_actor_timeouts_total{queue=\"asya-default-a\"} 1",
+            concat!(
+                "asya_actor_build_info{queue=\"asya-default-a\",version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1"
+            ),
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn error_types_are_bounded() {
+        let mut seen = BTreeSet::new();
+        assert_eq!(bounded_error_type("ValueError", &mut seen), "ValueError");
+        assert_eq!(
+            bounded_error_type("my.mod.Err_2", &mut seen),
+            "my.mod.Err_2"
+        );
+        assert_eq!(bounded_error_type("not a class: 42", &mut seen), "other");
+        assert_eq!(bounded_error_type("", &mut seen), "other");
+        assert_eq!(bounded_error_type(&"E".repeat(65), &mut seen), "other");
+        for i in 0..MAX_ERROR_TYPES {
+            bounded_error_type(&format!("E{i}"), &mut seen);
+        }
+        assert_eq!(seen.len(), MAX_ERROR_TYPES);
+        assert_eq!(bounded_error_type("Brand_new", &mut seen), "other");
+        // Names seen before the bound keep their label.
+        assert_eq!(bounded_error_type("ValueError", &mut seen), "ValueError");
+    }
+
+    /// Every family this component registers, for tests/monitoring (ASYA_METRICS_DUMP_DIR).
+    #[test]
+    fn metrics_dump() {
+        // A family is exported once it has a series: record one of each.
+        let m = Metrics::new("asya-default-a");
+        m.received();
+        m.finished("success", 0.01);
+        m.failed("poison");
+        m.runtime_call(0.01);
+        m.runtime_error("ValueError");
+        m.sent("asya-default-x-sink");
+        m.set_transport_up(true);
+        m.set_runtime_up(true);
+        m.reconnected();
+        m.set_queue_depth(1);
+        m.gateway_report("final", "sent");
+        m.queue_wait(0.1);
+        let text = m.encode();
+        let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        assert_eq!(families, 16, "a family without a series here: {text}");
+        asya_api::metrics_dump::write("asya-sidecar", &text).unwrap();
     }
 }

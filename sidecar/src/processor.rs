@@ -64,11 +64,6 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn to_body(env: &Envelope) -> Vec<u8> {
-    // Serialising a Value-backed struct cannot fail.
-    serde_json::to_vec(env).unwrap_or_default()
-}
-
 impl<T: Transport> Processor<T> {
     pub fn new(
         cfg: Arc<Config>,
@@ -283,7 +278,7 @@ impl<T: Transport> Processor<T> {
     fn outgoing(&self, queue: String, env: &Envelope, delay: Option<Duration>) -> Outgoing {
         Outgoing {
             queue,
-            body: to_body(env),
+            body: envelope::to_body_stamped(env, now_ms()),
             delay,
         }
     }
@@ -311,6 +306,9 @@ impl<T: Transport> Processor<T> {
                 return self.done(out, "malformed", Some(why.code().to_string()), sump.id);
             }
         };
+        if let Some(wait) = envelope::queue_wait(&env, now_ms()) {
+            self.metrics.queue_wait(wait.as_secs_f64());
+        }
         let id = env.id.clone();
         let span = tracing::info_span!("envelope", actor, id = %id);
         self.dispose_envelope(env, body, redeliveries)
@@ -401,7 +399,7 @@ impl<T: Transport> Processor<T> {
         }
         let mut sump = routing::to_sump(env, &self.cfg.actor, reason, failure);
         if let Some(limit) = self.transport.max_message_bytes()
-            && to_body(&sump).len() > limit
+            && envelope::to_body_stamped(&sump, now_ms()).len() > limit
         {
             // The reason must arrive even when the envelope itself is too big to carry.
             sump.payload = serde_json::Value::Null;

@@ -97,6 +97,51 @@ pub fn parse(body: &[u8], actor: Option<&str>) -> Result<Envelope, Malformed> {
     Ok(env)
 }
 
+/// Header a sidecar stamps on each envelope it sends: when it sent it (unix milliseconds).
+/// The next sidecar measures the queue wait from it (`asya_actor_queue_wait_seconds`).
+/// Platform-owned like `x-asya-error`: whatever a handler put there is overwritten.
+pub const SENT_AT_HEADER: &str = "x-asya-sent-at";
+
+/// The envelope borrowed with its own headers replaced: serialises exactly like
+/// [`Envelope`] without cloning the payload.
+#[derive(Serialize)]
+struct Stamped<'a> {
+    id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_id: Option<&'a str>,
+    route: &'a Route,
+    headers: &'a Map<String, Value>,
+    payload: &'a Value,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
+}
+
+/// The message body of `env` as sent at `sent_at_ms` (see [`SENT_AT_HEADER`]).
+pub fn to_body_stamped(env: &Envelope, sent_at_ms: u64) -> Vec<u8> {
+    let mut headers = env.headers.clone();
+    headers.insert(SENT_AT_HEADER.into(), Value::from(sent_at_ms));
+    let stamped = Stamped {
+        id: &env.id,
+        parent_id: env.parent_id.as_deref(),
+        route: &env.route,
+        headers: &headers,
+        payload: &env.payload,
+        extra: &env.extra,
+    };
+    // Serialising Value-backed data into a Vec cannot fail.
+    serde_json::to_vec(&stamped).unwrap_or_default()
+}
+
+/// How long an envelope waited between its sender and `now_ms`; `None` without a usable
+/// stamp (an envelope from outside the platform) or when the clocks disagree so much that
+/// it would be negative.
+pub fn queue_wait(env: &Envelope, now_ms: u64) -> Option<std::time::Duration> {
+    let sent = env.headers.get(SENT_AT_HEADER)?.as_u64()?;
+    now_ms
+        .checked_sub(sent)
+        .map(std::time::Duration::from_millis)
+}
+
 /// Best-effort view of a body that failed to parse, for the x-sump copy: the JSON value if
 /// it was JSON, else the text (lossy), so an operator can see what arrived.
 pub fn salvage(body: &[u8]) -> (Option<String>, Value) {
@@ -155,6 +200,30 @@ mod tests {
         ));
         let empty = body(serde_json::json!({"id": "", "route": {"actors": ["a"], "current": 0}}));
         assert_eq!(parse(&empty, Some("a")), Err(Malformed::EmptyId));
+    }
+
+    #[test]
+    fn the_stamped_body_is_the_envelope_plus_its_sent_time() {
+        let b = body(serde_json::json!({
+            "id": "e1", "parent_id": "p", "route": {"actors": ["a"], "current": 0},
+            "headers": {"k": 1, "x-asya-sent-at": "forged"}, "payload": [1, 2], "custom": true
+        }));
+        let env = parse(&b, Some("a")).unwrap();
+        let stamped = parse(&to_body_stamped(&env, 1_000), Some("a")).unwrap();
+        assert_eq!(stamped.headers[SENT_AT_HEADER], 1_000);
+        let mut expected = env.clone();
+        expected
+            .headers
+            .insert(SENT_AT_HEADER.into(), Value::from(1_000));
+        assert_eq!(stamped, expected);
+        assert_eq!(
+            queue_wait(&stamped, 1_250),
+            Some(std::time::Duration::from_millis(250))
+        );
+        // The sender's clock ahead of ours: no observation rather than a negative wait.
+        assert_eq!(queue_wait(&stamped, 999), None);
+        // A forged or missing stamp is no observation either.
+        assert_eq!(queue_wait(&env, 1_250), None);
     }
 
     #[test]

@@ -49,6 +49,11 @@ pub struct EndpointLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabels {
+    pub version: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: &'static str,
 }
@@ -97,6 +102,17 @@ impl Metrics {
             "Objects in the admission caches, by kind",
             cache_objects.clone(),
         );
+        let build_info = Family::<VersionLabels, Gauge>::default();
+        registry.register(
+            "build_info",
+            "1, labelled with the webhook's version",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&VersionLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
         Self {
             registry,
             requests,
@@ -392,5 +408,39 @@ impl Shared {
             settings_memo: SettingsMemo::default(),
             authority: Arc::new(Offline),
         }
+    }
+}
+
+#[cfg(test)]
+mod metrics_tests {
+    use super::*;
+
+    /// Every family this component registers, for tests/monitoring (ASYA_METRICS_DUMP_DIR).
+    #[test]
+    fn metrics_dump() {
+        // A family is exported once it has a series: record one of each.
+        let m = Metrics::new();
+        m.requests
+            .get_or_create(&RequestLabels {
+                endpoint: "mutate",
+                operation: "CREATE",
+                result: "allowed",
+            })
+            .inc();
+        m.latency
+            .get_or_create(&EndpointLabels { endpoint: "mutate" })
+            .observe(0.001);
+        m.cache_objects
+            .get_or_create(&KindLabels { kind: "Flavor" })
+            .set(1);
+        m.cert_expiry.set(3600);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
+        assert!(text.contains("asya_webhook_build_info{version="), "{text}");
+        assert!(
+            text.contains("# TYPE asya_webhook_certificate_expiry_seconds gauge"),
+            "{text}"
+        );
+        asya_api::metrics_dump::write("asya-webhook", &text).unwrap();
     }
 }

@@ -114,7 +114,30 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- $_ := set $cfg "gateway" $gw -}}
 {{- end -}}
+{{- with .Values.tracing -}}{{- if .enabled -}}
+{{- $_ := set $cfg "tracing" (dict "enabled" true "otlpEndpoint" .otlpEndpoint "samplingRatio" .samplingRatio "resourceAttributes" (.resourceAttributes | default dict)) -}}
+{{- end -}}{{- end -}}
+{{- if .Values.monitoring.annotations.enabled -}}
+{{- $_ := set $cfg "monitoring" (dict "annotations" true) -}}
+{{- end -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* Fails the install when a Prometheus Operator object is on but its CRD is not served:
+     the API server would refuse the object with a less helpful message. */}}
+{{- define "asya.requireMonitoringCRD" -}}
+{{- if not (.root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind)) -}}
+{{- fail (printf "%s is true but the cluster does not serve monitoring.coreos.com/v1 %s: install the Prometheus Operator's CRDs first, or set %s=false (docs/observability.md)" .value .kind .value) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* prometheus.io annotations of a chart pod serving metrics on `port` (monitoring.annotations). */}}
+{{- define "asya.prometheusAnnotations" -}}
+{{- if .root.Values.monitoring.annotations.enabled }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .port | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
 {{- end -}}
 
 {{/* The credential Secrets the cluster configuration names (in the release namespace), sorted. */}}

@@ -154,6 +154,11 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
 
     let new = status::derive(&prev, &o, now());
     let failed = o.workload_error.is_some() || o.scaling_error.is_some();
+    rec.gauges.set(
+        &resolved.namespace,
+        &resolved.actor,
+        crate::actor_gauges::ActorValues::of_status(&new),
+    );
     write_status(c, actor, new).await?;
     let backoff = rec.memory.backoff(&key, failed);
     Ok(plan::next(

@@ -153,6 +153,7 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     // The namespace's broker identity goes with its last actor.
     let actor_name = actor.spec.actor.clone().unwrap_or_else(|| t.name.clone());
     identity::release(rec, &t.ns, &t.transport, &actor_name).await;
+    rec.gauges.remove(&t.ns, &actor_name);
     forget(rec, &t);
     c.event(actor, closing).await;
     c.remove_finalizer(actor).await?;

@@ -73,6 +73,8 @@ pub struct Reconciler<C> {
     pub cluster: C,
     pub config: Arc<ClusterConfig>,
     pub memory: Memory,
+    /// Per-actor gauges set from each status written (registered by the controller).
+    pub gauges: crate::actor_gauges::ActorGauges,
 }
 
 impl<C: Cluster> Reconciler<C> {
@@ -81,7 +83,14 @@ impl<C: Cluster> Reconciler<C> {
             cluster,
             config,
             memory: Memory::default(),
+            gauges: Default::default(),
         }
+    }
+
+    /// The same, exporting its per-actor gauges through `gauges`' registry.
+    pub fn with_gauges(mut self, gauges: crate::actor_gauges::ActorGauges) -> Self {
+        self.gauges = gauges;
+        self
     }
 
     /// One reconcile: the finalizer's step, then cleanup or the actor's reconcile.

@@ -254,6 +254,9 @@ pub fn inject(
     state_proxy::inject_state_proxies(pod, idx, &a.state_proxy, native);
 
     let ann = pod.annotations.get_or_insert_with(BTreeMap::new);
+    for (k, v) in cfg.monitoring.pod_annotations(cfg.sidecar.metrics_port) {
+        ann.insert(k.into(), v);
+    }
     ann.insert(INJECTED.into(), image);
     ann.insert(
         "asya.sh/injected-mode".into(),

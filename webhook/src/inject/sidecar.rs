@@ -124,8 +124,12 @@ pub(super) fn sidecar_container(
                 }),
         }),
     };
-    let env_list = settings.to_env();
-    let mut env_opt = Some(env_list);
+    let mut env_opt = Some(settings.to_env());
+    // After the settings: OTEL_RESOURCE_ATTRIBUTES refers to the namespace variable.
+    let namespace_ref = format!("$({})", sidecar_env::NAMESPACE);
+    for (name, value) in cfg.tracing.sidecar_env(&a.actor, &namespace_ref) {
+        upsert_env(&mut env_opt, super::env(&name, value));
+    }
     // Per-actor overrides win over the injected defaults.
     for e in &a.sidecar_env {
         upsert_env(&mut env_opt, e.clone());

@@ -665,4 +665,93 @@ fn without_state_proxies_nothing_of_them_is_injected() {
             .any(|v| v.name == "state-sockets")
     );
     assert!(env_of(&s.containers[0], "ASYA_STATE_PROXY_MOUNTS").is_none());
+#[test]
+fn tracing_on_gives_the_sidecar_the_standard_otel_variables_after_its_namespace() {
+    let cfg = ClusterConfig {
+        tracing: asya_api::telemetry::TracingConfig {
+            enabled: true,
+            otlp_endpoint: "http://jaeger.default.svc:4318".into(),
+            sampling_ratio: 0.5,
+            ..Default::default()
+        },
+        ..ClusterConfig::default()
+    };
+    let mut p = pod();
+    run(&mut p, &settings(), &cfg, true).unwrap();
+    let s = p.spec.as_ref().unwrap();
+    let sidecar = s
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == labels::SIDECAR_CONTAINER)
+        .unwrap();
+    let value = |n: &str| env_of(sidecar, n).and_then(|e| e.value.clone());
+    assert_eq!(value("OTEL_SERVICE_NAME").as_deref(), Some("echo"));
+    assert_eq!(
+        value("OTEL_EXPORTER_OTLP_ENDPOINT").as_deref(),
+        Some("http://jaeger.default.svc:4318")
+    );
+    assert_eq!(value("OTEL_TRACES_SAMPLER_ARG").as_deref(), Some("0.5"));
+    // Kubernetes expands $(VAR) only from variables listed earlier in the container.
+    let names: Vec<&str> = sidecar
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    let ns = names
+        .iter()
+        .position(|n| *n == sidecar_env::NAMESPACE)
+        .unwrap();
+    let attrs = names
+        .iter()
+        .position(|n| *n == "OTEL_RESOURCE_ATTRIBUTES")
+        .unwrap();
+    assert!(ns < attrs, "{names:?}");
+    // The user's container gets none of it: the runtime does not trace.
+    let rt = &s.containers[0];
+    assert!(env_of(rt, "OTEL_SERVICE_NAME").is_none());
+}
+
+#[test]
+fn tracing_off_adds_no_otel_variable() {
+    let mut p = pod();
+    run(&mut p, &settings(), &ClusterConfig::default(), true).unwrap();
+    let s = p.spec.as_ref().unwrap();
+    let all = s
+        .containers
+        .iter()
+        .chain(s.init_containers.iter().flatten());
+    for c in all {
+        for e in c.env.iter().flatten() {
+            assert!(!e.name.starts_with("OTEL_"), "{} in {}", e.name, c.name);
+        }
+    }
+}
+
+#[test]
+fn prometheus_annotations_name_the_sidecar_metrics_port_when_monitoring_annotations_is_on() {
+    let mut cfg = ClusterConfig::default();
+    cfg.sidecar.metrics_port = 9464;
+    cfg.monitoring.annotations = true;
+    let mut p = pod();
+    run(&mut p, &settings(), &cfg, true).unwrap();
+    let ann = p.metadata.annotations.as_ref().unwrap();
+    assert_eq!(
+        ann.get("prometheus.io/scrape").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        ann.get("prometheus.io/port").map(String::as_str),
+        Some("9464")
+    );
+    assert_eq!(
+        ann.get("prometheus.io/path").map(String::as_str),
+        Some("/metrics")
+    );
+
+    let mut plain = pod();
+    run(&mut plain, &settings(), &ClusterConfig::default(), true).unwrap();
+    let ann = plain.metadata.annotations.as_ref().unwrap();
+    assert!(!ann.contains_key("prometheus.io/scrape"));
 }
