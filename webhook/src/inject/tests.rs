@@ -665,6 +665,8 @@ fn without_state_proxies_nothing_of_them_is_injected() {
             .any(|v| v.name == "state-sockets")
     );
     assert!(env_of(&s.containers[0], "ASYA_STATE_PROXY_MOUNTS").is_none());
+}
+
 #[test]
 fn tracing_on_gives_the_sidecar_the_standard_otel_variables_after_its_namespace() {
     let cfg = ClusterConfig {
