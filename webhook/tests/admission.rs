@@ -217,16 +217,17 @@ fn missing_flavor_is_a_warning() {
         "echo",
         json!({"image": "i", "handler": "m.f", "flavors": ["not-there"]}),
     );
-    let r = env.run(
-        Endpoint::ValidateActors,
-        &review(actor_kind(), "CREATE", Some(a), None),
-    );
-    assert_eq!(r["allowed"], true);
-    let w = r["warnings"].as_array().unwrap();
-    assert!(
-        w.iter().any(|w| w.as_str().unwrap().contains("not-there")),
-        "{w:?}"
-    );
+    // From either endpoint: the mutating one is the only one the chart registers, and it
+    // warns even when it has nothing to rewrite.
+    for ep in [Endpoint::ValidateActors, Endpoint::MutateActors] {
+        let r = env.run(ep, &review(actor_kind(), "CREATE", Some(a.clone()), None));
+        assert_eq!(r["allowed"], true);
+        let w = r["warnings"].as_array().unwrap();
+        assert!(
+            w.iter().any(|w| w.as_str().unwrap().contains("not-there")),
+            "{ep:?}: {w:?}"
+        );
+    }
 }
 
 #[test]
@@ -913,9 +914,11 @@ fn a_queue_name_owned_by_another_namespace_is_refused_naming_both() {
             "metadata.name"
         );
     }
-    // The mutating endpoint does not refuse (the validating one does, once).
+    // The mutating endpoint refuses alike: the chart registers only it (one call per actor).
     let r = env.run(Endpoint::MutateActors, &body);
-    assert_eq!(r["allowed"], true, "{r}");
+    assert_eq!(r["allowed"], false, "{r}");
+    let msg = r["status"]["message"].as_str().unwrap();
+    assert!(msg.contains("AsyncActor team/a-x-sink"), "{msg}");
 
     // The reverse order: `team/a-x-sink` exists; `team-a`'s first actor would create its
     // end queue `asya-team-a-x-sink`.

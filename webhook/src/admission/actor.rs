@@ -154,30 +154,32 @@ pub(super) fn actor(
     let ns = req.namespace.as_deref();
     let mutating = endpoint == Endpoint::MutateActors;
     let mut review = actor_review(obj, old, ns, ctx, mutating);
+    // Both endpoints decide alike: the chart registers only the mutating one, so an
+    // AsyncActor costs one webhook call (docs/DESIGN.md §6); the validating one serves
+    // installs that also register it (`webhook.validateActorsSeparately`). The privilege
+    // question is asked of the resolved spec, which the mutation (alias rewrites) leaves
+    // as it is.
+    if req.operation == Operation::Create {
+        collision::check_create(&mut review, ctx.actors);
+    }
+    let pending = PendingPrivilege::of(
+        &review,
+        &req.user_info,
+        ctx.config.policy.default_pod_security_level,
+    );
     if !mutating {
-        if req.operation == Operation::Create {
-            collision::check_create(&mut review, ctx.actors);
-        }
-        // Only the validating endpoint asks: it sees the object as stored, after mutation.
-        let pending = PendingPrivilege::of(
-            &review,
-            &req.user_info,
-            ctx.config.policy.default_pod_security_level,
-        );
         return (validated(resp, review, &req.name), pending);
     }
-    (mutate(resp, review, &req.name, obj, old, ns, ctx), None)
+    (mutate(resp, review, &req.name, obj), pending)
 }
 
-/// The mutating endpoint's answer for a reviewed, unsettled object.
+/// The mutating endpoint's answer for a reviewed, unsettled object: refused with every
+/// error, or the rewrite (if any) with every warning.
 fn mutate(
     resp: AdmissionResponse,
     review: ActorReview,
     name: &str,
     obj: &Value,
-    old: Option<&Value>,
-    ns: Option<&str>,
-    ctx: &Ctx<'_>,
 ) -> AdmissionResponse {
     if !review.allowed() {
         return validated(resp, review, name);
@@ -187,19 +189,10 @@ fn mutate(
         Some(mutated) => {
             let patch = json_patch::diff(obj, mutated);
             if patch.0.is_empty() {
-                // Nothing rewritten: the validating webhook reports the warnings.
-                return resp;
+                return with_warnings(resp, review.warnings);
             }
-            // Only the warnings the rewrite resolves (aliases); the validating webhook sees
-            // the rewritten object and reports the rest, so none is shown twice.
-            let after = actor_review(mutated, old, ns, ctx, false);
-            let warnings = review
-                .warnings
-                .into_iter()
-                .filter(|w| !after.warnings.contains(w))
-                .collect();
             match serde_json::to_vec(&patch) {
-                Ok(bytes) => patched(resp, bytes, warnings),
+                Ok(bytes) => patched(resp, bytes, review.warnings),
                 Err(e) => cannot_encode_patch(resp, e),
             }
         }
