@@ -11,11 +11,10 @@ import os
 import uuid
 
 import pytest
-import yaml
 
 from asya_e2e.actors import EXAMPLES_IMAGE, POD_TIMEOUT, apply_on_node, pods, running_ready, wait_running
 from asya_e2e.brokers import TRANSPORTS, Collected
-from asya_e2e.kube import apply, kubectl
+from asya_e2e.kube import kubectl
 from asya_e2e.wait import wait_for
 
 pytestmark = pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
@@ -36,8 +35,9 @@ def s3():
                         aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "test"))
 
 
-def s3_checkpoints_flavor(ns: str, bucket: str) -> dict:
-    """Seed 002's s3-checkpoints flavor (deploy/examples/flavors/002-s3-checkpoints.yaml) with
+def s3_checkpoints_flavor(name: str, ns: str, bucket: str) -> dict:
+    """Seed 002's s3-checkpoints flavor (deploy/examples/flavors/002-s3-checkpoints.yaml) as a
+    cluster Flavor (the platform's: namespaced flavors may not set stateProxy by default), with
     the test's bucket, and moto where the pods reach it."""
     entry = {
         "name": "checkpoints",
@@ -57,9 +57,17 @@ def s3_checkpoints_flavor(ns: str, bucket: str) -> dict:
             ],
         },
     }
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "s3-checkpoints", "labels": {"asya.sh/flavor": "s3-checkpoints"}},
-            "data": {"flavor.yaml": yaml.safe_dump({"stateProxy": [entry]})}}
+    return {"apiVersion": "asya.sh/v1alpha1", "kind": "Flavor", "metadata": {"name": name},
+            "spec": {"stateProxy": [entry]}}
+
+
+@pytest.fixture
+def checkpoints_flavor(namespace, bucket):
+    """The flavor's name, applied for this test's namespace and bucket, deleted afterwards."""
+    name = f"s3-checkpoints-{namespace}"
+    kubectl("apply", "-f", "-", input=json.dumps(s3_checkpoints_flavor(name, namespace, bucket)))
+    yield name
+    kubectl("delete", "flavor.asya.sh", name, "--wait=false", check=False)
 
 
 @pytest.fixture
@@ -80,12 +88,11 @@ def objects(bucket: str, prefix: str) -> dict[str, dict]:
             for o in listed}
 
 
-def test_checkpoints_land_in_s3_and_survive_the_pods(namespace, bucket):
+def test_checkpoints_land_in_s3_and_survive_the_pods(namespace, bucket, checkpoints_flavor):
     ns = namespace
     send, take = TRANSPORTS["rabbitmq"]
-    apply(ns, s3_checkpoints_flavor(ns, bucket))
     spec = {"transport": "rabbitmq", "image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
-            "flavors": ["s3-checkpoints"], "scaling": {"enabled": False}, "replicas": 1}
+            "flavors": [checkpoints_flavor], "scaling": {"enabled": False}, "replicas": 1}
     apply_on_node(ns, "checkpointer", {**spec, "handler": "checkpoints.save"})
     apply_on_node(ns, "reader", {**spec, "handler": "checkpoints.load"})
     for name in ("checkpointer", "reader"):
@@ -140,14 +147,13 @@ def test_checkpoints_land_in_s3_and_survive_the_pods(namespace, bucket):
     assert back[0]["payload"]["all"] == files
 
 
-def test_a_missing_checkpoint_is_a_file_not_found_in_x_sump(namespace, bucket):
+def test_a_missing_checkpoint_is_a_file_not_found_in_x_sump(namespace, bucket, checkpoints_flavor):
     """The connector's 404 becomes the handler's FileNotFoundError (the original's mapping),
     and the envelope ends in x-sump with it, nothing written."""
     ns = namespace
     send, take = TRANSPORTS["rabbitmq"]
-    apply(ns, s3_checkpoints_flavor(ns, bucket))
     apply_on_node(ns, "reader", {"transport": "rabbitmq", "image": EXAMPLES_IMAGE,
-                                 "imagePullPolicy": "IfNotPresent", "flavors": ["s3-checkpoints"],
+                                 "imagePullPolicy": "IfNotPresent", "flavors": [checkpoints_flavor],
                                  "handler": "checkpoints.load", "scaling": {"enabled": False},
                                  "replicas": 1})
     wait_running(ns, "reader")
