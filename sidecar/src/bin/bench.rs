@@ -99,7 +99,7 @@ impl Client {
             Kind::Sqs => Client::Sqs(Arc::new(
                 SqsTransport::new(SqsSettings {
                     region: "us-east-1".into(),
-                    endpoint: Some(env_or("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566")),
+                    endpoint: Some(env_or("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:9324")),
                     queue: queue.into(),
                     wait_seconds: 1,
                     visibility_timeout: Duration::from_secs(60),
@@ -257,7 +257,7 @@ fn start_sidecar(kind: Kind, ns: &str, dir: &Path, port: u16) -> Child {
             .env("ASYA_TRANSPORT", "sqs")
             .env(
                 "ASYA_SQS_ENDPOINT",
-                env_or("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566"),
+                env_or("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"),
             )
             .env("ASYA_SQS_REGION", "us-east-1")
             .env("ASYA_SQS_WAIT_SECONDS", "1")
