@@ -28,6 +28,8 @@ pub enum TransportConfig {
         /// Visibility timeout for queues this sidecar creates (auto-create).
         visibility_timeout: Duration,
         max_message_bytes: usize,
+        /// Long polls under way at once; envelopes in flight are 10 per poller.
+        pollers: usize,
     },
 }
 
@@ -167,6 +169,12 @@ impl Config {
                     1_048_576usize,
                     1024,
                     1_048_576,
+                )?,
+                pollers: v.number(
+                    env::SQS_POLLERS,
+                    2usize,
+                    1,
+                    asya_transport::sqs::MAX_POLLERS,
                 )?,
             },
         };
