@@ -15,11 +15,11 @@ use aws_sdk_sqs::types::{
 };
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 use crate::sqs_batch::{self, MAX_ENTRIES};
 use crate::sqs_batcher::{Batcher, DeleteJob, SendJob};
-use crate::sqs_poll::{self, Held, Poll};
+use crate::sqs_poll::{self, Counters, Held, Poll};
 use crate::{Outgoing, Received, Transport, TransportError};
 
 /// SQS refuses a larger DelaySeconds.
@@ -59,7 +59,7 @@ pub struct SqsTransport {
     stopping: AtomicBool,
     /// Long polls under way, each in a task of its own (see `sqs_poll`), and the give-backs
     /// of what they brought.
-    polls: Arc<watch::Sender<usize>>,
+    polls: Counters,
     /// The polls `receive` keeps going; outlives a cancelled `receive`, emptied at stop.
     pollers: tokio::sync::Mutex<FuturesUnordered<Poll>>,
     batcher: Batcher,
@@ -95,7 +95,7 @@ impl SqsTransport {
             held: Arc::new(Mutex::new(HashSet::new())),
             up: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
-            polls: Arc::new(watch::Sender::new(0)),
+            polls: Counters::new(),
             pollers: tokio::sync::Mutex::new(FuturesUnordered::new()),
         }
     }
@@ -416,7 +416,7 @@ impl Transport for SqsTransport {
         // A long poll cut short by the shutdown still runs on the server: wait for what it
         // brings to be given back before the process may exit.
         let limit = Duration::from_secs(self.s.wait_seconds.max(0) as u64 + 10);
-        let mut polls = self.polls.subscribe();
+        let mut polls = self.polls.running.subscribe();
         if tokio::time::timeout(limit, polls.wait_for(|n| *n == 0))
             .await
             .is_err()

@@ -6,12 +6,15 @@
 //!
 //! What a poll brings is held (kept invisible by the extender) from the moment it arrives,
 //! also while it waits for the processor to read it: with several pollers, a batch may wait
-//! behind another.
+//! behind another. At shutdown nothing is given back while another poll is still open on the
+//! server: it would take the message at once, and each such receive counts towards
+//! `ASYA_MAX_REDELIVERIES`.
 
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::operation::receive_message::ReceiveMessageOutput;
@@ -28,15 +31,33 @@ pub(crate) type Held = Arc<Mutex<HashSet<String>>>;
 pub(crate) type Poll =
     Pin<Box<dyn Future<Output = Result<ReceiveMessageOutput, TransportError>> + Send>>;
 
+/// Counters shared by the polls of one transport.
+#[derive(Clone)]
+pub(crate) struct Counters {
+    /// Polls and give-backs under way (`stop_consuming` waits for none).
+    pub running: Arc<watch::Sender<usize>>,
+    /// Receive requests still open on the server.
+    pub open: Arc<watch::Sender<usize>>,
+}
+
+impl Counters {
+    pub fn new() -> Self {
+        Counters {
+            running: Arc::new(watch::Sender::new(0)),
+            open: Arc::new(watch::Sender::new(0)),
+        }
+    }
+}
+
 /// Starts one long poll of `url` (up to 10 messages, `wait_seconds` at most).
 pub(crate) fn start(
     client: &Client,
     url: String,
     wait_seconds: i32,
-    polls: &Arc<watch::Sender<usize>>,
+    counters: &Counters,
     held: &Held,
 ) -> Poll {
-    let running = PollRunning::start(polls);
+    let running = PollRunning::start(&counters.running);
     let request = client
         .receive_message()
         .queue_url(&url)
@@ -46,18 +67,21 @@ pub(crate) fn start(
     let giver = GiveBack {
         client: client.clone(),
         url,
-        polls: polls.clone(),
+        counters: counters.clone(),
         held: held.clone(),
+        wait_seconds,
     };
     let (tx, rx) = oneshot::channel();
     let unclaimed = giver.clone();
     let held = held.clone();
+    let open = PollRunning::start(&counters.open);
     tokio::spawn(async move {
         let _running = running;
         let out = request
             .send()
             .await
             .map_err(|e| TransportError::Unavailable(format!("{e:?}")));
+        drop(open);
         if let (Ok(out), Ok(mut h)) = (&out, held.lock()) {
             h.extend(receipts(out));
         }
@@ -100,8 +124,9 @@ impl Drop for PollRunning {
 struct GiveBack {
     client: Client,
     url: String,
-    polls: Arc<watch::Sender<usize>>,
+    counters: Counters,
     held: Held,
+    wait_seconds: i32,
 }
 
 impl GiveBack {
@@ -110,6 +135,10 @@ impl GiveBack {
         if receipts.is_empty() {
             return;
         }
+        // Another poll still open would take them again at once (one more receive counted).
+        let limit = Duration::from_secs(self.wait_seconds.max(0) as u64 + 5);
+        let mut open = self.counters.open.subscribe();
+        let _ = tokio::time::timeout(limit, open.wait_for(|n| *n == 0)).await;
         if let Ok(mut h) = self.held.lock() {
             for r in &receipts {
                 h.remove(r);
@@ -166,7 +195,7 @@ impl Drop for Answer {
             return;
         };
         if let Ok(Ok(out)) = self.rx.try_recv() {
-            let running = PollRunning::start(&self.giver.polls);
+            let running = PollRunning::start(&self.giver.counters.running);
             let giver = self.giver.clone();
             rt.spawn(async move {
                 let _running = running;
