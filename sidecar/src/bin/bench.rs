@@ -105,8 +105,8 @@ impl Client {
                     visibility_timeout: Duration::from_secs(60),
                     auto_create: true,
                     max_message_bytes: 1_048_576,
-                    // The sidecar's default (ASYA_SQS_POLLERS), so the ceiling polls alike.
-                    pollers: 2,
+                    // As the bench's sidecar polls (it inherits ASYA_SQS_POLLERS; default 2).
+                    pollers: env_or("ASYA_SQS_POLLERS", "2").parse().unwrap_or(2),
                 })
                 .await,
             )),
