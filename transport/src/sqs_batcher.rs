@@ -1,8 +1,8 @@
 //! Coalesces the sends and deletes of concurrent envelopes into SQS batch requests
 //! (`SendMessageBatch`, `DeleteMessageBatch`): one request carries up to 10 entries, so a
 //! sidecar busy with many envelopes makes a tenth of the requests. Nothing waits for a batch
-//! to fill: a request leaves as soon as one of the few request slots is free, with whatever
-//! arrived meanwhile (requests in flight are what lets entries gather).
+//! to fill: a round of requests leaves as soon as one of the few slots is free, with whatever
+//! arrived meanwhile (rounds in flight are what lets entries gather).
 //!
 //! Each caller learns the fate of its own entries: `Ok` only once the server reported that
 //! entry successful; failed entries the server may accept later are retried
@@ -22,7 +22,8 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use crate::TransportError;
 use crate::sqs_batch::{self, ENTRY_ATTEMPTS, EntryVerdict, MAX_ENTRIES};
 
-/// Batch requests of one kind (sends, deletes) in flight at once.
+/// Rounds of one kind (sends, deletes) in flight at once; a round takes up to 10 entries
+/// per slot that gathered, as one request per 10 entries and queue.
 const REQUESTS_IN_FLIGHT: usize = 4;
 
 type Reply = oneshot::Sender<Result<(), TransportError>>;
