@@ -17,6 +17,9 @@ command -v containerd >/dev/null 2>&1 || need_apt+=(containerd)
 command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
+# ElasticMQ, the test SQS server (tests/services/elasticmq), is a JVM server fetched by Maven.
+command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 # The test node (tests/cluster): pod networking and kube-proxy's tools.
 [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
@@ -47,6 +50,9 @@ if [ -n "$py_missing" ]; then
   echo "deps: pip install $py_missing"
   python3 -m pip install -q $py_missing
 fi
+
+# ElasticMQ's jars, cached by version under $HOME/.cache/asya-rs/elasticmq.
+tests/services/elasticmq install
 
 for comp in rustfmt clippy; do
   cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1 || rustup component add "$comp"

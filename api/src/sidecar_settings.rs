@@ -37,6 +37,8 @@ pub mod env {
     pub const SQS_WAIT_SECONDS: &str = "ASYA_SQS_WAIT_SECONDS";
     pub const SQS_VISIBILITY_TIMEOUT: &str = "ASYA_SQS_VISIBILITY_TIMEOUT";
     pub const SQS_MAX_MESSAGE_BYTES: &str = "ASYA_SQS_MAX_MESSAGE_BYTES";
+    /// Long polls of the actor's queue kept under way at once (1..=10, 10 messages each).
+    pub const SQS_POLLERS: &str = "ASYA_SQS_POLLERS";
     /// The directory of the runtime's socket, shared with the runtime container.
     pub const SOCKET_DIR: &str = "ASYA_SOCKET_DIR";
     /// A duration (`300s`); unset, the resiliency's `actorTimeout`.

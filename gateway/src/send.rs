@@ -74,6 +74,7 @@ impl Senders {
                     visibility_timeout: Duration::from_secs(30),
                     auto_create: false,
                     max_message_bytes: 1_048_576,
+                    pollers: 1,
                 })
                 .await,
             ),

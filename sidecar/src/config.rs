@@ -28,6 +28,8 @@ pub enum TransportConfig {
         /// Visibility timeout for queues this sidecar creates (auto-create).
         visibility_timeout: Duration,
         max_message_bytes: usize,
+        /// Long polls under way at once; envelopes in flight are 10 per poller.
+        pollers: usize,
     },
 }
 
@@ -167,6 +169,12 @@ impl Config {
                     1_048_576usize,
                     1024,
                     1_048_576,
+                )?,
+                pollers: v.number(
+                    env::SQS_POLLERS,
+                    2usize,
+                    1,
+                    asya_transport::sqs::MAX_POLLERS,
                 )?,
             },
         };
@@ -353,8 +361,27 @@ mod tests {
         let c = Config::from_map(&m).unwrap();
         assert!(c.is_end_actor);
         assert!(
-            matches!(c.transport, TransportConfig::Sqs { ref endpoint, .. } if endpoint.is_some())
+            matches!(c.transport, TransportConfig::Sqs { ref endpoint, pollers: 2, .. } if endpoint.is_some())
         );
+        // Pollers are bounded: each may hold 10 messages.
+        for (value, ok) in [
+            ("1", true),
+            ("10", true),
+            ("0", false),
+            ("11", false),
+            ("x", false),
+        ] {
+            let mut m = m.clone();
+            m.insert("ASYA_SQS_POLLERS", value);
+            match Config::from_map(&m) {
+                Ok(c) => assert!(ok, "{value} accepted: {:?}", c.transport),
+                Err(e) => {
+                    assert!(!ok, "{value} refused: {e}");
+                    assert_eq!(e.var, "ASYA_SQS_POLLERS");
+                    assert!(e.to_string().contains(value), "{e}");
+                }
+            }
+        }
     }
 
     /// What the webhook renders (the shared contract) is what this config reads.

@@ -84,6 +84,7 @@ pub async fn run(cfg: Config) -> Result<(), ServiceError> {
             wait_seconds,
             visibility_timeout,
             max_message_bytes,
+            pollers,
         } => {
             let t = Arc::new(
                 SqsTransport::new(SqsSettings {
@@ -94,11 +95,15 @@ pub async fn run(cfg: Config) -> Result<(), ServiceError> {
                     visibility_timeout: *visibility_timeout,
                     auto_create: cfg.queue_auto_create,
                     max_message_bytes: *max_message_bytes,
+                    pollers: *pollers,
                 })
                 .await,
             );
             t.spawn_extender();
-            run_with(cfg.clone(), t, metrics, stop_rx, 10).await?;
+            // As many envelopes in flight as the polls bring at once: their sends and
+            // deletes then fill SQS's batches of 10.
+            let max_in_flight = asya_transport::sqs_batch::MAX_ENTRIES * *pollers;
+            run_with(cfg.clone(), t, metrics, stop_rx, max_in_flight).await?;
         }
     }
     Ok(())
@@ -321,6 +326,7 @@ pub async fn send_lines(queue: &str, input: impl std::io::BufRead) -> Result<usi
                 visibility_timeout: *visibility_timeout,
                 auto_create: cfg.queue_auto_create,
                 max_message_bytes: *max_message_bytes,
+                pollers: 1,
             })
             .await;
             t.send(&bodies).await.map_err(err)?;

@@ -6,7 +6,7 @@ RabbitMQ: every actor's ScaledObject refers to the ClusterTriggerAuthentication
 the broker user `asya-keda-monitor` (tag `monitoring`, `^$` permissions: statistics, no
 messages); nothing of KEDA's is copied into actor namespaces (queue-provisioner/src/
 keda_identity). SQS: the platform's static keys reach an actor namespace only with
-`shareStaticCredentials: true` (the suite's `sqs` transport, for moto), announced by a
+`shareStaticCredentials: true` (the suite's `sqs` transport, for the test SQS server), announced by a
 `SharedStaticCredentials` Warning on each actor; the `sqs-irsa` transport of
 tests/e2e/values.yaml shares nothing and the suite configures no IRSA role, so its actors
 say they cannot authenticate. Every wait polls a condition with a deadline.
@@ -176,7 +176,7 @@ def test_an_actor_still_scales_from_zero_through_the_cluster_trigger_authenticat
 # --- SQS ---------------------------------------------------------------------------------------
 
 
-def moto_keys() -> set[str]:
+def static_keys() -> set[str]:
     return set(secret_values(RELEASE_NS, "sqs-credentials").values())
 
 
@@ -190,7 +190,7 @@ def test_sqs_without_shared_keys_copies_none_and_the_actor_says_why(namespace):
     assert "transports.sqs-irsa.config.shareStaticCredentials" in cond["message"], cond
     assert "actorServiceAccount.roleArn" in cond["message"], cond
     secrets = all_secret_values(ns)
-    leaked = [f"{name}/{k}" for name, data in secrets.items() for k, v in data.items() if v in moto_keys()]
+    leaked = [f"{name}/{k}" for name, data in secrets.items() for k, v in data.items() if v in static_keys()]
     assert leaked == [], "the platform's static keys are in the tenant's namespace"
     assert events_about(ns, "private", "SharedStaticCredentials") == []
     if not keda_running():

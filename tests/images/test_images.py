@@ -420,7 +420,7 @@ def test_provisioner_serves_health_as_nonroot_on_a_read_only_root(imported, shar
         assert all(u == NONROOT for u in uids_of(pid)), uids_of(pid)
 
 
-SQS_ENDPOINT = os.environ.get("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566")
+SQS_ENDPOINT = os.environ.get("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:9324")
 GATEWAY_TOOLS = """
 routes:
   tools:

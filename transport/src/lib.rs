@@ -15,6 +15,9 @@ pub mod rabbitmq_publish;
 pub mod report;
 pub mod resiliency;
 pub mod sqs;
+pub mod sqs_batch;
+mod sqs_batcher;
+mod sqs_poll;
 
 /// A message taken from the actor's queue, not yet acknowledged.
 #[derive(Debug)]

@@ -1,5 +1,7 @@
 //! Amazon SQS (or a compatible server) through aws-sdk-sqs: long polling, batch receive,
-//! delete only after routing, visibility extended while a handler runs, queue URLs cached.
+//! sends and deletes coalesced into batch requests (`sqs_batcher`), delete only after every
+//! successor is accepted, visibility extended in batches while a handler runs, queue URLs
+//! cached.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,12 +9,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::operation::receive_message::ReceiveMessageOutput;
+use aws_sdk_sqs::error::ProvideErrorMetadata;
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
 };
-use tokio::sync::{oneshot, watch};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::oneshot;
 
+use crate::sqs_batch::{self, MAX_ENTRIES};
+use crate::sqs_batcher::{Batcher, DeleteJob, SendJob};
+use crate::sqs_poll::{self, Counters, Held, Poll};
 use crate::{Outgoing, Received, Transport, TransportError};
 
 /// SQS refuses a larger DelaySeconds.
@@ -27,7 +34,14 @@ pub struct SqsSettings {
     pub visibility_timeout: Duration,
     pub auto_create: bool,
     pub max_message_bytes: usize,
+    /// Long polls kept under way at once (1..=`MAX_POLLERS`): while the processor works on
+    /// one batch, the next ones are already being fetched. Each may bring 10 messages, held
+    /// (kept invisible) until read, so this bounds what a pod holds beyond its work.
+    pub pollers: usize,
 }
+
+/// The most long polls one transport keeps under way.
+pub const MAX_POLLERS: usize = 10;
 
 pub struct SqsHandle {
     receipt: String,
@@ -38,13 +52,17 @@ pub struct SqsTransport {
     client: Client,
     urls: Mutex<HashMap<String, String>>,
     /// Receipt handles whose handler is running or waiting in the batch.
-    held: Mutex<HashSet<String>>,
+    held: Held,
     /// The actor queue's visibility timeout as the server reports it.
     visibility: Mutex<Duration>,
     up: AtomicBool,
     stopping: AtomicBool,
-    /// Long polls under way, each in a task of its own (see `poll`).
-    polls: Arc<watch::Sender<usize>>,
+    /// Long polls under way, each in a task of its own (see `sqs_poll`), and the give-backs
+    /// of what they brought.
+    polls: Counters,
+    /// The polls `receive` keeps going; outlives a cancelled `receive`, emptied at stop.
+    pollers: tokio::sync::Mutex<FuturesUnordered<Poll>>,
+    batcher: Batcher,
 }
 
 fn unavailable(e: impl std::fmt::Debug) -> TransportError {
@@ -84,14 +102,16 @@ impl SqsTransport {
         }
         let client = Client::from_conf(b.build());
         SqsTransport {
+            batcher: Batcher::start(client.clone(), s.max_message_bytes),
             visibility: Mutex::new(s.visibility_timeout),
             s,
             client,
             urls: Mutex::new(HashMap::new()),
-            held: Mutex::new(HashSet::new()),
+            held: Arc::new(Mutex::new(HashSet::new())),
             up: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
-            polls: Arc::new(watch::Sender::new(0)),
+            polls: Counters::new(),
+            pollers: tokio::sync::Mutex::new(FuturesUnordered::new()),
         }
     }
 
@@ -107,10 +127,9 @@ impl SqsTransport {
         let url = match self.client.get_queue_url().queue_name(name).send().await {
             Ok(out) => out.queue_url().unwrap_or_default().to_string(),
             Err(e) => {
-                let missing = e
-                    .as_service_error()
-                    .map(|se| se.is_queue_does_not_exist())
-                    .unwrap_or(false);
+                let missing = e.as_service_error().is_some_and(|se| {
+                    se.is_queue_does_not_exist() || sqs_batch::is_no_such_queue(se.code())
+                });
                 if !missing {
                     return Err(unavailable(e));
                 }
@@ -176,10 +195,13 @@ impl SqsTransport {
         tokio::spawn(async move {
             loop {
                 let period = match weak.upgrade() {
-                    Some(t) => t.visibility.lock().map(|v| *v / 3).unwrap_or_default(),
+                    Some(t) => t
+                        .visibility
+                        .lock()
+                        .map(|v| sqs_batch::extension_period(*v))
+                        .unwrap_or(Duration::from_secs(10)),
                     None => return,
-                }
-                .max(Duration::from_millis(500));
+                };
                 tokio::time::sleep(period).await;
                 let Some(t) = weak.upgrade() else { return };
                 t.extend_held().await;
@@ -202,151 +224,38 @@ impl SqsTransport {
         let secs = self
             .visibility
             .lock()
-            .map(|v| v.as_secs())
-            .unwrap_or(30)
-            .clamp(1, 43_200) as i32;
-        for r in receipts {
-            if let Err(e) = self
-                .client
-                .change_message_visibility()
-                .queue_url(&url)
-                .receipt_handle(&r)
-                .visibility_timeout(secs)
-                .send()
-                .await
-            {
-                tracing::warn!(error = ?e, "could not extend message visibility");
-            }
-        }
-    }
-
-    /// One long poll, in a task of its own. The server cannot be told to stop a poll: had
-    /// the request been dropped with the `receive` that made it (at shutdown), what the
-    /// poll still took would stay invisible, for no pod, until the visibility timeout.
-    /// Instead, what nobody is left to take is given back at once (SQS counts the receive
-    /// all the same), and `stop_consuming` waits for that.
-    async fn poll(&self, url: String) -> Result<ReceiveMessageOutput, TransportError> {
-        let running = PollRunning::start(&self.polls);
-        let request = self
-            .client
-            .receive_message()
-            .queue_url(&url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(self.s.wait_seconds)
-            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount);
-        let giver = GiveBack {
-            client: self.client.clone(),
-            url,
-            polls: self.polls.clone(),
-        };
-        let (tx, rx) = oneshot::channel();
-        let unclaimed = giver.clone();
-        tokio::spawn(async move {
-            let _running = running;
-            let out = request.send().await.map_err(unavailable);
-            if let Err(Ok(out)) = tx.send(out) {
-                unclaimed.give_back(out).await;
-            }
-        });
-        let mut answer = Answer { rx, giver };
-        (&mut answer.rx)
-            .await
-            .unwrap_or_else(|_| Err(TransportError::Unavailable("long poll task ended".into())))
-    }
-}
-
-/// Counts a long poll (or the give-back of what it brought) while it runs.
-struct PollRunning(Arc<watch::Sender<usize>>);
-
-impl PollRunning {
-    fn start(polls: &Arc<watch::Sender<usize>>) -> Self {
-        polls.send_modify(|n| *n += 1);
-        PollRunning(polls.clone())
-    }
-}
-
-impl Drop for PollRunning {
-    fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
-    }
-}
-
-/// Makes messages a poll took visible again at once.
-#[derive(Clone)]
-struct GiveBack {
-    client: Client,
-    url: String,
-    polls: Arc<watch::Sender<usize>>,
-}
-
-impl GiveBack {
-    async fn give_back(&self, out: ReceiveMessageOutput) {
-        let receipts: Vec<String> = out
-            .messages
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|m| m.receipt_handle)
-            .collect();
-        if receipts.is_empty() {
-            return;
-        }
-        let entries = receipts.iter().enumerate().filter_map(|(i, r)| {
-            ChangeMessageVisibilityBatchRequestEntry::builder()
-                .id(i.to_string())
-                .receipt_handle(r)
-                .visibility_timeout(0)
-                .build()
-                .ok()
-        });
-        let given = self
-            .client
-            .change_message_visibility_batch()
-            .queue_url(&self.url)
-            .set_entries(Some(entries.collect()))
-            .send()
-            .await;
-        match given {
-            Ok(out) if out.failed.is_empty() => {
-                tracing::info!(
-                    messages = receipts.len(),
-                    "a long poll cut short by shutdown took messages; given back"
-                );
-            }
-            Ok(out) => {
-                tracing::warn!(
-                    messages = receipts.len(),
-                    failed = out.failed.len(),
-                    "some messages a cut-short long poll took could not be given back; they return after the visibility timeout"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(messages = receipts.len(), error = ?e, "could not give back what a cut-short long poll took; it returns after the visibility timeout");
-            }
-        }
-    }
-}
-
-/// The answer to one `poll`. Dropped before it arrived (the `receive` was), the poll's task
-/// gives the messages back; dropped after it arrived but before it was read, it does so.
-struct Answer {
-    rx: oneshot::Receiver<Result<ReceiveMessageOutput, TransportError>>,
-    giver: GiveBack,
-}
-
-impl Drop for Answer {
-    fn drop(&mut self) {
-        self.rx.close();
-        // No runtime left (the process is ending): nothing can be sent any more.
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if let Ok(Ok(out)) = self.rx.try_recv() {
-            let running = PollRunning::start(&self.giver.polls);
-            let giver = self.giver.clone();
-            rt.spawn(async move {
-                let _running = running;
-                giver.give_back(out).await;
+            .map(|v| sqs_batch::extension_seconds(*v))
+            .unwrap_or(30);
+        let requests = receipts.chunks(MAX_ENTRIES).map(|chunk| {
+            let entries = chunk.iter().enumerate().filter_map(|(i, r)| {
+                ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(r)
+                    .visibility_timeout(secs)
+                    .build()
+                    .ok()
             });
+            self.client
+                .change_message_visibility_batch()
+                .queue_url(&url)
+                .set_entries(Some(entries.collect()))
+                .send()
+        });
+        for answer in futures::future::join_all(requests).await {
+            match answer {
+                // A failed entry is most often a message deleted meanwhile (its receipt is
+                // no longer valid); the next round tries the others again anyway.
+                Ok(out) if !out.failed.is_empty() => tracing::debug!(
+                    queue = %self.s.queue,
+                    failed = out.failed.len(),
+                    first = ?out.failed.first().map(|f| &f.code),
+                    "some held messages were not extended"
+                ),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(queue = %self.s.queue, error = ?e, "could not extend message visibility")
+                }
+            }
         }
     }
 }
@@ -356,42 +265,57 @@ impl Transport for SqsTransport {
 
     async fn receive(&self) -> Result<Vec<Received<SqsHandle>>, TransportError> {
         let mut pause = Duration::from_millis(200);
+        let mut polls = self.pollers.lock().await;
         loop {
             if self.stopping.load(Ordering::SeqCst) {
                 return Ok(Vec::new());
             }
-            let attempt = async {
-                let url = self.own_url().await?;
-                // The endpoint answered for our queue: connected, while the long poll waits
-                // (up to ASYA_SQS_WAIT_SECONDS on an empty queue) for the first answer.
-                self.up.store(true, Ordering::SeqCst);
-                self.poll(url).await
+            let answer = match self.own_url().await {
+                Ok(url) => {
+                    // The endpoint answered for our queue: connected, while the long polls
+                    // wait (up to ASYA_SQS_WAIT_SECONDS on an empty queue).
+                    self.up.store(true, Ordering::SeqCst);
+                    let wanted = self.s.pollers.clamp(1, MAX_POLLERS);
+                    while polls.len() < wanted {
+                        polls.push(sqs_poll::start(
+                            &self.client,
+                            url.clone(),
+                            self.s.wait_seconds,
+                            &self.polls,
+                            &self.held,
+                        ));
+                    }
+                    // Never None: at least one poll was just pushed.
+                    polls.next().await.unwrap_or_else(|| {
+                        Err(TransportError::Unavailable("no long poll under way".into()))
+                    })
+                }
+                Err(e) => Err(e),
             };
-            match attempt.await {
+            match answer {
                 Ok(out) => {
                     self.up.store(true, Ordering::SeqCst);
-                    let mut batch = Vec::new();
-                    for m in out.messages.unwrap_or_default() {
-                        let Some(receipt) = m.receipt_handle else {
-                            continue;
-                        };
-                        let count = m
-                            .attributes
-                            .as_ref()
-                            .and_then(|a| {
-                                a.get(&MessageSystemAttributeName::ApproximateReceiveCount)
+                    let batch: Vec<_> = out
+                        .messages
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|m| {
+                            let receipt = m.receipt_handle?;
+                            let count = m
+                                .attributes
+                                .as_ref()
+                                .and_then(|a| {
+                                    a.get(&MessageSystemAttributeName::ApproximateReceiveCount)
+                                })
+                                .and_then(|v| v.parse::<u32>().ok())
+                                .unwrap_or(1);
+                            Some(Received {
+                                body: m.body.unwrap_or_default().into_bytes(),
+                                redeliveries: count.saturating_sub(1),
+                                handle: SqsHandle { receipt },
                             })
-                            .and_then(|v| v.parse::<u32>().ok())
-                            .unwrap_or(1);
-                        if let Ok(mut h) = self.held.lock() {
-                            h.insert(receipt.clone());
-                        }
-                        batch.push(Received {
-                            body: m.body.unwrap_or_default().into_bytes(),
-                            redeliveries: count.saturating_sub(1),
-                            handle: SqsHandle { receipt },
-                        });
-                    }
+                        })
+                        .collect();
                     if !batch.is_empty() {
                         return Ok(batch);
                     }
@@ -417,43 +341,61 @@ impl Transport for SqsTransport {
                 });
             }
         }
-        let sends = messages.iter().map(|m| async move {
+        // Every message goes into the batch loop before any answer is awaited, so a fan-out
+        // travels in as few requests as its sizes allow.
+        let mut answers = Vec::with_capacity(messages.len());
+        for m in messages {
             let url = self.queue_url(&m.queue).await?;
-            let body = String::from_utf8(m.body.clone())
-                .map_err(|_| TransportError::Rejected("SQS bodies must be UTF-8".into()))?;
-            let mut req = self.client.send_message().queue_url(url).message_body(body);
-            if let Some(d) = m.delay {
-                // Round up so a retry never comes early; longer waits are capped by SQS.
-                let secs = d.as_millis().div_ceil(1000).min(u128::from(MAX_DELAY_SECS)) as i32;
-                req = req.delay_seconds(secs);
-            }
-            req.send().await.map_err(|e| {
-                let se = e.as_service_error();
-                if se.map(|s| s.is_queue_does_not_exist()).unwrap_or(false) {
-                    TransportError::NoSuchQueue(m.queue.clone())
-                } else {
-                    unavailable(e)
-                }
+            let body = String::from_utf8(m.body.clone()).map_err(|e| {
+                TransportError::Rejected(format!(
+                    "message for {}: SQS bodies must be UTF-8 (invalid at byte {})",
+                    m.queue,
+                    e.utf8_error().valid_up_to()
+                ))
             })?;
-            Ok::<(), TransportError>(())
-        });
-        for r in futures::future::join_all(sends).await {
-            r?;
+            // Round up so a retry never comes early; longer waits are capped by SQS.
+            let delay_seconds = m
+                .delay
+                .map(|d| d.as_millis().div_ceil(1000).min(u128::from(MAX_DELAY_SECS)) as i32);
+            let (reply, answer) = oneshot::channel();
+            self.batcher.send(SendJob {
+                url,
+                queue: m.queue.clone(),
+                body,
+                delay_seconds,
+                reply,
+            });
+            answers.push(answer);
         }
-        Ok(())
+        // All answers are awaited: the caller acks only when every one is Ok.
+        let mut first_err = None;
+        for r in futures::future::join_all(answers).await {
+            let r = r.unwrap_or_else(|_| {
+                Err(TransportError::Unavailable(
+                    "the SQS batch loop dropped a message".into(),
+                ))
+            });
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     async fn ack(&self, h: &SqsHandle) -> Result<(), TransportError> {
         self.unhold(h);
         let url = self.own_url().await?;
-        self.client
-            .delete_message()
-            .queue_url(url)
-            .receipt_handle(&h.receipt)
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(unavailable)
+        let (reply, answer) = oneshot::channel();
+        self.batcher.delete(DeleteJob {
+            url,
+            receipt: h.receipt.clone(),
+            reply,
+        });
+        answer.await.unwrap_or_else(|_| {
+            Err(TransportError::Unavailable(
+                "the SQS batch loop dropped a delete".into(),
+            ))
+        })
     }
 
     async fn release(&self, h: &SqsHandle) -> Result<(), TransportError> {
@@ -484,10 +426,12 @@ impl Transport for SqsTransport {
 
     async fn stop_consuming(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        // Polls no `receive` will read: dropped, each gives back what it brought or brings.
+        self.pollers.lock().await.clear();
         // A long poll cut short by the shutdown still runs on the server: wait for what it
         // brings to be given back before the process may exit.
         let limit = Duration::from_secs(self.s.wait_seconds.max(0) as u64 + 10);
-        let mut polls = self.polls.subscribe();
+        let mut polls = self.polls.running.subscribe();
         if tokio::time::timeout(limit, polls.wait_for(|n| *n == 0))
             .await
             .is_err()

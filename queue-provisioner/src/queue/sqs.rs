@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use asya_transport::sqs_batch::is_no_such_queue;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::QueueAttributeName;
 
@@ -107,8 +108,9 @@ impl SqsQueues {
         match self.client.get_queue_url().queue_name(name).send().await {
             Ok(out) => Ok(out.queue_url().map(str::to_string)),
             Err(e)
-                if e.as_service_error()
-                    .is_some_and(|se| se.is_queue_does_not_exist()) =>
+                if e.as_service_error().is_some_and(|se| {
+                    se.is_queue_does_not_exist() || is_no_such_queue(se.meta().code())
+                }) =>
             {
                 Ok(None)
             }
@@ -212,10 +214,8 @@ impl QueueOps for SqsQueues {
         match self.client.delete_queue().queue_url(url).send().await {
             Ok(_) => Ok(()),
             Err(e)
-                if e.as_service_error().is_some_and(|se| {
-                    se.meta().code() == Some("AWS.SimpleQueueService.NonExistentQueue")
-                        || se.meta().code() == Some("QueueDoesNotExist")
-                }) =>
+                if e.as_service_error()
+                    .is_some_and(|se| is_no_such_queue(se.meta().code())) =>
             {
                 Ok(())
             }

@@ -49,7 +49,7 @@ impl Kind {
     fn broker(self) -> &'static str {
         match self {
             Kind::Rabbit => "RabbitMQ",
-            Kind::Sqs => "SQS (moto)",
+            Kind::Sqs => "SQS (ElasticMQ)",
         }
     }
 }
@@ -99,12 +99,14 @@ impl Client {
             Kind::Sqs => Client::Sqs(Arc::new(
                 SqsTransport::new(SqsSettings {
                     region: "us-east-1".into(),
-                    endpoint: Some(env_or("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566")),
+                    endpoint: Some(env_or("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:9324")),
                     queue: queue.into(),
                     wait_seconds: 1,
                     visibility_timeout: Duration::from_secs(60),
                     auto_create: true,
                     max_message_bytes: 1_048_576,
+                    // As the bench's sidecar polls (it inherits ASYA_SQS_POLLERS; default 2).
+                    pollers: env_or("ASYA_SQS_POLLERS", "2").parse().unwrap_or(2),
                 })
                 .await,
             )),
@@ -136,10 +138,10 @@ impl Client {
                 }
                 Client::Sqs(t) => {
                     if let Ok(Ok(batch)) = tokio::time::timeout(left, t.receive()).await {
-                        for m in batch {
-                            at.push(Instant::now());
-                            let _ = t.ack(&m.handle).await;
-                        }
+                        let now = Instant::now();
+                        at.extend(batch.iter().map(|_| now));
+                        // Together, so the deletes share one DeleteMessageBatch.
+                        futures::future::join_all(batch.iter().map(|m| t.ack(&m.handle))).await;
                     }
                 }
             }
@@ -257,7 +259,7 @@ fn start_sidecar(kind: Kind, ns: &str, dir: &Path, port: u16) -> Child {
             .env("ASYA_TRANSPORT", "sqs")
             .env(
                 "ASYA_SQS_ENDPOINT",
-                env_or("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566"),
+                env_or("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:9324"),
             )
             .env("ASYA_SQS_REGION", "us-east-1")
             .env("ASYA_SQS_WAIT_SECONDS", "1")
@@ -285,6 +287,14 @@ async fn wait_ready(port: u16) {
         assert!(Instant::now() < deadline, "sidecar not ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The 1-minute load average (/proc/loadavg), to say how busy the machine was.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
 }
 
 struct Report {
@@ -502,11 +512,14 @@ async fn main() {
         kinds.push((Kind::Sqs, args.sqs_count));
     }
     let mut reports = Vec::new();
+    let mut loads = Vec::new();
     for (kind, n) in kinds {
+        let before = load_average();
         eprintln!("bench: sidecar run ({n} envelopes)");
         reports.push(bench_sidecar(kind, n, args.latency_samples, &payload).await);
         eprintln!("bench: ceiling run ({n} envelopes)");
         reports.push(bench_ceiling(kind, n, args.latency_samples, &payload).await);
+        loads.push((kind.broker(), before, load_average()));
     }
     println!(
         "| run | envelopes/s | e2e latency p50 | e2e latency p99 | sidecar CPU per 1,000 envelopes | sidecar RSS idle | sidecar RSS under load |"
@@ -530,8 +543,14 @@ async fn main() {
             kib(r.rss_load_kib),
         );
     }
-    for pair in reports.chunks(2) {
+    for (pair, (broker, before, after)) in reports.chunks(2).zip(&loads) {
         if let [s, c] = pair {
+            println!(
+                "\n{broker}: sidecar {:.0}/s is {:.0} % of the ceiling's {:.0}/s in the same run; load average (1 min) {before:.2} before, {after:.2} after",
+                s.rate,
+                100.0 * s.rate / c.rate.max(f64::MIN_POSITIVE),
+                c.rate,
+            );
             println!(
                 "\n{}: added latency of sidecar + runtime hop over the bare broker loop: p50 {}, p99 {}",
                 s.name,

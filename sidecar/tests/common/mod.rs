@@ -124,6 +124,7 @@ impl Client {
                     visibility_timeout: Duration::from_secs(30),
                     auto_create: true,
                     max_message_bytes: 1_048_576,
+                    pollers: 1,
                 })
                 .await,
             )),

@@ -16,7 +16,7 @@ from asya_e2e.wait import wait_for
 
 RABBIT_CTL = os.environ.get("ASYA_TEST_RABBITMQ_CTL", str(ROOT / "tests" / "services" / "rabbitmq"))
 RABBIT_MANAGEMENT = os.environ.get("ASYA_TEST_RABBITMQ_MANAGEMENT_URL", "http://127.0.0.1:15672")
-SQS_ENDPOINT = os.environ.get("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:4566")
+SQS_ENDPOINT = os.environ.get("ASYA_TEST_SQS_ENDPOINT", "http://127.0.0.1:9324")
 RABBIT_PORT = int(os.environ.get("ASYA_TEST_RABBITMQ_PORT", "5672"))
 
 
