@@ -60,6 +60,8 @@ impl Sqs {
             visibility_timeout: HOLD,
             auto_create: false,
             max_message_bytes: 256 * 1024,
+            // No pollers run: the CLI receives by hand.
+            pollers: 1,
         };
         Sqs {
             t: SqsTransport::with_credentials(s, keys).await,
