@@ -16,6 +16,7 @@ use crate::gateway_client::{Report, Reporter};
 use crate::metrics::Metrics;
 use crate::routing::{self, Answer, Queues};
 use crate::runtime_client::RuntimeClient;
+use crate::spans::{HopRecord, RuntimeCall, Spans};
 use asya_transport::envelope::{self, Envelope};
 use asya_transport::resiliency::{self, Decision, FailReason, Failure};
 use asya_transport::trace_context::{self, IdSource, TraceParent};
@@ -41,11 +42,32 @@ pub struct Disposition {
 
 /// One hop's trace context: the CONSUMER span processing the envelope (child of the
 /// incoming context, or a new root) and the `tracestate` carried on. Each send is a
-/// PRODUCER child of `span` whose context goes into the sent envelope.
-#[derive(Debug, Clone)]
+/// PRODUCER child of `span` whose context goes into the sent envelope. What the hop did is
+/// noted here as it happens and recorded as spans once its sends are confirmed.
+#[derive(Debug)]
 pub struct Hop {
     pub span: TraceParent,
     pub tracestate: Option<String>,
+    pub parent: Option<TraceParent>,
+    pub start: SystemTime,
+    runtime: std::sync::Mutex<Option<RuntimeCall>>,
+    sends: std::sync::Mutex<Vec<(u64, String)>>,
+}
+
+impl Hop {
+    /// The spans of this hop, ended at `end`.
+    fn record(&self, envelope_id: &str, send_error: Option<String>) -> HopRecord {
+        HopRecord {
+            parent: self.parent,
+            span: self.span,
+            envelope_id: envelope_id.to_string(),
+            start: self.start,
+            runtime: self.runtime.lock().map(|r| r.clone()).unwrap_or_default(),
+            sends: self.sends.lock().map(|s| s.clone()).unwrap_or_default(),
+            end: SystemTime::now(),
+            send_error,
+        }
+    }
 }
 
 /// Room for one message: held while it is in flight, the call part until the runtime answers.
@@ -68,6 +90,7 @@ pub struct Processor<T: Transport> {
     seq: AtomicU64,
     reporter: Reporter,
     ids: IdSource,
+    spans: Arc<Spans>,
 }
 
 fn now_ms() -> u64 {
@@ -101,7 +124,14 @@ impl<T: Transport> Processor<T> {
             calls,
             seq: AtomicU64::new(0),
             ids: IdSource::new(),
+            spans: Arc::new(Spans::off()),
         }
+    }
+
+    /// Records each sampled hop's spans with `spans`.
+    pub fn with_spans(mut self, spans: Arc<Spans>) -> Self {
+        self.spans = spans;
+        self
     }
 
     /// Reports progress and final statuses to the gateway through `reporter`.
@@ -221,6 +251,12 @@ impl<T: Transport> Processor<T> {
         {
             tracing::warn!(error = %e, "cannot deliver the result; sending the input to x-sump");
             let sump = self.sump_for_send_error(&msg.body, e, d.hop.as_ref());
+            if let Some(h) = &d.hop
+                && let Ok(mut sends) = h.sends.lock()
+            {
+                // The first sends never happened: only the x-sump one is this hop's.
+                sends.retain(|(_, q)| *q == sump.queue);
+            }
             let reason = match e {
                 TransportError::TooLarge { .. } => "too_large",
                 _ => "no_such_queue",
@@ -234,6 +270,12 @@ impl<T: Transport> Processor<T> {
             && result.is_ok()
         {
             self.metrics.failed(reason);
+        }
+        if self.spans.enabled()
+            && let Some(h) = &d.hop
+        {
+            let err = result.as_ref().err().map(|e| e.to_string());
+            self.spans.record(&h.record(&d.id, err));
         }
         match result {
             Ok(()) => {
@@ -289,6 +331,10 @@ impl<T: Transport> Processor<T> {
         Hop {
             span: trace_context::hop_span(&incoming, &self.ids, t.ratio, t.recording),
             tracestate: incoming.tracestate,
+            parent: incoming.parent,
+            start: SystemTime::now(),
+            runtime: std::sync::Mutex::new(None),
+            sends: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -303,8 +349,15 @@ impl<T: Transport> Processor<T> {
         if matches!(e, TransportError::TooLarge { .. }) {
             env.payload = serde_json::Value::Null;
         }
-        let hop = hop.cloned().unwrap_or_else(|| self.hop(None));
-        self.outgoing(self.queues.sump(), &env, None, &hop)
+        let fresh;
+        let hop = match hop {
+            Some(h) => h,
+            None => {
+                fresh = self.hop(None);
+                &fresh
+            }
+        };
+        self.outgoing(self.queues.sump(), &env, None, hop)
     }
 
     /// One send of this hop: its body carries a new PRODUCER span, child of the hop's.
@@ -316,6 +369,9 @@ impl<T: Transport> Processor<T> {
         hop: &Hop,
     ) -> Outgoing {
         let send = hop.span.child(self.ids.span_id());
+        if let Ok(mut sends) = hop.sends.lock() {
+            sends.push((send.span_id, queue.clone()));
+        }
         let trace = Some((&send, hop.tracestate.as_deref()));
         Outgoing {
             queue,
@@ -388,11 +444,13 @@ impl<T: Transport> Processor<T> {
             }
         }
         let started = Instant::now();
+        let call_start = SystemTime::now();
         let call = self
             .runtime
             .call(body, self.cfg.runtime_timeout, self.cfg.runtime_wait)
             .await;
         self.metrics.runtime_call(started.elapsed().as_secs_f64());
+        let call_end = SystemTime::now();
         let answer = match call {
             Ok(v) => routing::interpret(v),
             Err(e) if e.no_runtime() && self.runtime.stopping() => {
@@ -414,6 +472,17 @@ impl<T: Transport> Processor<T> {
                 })
             }
         };
+        if let Ok(mut r) = hop.runtime.lock() {
+            *r = Some(RuntimeCall {
+                span_id: self.ids.span_id(),
+                start: call_start,
+                end: call_end,
+                error_type: match &answer {
+                    Answer::Failure(f) => Some(f.error_type.clone()),
+                    Answer::Results(_) => None,
+                },
+            });
+        }
         match answer {
             Answer::Results(items) => self.on_results(env, items, hop),
             Answer::Failure(f) => {

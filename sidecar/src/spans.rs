@@ -1,0 +1,234 @@
+//! Span export (docs/DESIGN.md §4 "Traces"): one hop's CONSUMER `process`, INTERNAL
+//! `runtime call` and PRODUCER `send` spans, recorded with the ids the envelope headers
+//! already carry (asya_transport::trace_context decides them) and exported by OpenTelemetry's
+//! batch processor as OTLP over HTTP (protobuf). Off unless the `OTEL_*` variables ask for
+//! it; only sampled hops are recorded.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use asya_transport::trace_context::{TraceParent, TraceSettings};
+use opentelemetry::trace::{
+    Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+    Tracer, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter};
+
+#[derive(Debug, thiserror::Error)]
+#[error("OTEL_EXPORTER_OTLP_ENDPOINT {endpoint:?}: cannot build the OTLP exporter: {message}")]
+pub struct ExportError {
+    endpoint: String,
+    message: String,
+}
+
+/// What one hop did, collected while it ran and recorded once its sends are confirmed.
+#[derive(Debug, Clone)]
+pub struct HopRecord {
+    /// The incoming context (`None`: this hop started the trace).
+    pub parent: Option<TraceParent>,
+    pub span: TraceParent,
+    pub envelope_id: String,
+    pub start: SystemTime,
+    /// The runtime call: its span id, start, end and error type (if it failed).
+    pub runtime: Option<RuntimeCall>,
+    /// Each send: producer span id, destination queue.
+    pub sends: Vec<(u64, String)>,
+    /// When the sends were confirmed (or failed) and whether they failed.
+    pub end: SystemTime,
+    pub send_error: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RuntimeCall {
+    pub span_id: u64,
+    pub start: SystemTime,
+    pub end: SystemTime,
+    pub error_type: Option<String>,
+}
+
+/// The sidecar's span recorder: a no-op when tracing is off.
+pub struct Spans {
+    provider: Option<SdkTracerProvider>,
+    tracer: Option<SdkTracer>,
+    system: &'static str,
+    queue: String,
+}
+
+impl Spans {
+    pub fn off() -> Spans {
+        Spans {
+            provider: None,
+            tracer: None,
+            system: "",
+            queue: String::new(),
+        }
+    }
+
+    /// Builds the exporter when `settings` record. `system` is `rabbitmq` or `aws_sqs`, `queue`
+    /// the actor's own queue. Must run inside the tokio runtime (exports are spawned on it).
+    pub fn new(
+        settings: &TraceSettings,
+        system: &'static str,
+        queue: String,
+    ) -> Result<Spans, ExportError> {
+        let Some(endpoint) = settings.endpoint.as_deref().filter(|_| settings.recording) else {
+            return Ok(Spans::off());
+        };
+        let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(url)
+            .build()
+            .map_err(|e| ExportError {
+                endpoint: endpoint.to_string(),
+                message: e.to_string(),
+            })?;
+        // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, as the webhook sets them.
+        let resource = Resource::builder().build();
+        exporter.set_resource(&resource);
+        let on_runtime = OnRuntime {
+            inner: Arc::new(exporter),
+            runtime: tokio::runtime::Handle::current(),
+        };
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(on_runtime)
+            .with_resource(resource)
+            .build();
+        let tracer = provider.tracer("asya-sidecar");
+        Ok(Spans {
+            provider: Some(provider),
+            tracer: Some(tracer),
+            system,
+            queue,
+        })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.tracer.is_some()
+    }
+
+    /// Records the hop's spans (when sampled); the batch processor exports them later.
+    pub fn record(&self, hop: &HopRecord) {
+        let Some(tracer) = &self.tracer else { return };
+        if !hop.span.sampled() {
+            return;
+        }
+        let trace_id = TraceId::from(hop.span.trace_id);
+        let ctx_of = |span_id: u64, remote: bool| {
+            Context::new().with_remote_span_context(SpanContext::new(
+                trace_id,
+                SpanId::from(span_id),
+                TraceFlags::SAMPLED,
+                remote,
+                TraceState::default(),
+            ))
+        };
+        let parent_cx = hop
+            .parent
+            .map_or_else(Context::new, |p| ctx_of(p.span_id, true));
+        let links = hop
+            .parent
+            .map(|p| {
+                vec![Link::with_context(SpanContext::new(
+                    trace_id,
+                    SpanId::from(p.span_id),
+                    TraceFlags::SAMPLED,
+                    true,
+                    TraceState::default(),
+                ))]
+            })
+            .unwrap_or_default();
+        let messaging = |op: &'static str, dest: &str| {
+            vec![
+                KeyValue::new("messaging.system", self.system),
+                KeyValue::new("messaging.destination.name", dest.to_string()),
+                KeyValue::new("messaging.operation.type", op),
+                KeyValue::new("messaging.message.id", hop.envelope_id.clone()),
+            ]
+        };
+        let status = |err: &Option<String>| match err {
+            Some(e) => Status::error(e.clone()),
+            None => Status::Unset,
+        };
+        let consumer = tracer
+            .span_builder(format!("process {}", self.queue))
+            .with_kind(SpanKind::Consumer)
+            .with_trace_id(trace_id)
+            .with_span_id(SpanId::from(hop.span.span_id))
+            .with_start_time(hop.start)
+            .with_end_time(hop.end)
+            .with_links(links)
+            .with_attributes(messaging("process", &self.queue))
+            .with_status(status(&hop.send_error));
+        drop(tracer.build_with_context(consumer, &parent_cx));
+        let hop_cx = ctx_of(hop.span.span_id, false);
+        if let Some(call) = &hop.runtime {
+            let mut attrs = vec![KeyValue::new(
+                "messaging.message.id",
+                hop.envelope_id.clone(),
+            )];
+            if let Some(t) = &call.error_type {
+                attrs.push(KeyValue::new("error.type", t.clone()));
+            }
+            let b = tracer
+                .span_builder("runtime call")
+                .with_kind(SpanKind::Internal)
+                .with_span_id(SpanId::from(call.span_id))
+                .with_start_time(call.start)
+                .with_end_time(call.end)
+                .with_attributes(attrs)
+                .with_status(status(&call.error_type));
+            drop(tracer.build_with_context(b, &hop_cx));
+        }
+        let send_start = hop.runtime.as_ref().map_or(hop.start, |c| c.end);
+        for (span_id, queue) in &hop.sends {
+            let b = tracer
+                .span_builder(format!("send {queue}"))
+                .with_kind(SpanKind::Producer)
+                .with_span_id(SpanId::from(*span_id))
+                .with_start_time(send_start)
+                .with_end_time(hop.end)
+                .with_attributes(messaging("send", queue))
+                .with_status(status(&hop.send_error));
+            drop(tracer.build_with_context(b, &hop_cx));
+        }
+    }
+
+    /// Exports what is buffered, waiting at most `timeout` (at shutdown).
+    pub fn shutdown(&self, timeout: Duration) {
+        if let Some(p) = &self.provider
+            && let Err(e) = p.shutdown_with_timeout(timeout)
+        {
+            tracing::warn!(error = %e, "spans not all exported at shutdown");
+        }
+    }
+}
+
+/// The OTLP exporter's HTTP client is hyper on tokio, while the SDK's batch processor runs
+/// exports on its own thread: each export is spawned on the sidecar's runtime and awaited.
+#[derive(Debug)]
+struct OnRuntime {
+    inner: Arc<opentelemetry_otlp::SpanExporter>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl SpanExporter for OnRuntime {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let inner = self.inner.clone();
+        match self
+            .runtime
+            .spawn(async move { inner.export(batch).await })
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                e.to_string(),
+            )),
+        }
+    }
+}
