@@ -55,6 +55,16 @@ pub struct Hop {
 }
 
 impl Hop {
+    fn forget_sends(&self) {
+        self.forget_sends_except("");
+    }
+
+    fn forget_sends_except(&self, queue: &str) {
+        if let Ok(mut sends) = self.sends.lock() {
+            sends.retain(|(_, q)| q == queue);
+        }
+    }
+
     /// The spans of this hop, ended at `end`.
     fn record(&self, envelope_id: &str, send_error: Option<String>) -> HopRecord {
         HopRecord {
@@ -251,11 +261,9 @@ impl<T: Transport> Processor<T> {
         {
             tracing::warn!(error = %e, "cannot deliver the result; sending the input to x-sump");
             let sump = self.sump_for_send_error(&msg.body, e, d.hop.as_ref());
-            if let Some(h) = &d.hop
-                && let Ok(mut sends) = h.sends.lock()
-            {
+            if let Some(h) = &d.hop {
                 // The first sends never happened: only the x-sump one is this hop's.
-                sends.retain(|(_, q)| *q == sump.queue);
+                h.forget_sends_except(&sump.queue);
             }
             let reason = match e {
                 TransportError::TooLarge { .. } => "too_large",
@@ -557,6 +565,8 @@ impl<T: Transport> Processor<T> {
                         big.body.len(),
                         big.queue
                     );
+                    // None of those sends happens: only the x-sump one is this hop's.
+                    hop.forget_sends();
                     return self.to_sump(&env, &reason, None, "failed", "too_large", hop);
                 }
                 tracing::debug!(count = out.len(), "routed");
