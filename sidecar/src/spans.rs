@@ -13,10 +13,13 @@ use opentelemetry::trace::{
     Tracer, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter};
+
+/// One export request's limit (OTel's default for OTLP).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 #[error("OTEL_EXPORTER_OTLP_ENDPOINT {endpoint:?}: cannot build the OTLP exporter: {message}")]
@@ -79,15 +82,22 @@ impl Spans {
             return Ok(Spans::off());
         };
         let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+        let err = |message: String| ExportError {
+            endpoint: endpoint.to_string(),
+            message,
+        };
+        let client = RustlsClient {
+            inner: asya_transport::http_client::client().map_err(|e| err(e.to_string()))?,
+            timeout: EXPORT_TIMEOUT,
+        };
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
+            .with_http_client(client)
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(url)
+            .with_timeout(EXPORT_TIMEOUT)
             .build()
-            .map_err(|e| ExportError {
-                endpoint: endpoint.to_string(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| err(e.to_string()))?;
         // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, as the webhook sets them.
         let resource = Resource::builder().build();
         exporter.set_resource(&resource);
@@ -230,5 +240,33 @@ impl SpanExporter for OnRuntime {
                 e.to_string(),
             )),
         }
+    }
+}
+
+/// The workspace's one HTTP(S) client (asya_transport::http_client: hyper, rustls on ring,
+/// system roots) for the OTLP exporter, so an `https://` collector needs no other TLS stack.
+#[derive(Debug)]
+struct RustlsClient {
+    inner: hyper_util::client::legacy::Client<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+        http_body_util::Full<bytes::Bytes>,
+    >,
+    timeout: Duration,
+}
+
+#[async_trait::async_trait]
+impl opentelemetry_http::HttpClient for RustlsClient {
+    async fn send_bytes(
+        &self,
+        request: opentelemetry_http::Request<bytes::Bytes>,
+    ) -> Result<opentelemetry_http::Response<bytes::Bytes>, opentelemetry_http::HttpError> {
+        use http_body_util::BodyExt;
+        let request = request.map(http_body_util::Full::new);
+        let response = tokio::time::timeout(self.timeout, self.inner.request(request)).await??;
+        let (parts, body) = response.into_parts();
+        let body = tokio::time::timeout(self.timeout, body.collect())
+            .await??
+            .to_bytes();
+        Ok(opentelemetry_http::Response::from_parts(parts, body))
     }
 }
