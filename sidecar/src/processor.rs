@@ -16,10 +16,10 @@ use crate::gateway_client::{Report, Reporter};
 use crate::metrics::Metrics;
 use crate::routing::{self, Answer, Queues};
 use crate::runtime_client::RuntimeClient;
-use crate::spans::{HopRecord, RuntimeCall, Spans};
+use crate::spans::{Hop, RuntimeCall, Spans};
 use asya_transport::envelope::{self, Envelope};
 use asya_transport::resiliency::{self, Decision, FailReason, Failure};
-use asya_transport::trace_context::{self, IdSource, TraceParent};
+use asya_transport::trace_context::{self, IdSource};
 use asya_transport::{Outgoing, Received, Transport, TransportError};
 
 /// What to do with one message once the handler (if any) has run.
@@ -38,46 +38,6 @@ pub struct Disposition {
     pub returned: bool,
     /// This hop's span (docs/DESIGN.md §4 "Traces"); `None` only before the envelope was read.
     pub hop: Option<Hop>,
-}
-
-/// One hop's trace context: the CONSUMER span processing the envelope (child of the
-/// incoming context, or a new root) and the `tracestate` carried on. Each send is a
-/// PRODUCER child of `span` whose context goes into the sent envelope. What the hop did is
-/// noted here as it happens and recorded as spans once its sends are confirmed.
-#[derive(Debug)]
-pub struct Hop {
-    pub span: TraceParent,
-    pub tracestate: Option<String>,
-    pub parent: Option<TraceParent>,
-    pub start: SystemTime,
-    runtime: std::sync::Mutex<Option<RuntimeCall>>,
-    sends: std::sync::Mutex<Vec<(u64, String)>>,
-}
-
-impl Hop {
-    fn forget_sends(&self) {
-        self.forget_sends_except("");
-    }
-
-    fn forget_sends_except(&self, queue: &str) {
-        if let Ok(mut sends) = self.sends.lock() {
-            sends.retain(|(_, q)| q == queue);
-        }
-    }
-
-    /// The spans of this hop, ended at `end`.
-    fn record(&self, envelope_id: &str, send_error: Option<String>) -> HopRecord {
-        HopRecord {
-            parent: self.parent,
-            span: self.span,
-            envelope_id: envelope_id.to_string(),
-            start: self.start,
-            runtime: self.runtime.lock().map(|r| r.clone()).unwrap_or_default(),
-            sends: self.sends.lock().map(|s| s.clone()).unwrap_or_default(),
-            end: SystemTime::now(),
-            send_error,
-        }
-    }
 }
 
 /// Room for one message: held while it is in flight, the call part until the runtime answers.
@@ -336,14 +296,8 @@ impl<T: Transport> Processor<T> {
             tracing::debug!(reason = %why, "unusable traceparent; starting a new trace");
         }
         let t = &self.cfg.trace;
-        Hop {
-            span: trace_context::hop_span(&incoming, &self.ids, t.ratio, t.recording),
-            tracestate: incoming.tracestate,
-            parent: incoming.parent,
-            start: SystemTime::now(),
-            runtime: std::sync::Mutex::new(None),
-            sends: std::sync::Mutex::new(Vec::new()),
-        }
+        let span = trace_context::hop_span(&incoming, &self.ids, t.ratio, t.recording);
+        Hop::new(span, incoming)
     }
 
     fn sump_for_send_error(&self, body: &[u8], e: &TransportError, hop: Option<&Hop>) -> Outgoing {
@@ -377,9 +331,7 @@ impl<T: Transport> Processor<T> {
         hop: &Hop,
     ) -> Outgoing {
         let send = hop.span.child(self.ids.span_id());
-        if let Ok(mut sends) = hop.sends.lock() {
-            sends.push((send.span_id, queue.clone()));
-        }
+        hop.note_send(send.span_id, &queue);
         let trace = Some((&send, hop.tracestate.as_deref()));
         Outgoing {
             queue,
@@ -480,17 +432,15 @@ impl<T: Transport> Processor<T> {
                 })
             }
         };
-        if let Ok(mut r) = hop.runtime.lock() {
-            *r = Some(RuntimeCall {
-                span_id: self.ids.span_id(),
-                start: call_start,
-                end: call_end,
-                error_type: match &answer {
-                    Answer::Failure(f) => Some(f.error_type.clone()),
-                    Answer::Results(_) => None,
-                },
-            });
-        }
+        hop.note_runtime(RuntimeCall {
+            span_id: self.ids.span_id(),
+            start: call_start,
+            end: call_end,
+            error_type: match &answer {
+                Answer::Failure(f) => Some(f.error_type.clone()),
+                Answer::Results(_) => None,
+            },
+        });
         match answer {
             Answer::Results(items) => self.on_results(env, items, hop),
             Answer::Failure(f) => {

@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use asya_transport::trace_context::{TraceParent, TraceSettings};
+use std::sync::Mutex;
+
+use asya_transport::trace_context::{Incoming, TraceParent, TraceSettings};
 use opentelemetry::trace::{
     Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
     Tracer, TracerProvider as _,
@@ -26,6 +28,71 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ExportError {
     endpoint: String,
     message: String,
+}
+
+/// One hop's trace context: the CONSUMER span processing the envelope (child of the
+/// incoming context, or a new root) and the `tracestate` carried on. Each send is a
+/// PRODUCER child of `span` whose context goes into the sent envelope. What the hop did is
+/// noted here as it happens and recorded as spans once its sends are confirmed.
+#[derive(Debug)]
+pub struct Hop {
+    pub span: TraceParent,
+    pub tracestate: Option<String>,
+    pub parent: Option<TraceParent>,
+    pub start: SystemTime,
+    runtime: Mutex<Option<RuntimeCall>>,
+    sends: Mutex<Vec<(u64, String)>>,
+}
+
+impl Hop {
+    /// The hop whose span is `span`, continuing `incoming`, starting now.
+    pub fn new(span: TraceParent, incoming: Incoming) -> Hop {
+        Hop {
+            span,
+            tracestate: incoming.tracestate,
+            parent: incoming.parent,
+            start: SystemTime::now(),
+            runtime: Mutex::new(None),
+            sends: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A send of this hop, as a PRODUCER span `span_id` to `queue`.
+    pub fn note_send(&self, span_id: u64, queue: &str) {
+        if let Ok(mut sends) = self.sends.lock() {
+            sends.push((span_id, queue.to_string()));
+        }
+    }
+
+    pub fn note_runtime(&self, call: RuntimeCall) {
+        if let Ok(mut r) = self.runtime.lock() {
+            *r = Some(call);
+        }
+    }
+
+    pub fn forget_sends(&self) {
+        self.forget_sends_except("");
+    }
+
+    pub fn forget_sends_except(&self, queue: &str) {
+        if let Ok(mut sends) = self.sends.lock() {
+            sends.retain(|(_, q)| q == queue);
+        }
+    }
+
+    /// The spans of this hop, ended at `end`.
+    pub fn record(&self, envelope_id: &str, send_error: Option<String>) -> HopRecord {
+        HopRecord {
+            parent: self.parent,
+            span: self.span,
+            envelope_id: envelope_id.to_string(),
+            start: self.start,
+            runtime: self.runtime.lock().map(|r| r.clone()).unwrap_or_default(),
+            sends: self.sends.lock().map(|s| s.clone()).unwrap_or_default(),
+            end: SystemTime::now(),
+            send_error,
+        }
+    }
 }
 
 /// What one hop did, collected while it ran and recorded once its sends are confirmed.
@@ -268,5 +335,45 @@ impl opentelemetry_http::HttpClient for RustlsClient {
             .await??
             .to_bytes();
         Ok(opentelemetry_http::Response::from_parts(parts, body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use asya_transport::trace_context::parse_traceparent;
+
+    #[test]
+    fn a_hop_records_its_sends_and_forgets_those_that_never_happened() {
+        let parent =
+            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let incoming = Incoming {
+            parent: Some(parent),
+            tracestate: Some("k=v".into()),
+            refused: None,
+        };
+        let hop = Hop::new(parent.child(7), incoming);
+        hop.note_send(8, "asya-ns-b");
+        hop.note_send(9, "asya-ns-b");
+        let r = hop.record("e1", None);
+        assert_eq!(r.parent, Some(parent));
+        assert_eq!(r.span.span_id, 7);
+        assert_eq!(r.sends.len(), 2);
+        assert!(r.runtime.is_none());
+        // The result could not be delivered: only the x-sump send is the hop's.
+        hop.note_send(10, "asya-ns-x-sump");
+        hop.forget_sends_except("asya-ns-x-sump");
+        assert_eq!(
+            hop.record("e1", None).sends,
+            vec![(10, "asya-ns-x-sump".into())]
+        );
+        hop.forget_sends();
+        assert!(hop.record("e1", None).sends.is_empty());
+    }
+
+    #[test]
+    fn off_records_nothing_and_needs_no_runtime() {
+        let spans = Spans::new(&TraceSettings::off(), "rabbitmq", "q".into()).unwrap();
+        assert!(!spans.enabled());
     }
 }
