@@ -140,8 +140,7 @@ impl App {
         }
         // The call is the trace's first hop (or continues the caller's): the envelope
         // carries a PRODUCER child of it to the first actor.
-        let call_span =
-            trace_context::hop_span(trace, &self.ids, self.trace.ratio, self.trace.recording);
+        let call_span = trace_context::hop_span(trace, &self.ids, self.trace.ratio);
         let send = call_span.child(self.ids.span_id());
         let span = tracing::info_span!("envelope", id = %id, tool = %name, trace_id = %call_span.trace_id_hex());
         self.start(tool, id, payload, (&send, trace.tracestate.as_deref()))

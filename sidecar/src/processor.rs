@@ -296,7 +296,7 @@ impl<T: Transport> Processor<T> {
             tracing::debug!(reason = %why, "unusable traceparent; starting a new trace");
         }
         let t = &self.cfg.trace;
-        let span = trace_context::hop_span(&incoming, &self.ids, t.ratio, t.recording);
+        let span = trace_context::hop_span(&incoming, &self.ids, t.ratio);
         Hop::new(span, incoming)
     }
 

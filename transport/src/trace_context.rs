@@ -207,14 +207,14 @@ pub fn ratio_from_env(arg: Option<&str>) -> f64 {
 
 /// The span a hop makes for `incoming`: a child of its parent (parent-based sampling: a
 /// sampled parent is followed, an unsampled one too), or a new root sampled by `ratio`.
-/// `recording` false (tracing off) makes new roots unsampled: propagation still happens,
-/// nobody downstream is asked to record what this part does not.
-pub fn hop_span(incoming: &Incoming, ids: &IdSource, ratio: f64, recording: bool) -> TraceParent {
+/// Whether this part records plays no part: a root started where tracing is off (a gateway
+/// without `OTEL_*`, say) must still be recorded by the actors after it that trace.
+pub fn hop_span(incoming: &Incoming, ids: &IdSource, ratio: f64) -> TraceParent {
     match incoming.parent {
         Some(p) => p.child(ids.span_id()),
         None => {
             let trace_id = ids.trace_id();
-            let sampled = recording && sample_by_ratio(trace_id, ratio);
+            let sampled = sample_by_ratio(trace_id, ratio);
             TraceParent {
                 trace_id,
                 span_id: ids.span_id(),
@@ -428,7 +428,7 @@ mod tests {
             parent: Some(parent),
             ..Default::default()
         };
-        let s = hop_span(&with, &ids, 0.0, false);
+        let s = hop_span(&with, &ids, 0.0);
         assert_eq!((s.trace_id, s.flags), (parent.trace_id, parent.flags));
         assert_ne!(s.span_id, parent.span_id);
         // An unsampled parent stays unsampled even at ratio 1.
@@ -436,12 +436,11 @@ mod tests {
             parent: Some(TraceParent { flags: 0, ..parent }),
             ..Default::default()
         };
-        assert!(!hop_span(&unsampled, &ids, 1.0, true).sampled());
-        // Roots: sampled by ratio only while recording.
-        let root = hop_span(&Incoming::default(), &ids, 1.0, true);
+        assert!(!hop_span(&unsampled, &ids, 1.0).sampled());
+        // Roots: sampled by ratio.
+        let root = hop_span(&Incoming::default(), &ids, 1.0);
         assert!(root.sampled() && root.trace_id != parent.trace_id);
-        assert!(!hop_span(&Incoming::default(), &ids, 1.0, false).sampled());
-        assert!(!hop_span(&Incoming::default(), &ids, 0.0, true).sampled());
+        assert!(!hop_span(&Incoming::default(), &ids, 0.0).sampled());
     }
 
     #[test]
