@@ -3,7 +3,8 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use asya_transport::envelope::{Envelope, Route};
+use asya_transport::envelope::{Envelope, Route, SendTrace};
+use asya_transport::trace_context::{self, IdSource, Incoming, TraceSettings};
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
@@ -25,6 +26,9 @@ pub struct App {
     pub senders: Senders,
     pub namespace: String,
     pub metrics: Metrics,
+    /// Trace settings (`OTEL_*`); off by default, context is continued either way.
+    pub trace: TraceSettings,
+    ids: IdSource,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +59,15 @@ impl App {
             senders,
             namespace,
             metrics: Metrics::new(),
+            trace: TraceSettings::off(),
+            ids: IdSource::new(),
         }
+    }
+
+    /// Records spans by `trace` (sampling ratio, export endpoint).
+    pub fn with_trace(mut self, trace: TraceSettings) -> App {
+        self.trace = trace;
+        self
     }
 
     pub fn tools(&self) -> Arc<Tools> {
@@ -96,6 +108,7 @@ impl App {
         who: &Principal,
         name: &str,
         args: Option<&Value>,
+        trace: &Incoming,
     ) -> Result<Started, CallError> {
         let tools = self.tools();
         let Some(tool) = tools.get(name).cloned() else {
@@ -122,8 +135,17 @@ impl App {
             }
         };
         let id = uuid::Uuid::new_v4().to_string();
-        let span = tracing::info_span!("envelope", id = %id, tool = %name);
-        self.start(tool, id, payload).instrument(span).await
+        if let Some(why) = &trace.refused {
+            tracing::debug!(reason = %why, "unusable traceparent on the request; starting a new trace");
+        }
+        // The call is the trace's first hop (or continues the caller's): the envelope
+        // carries a PRODUCER child of it to the first actor.
+        let call_span = trace_context::hop_span(trace, &self.ids, self.trace.ratio);
+        let send = call_span.child(self.ids.span_id());
+        let span = tracing::info_span!("envelope", id = %id, tool = %name, trace_id = %call_span.trace_id_hex());
+        self.start(tool, id, payload, (&send, trace.tracestate.as_deref()))
+            .instrument(span)
+            .await
     }
 
     async fn start(
@@ -131,6 +153,7 @@ impl App {
         tool: Tool,
         id: String,
         payload: Map<String, Value>,
+        trace: SendTrace<'_>,
     ) -> Result<Started, CallError> {
         let now = now_ms();
         let ns = self.namespace_of(&tool).to_string();
@@ -156,6 +179,7 @@ impl App {
         let mut headers = Map::new();
         headers.insert("trace_id".into(), json!(uuid::Uuid::new_v4().to_string()));
         headers.insert(TOOL_HEADER.into(), json!(tool.name));
+        trace_context::set_headers(&mut headers, trace.0, trace.1);
         let env = Envelope {
             id: id.clone(),
             parent_id: None,

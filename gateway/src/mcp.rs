@@ -142,9 +142,14 @@ impl ServerHandler for Mcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let who = principal(&context.extensions)?;
         let args = request.arguments.map(Value::Object);
+        let trace = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .map(|p| crate::http::incoming_trace(&p.headers))
+            .unwrap_or_default();
         let started = self
             .app
-            .start_call(&who, &request.name, args.as_ref())
+            .start_call(&who, &request.name, args.as_ref(), &trace)
             .await
             .map_err(|e| call_error(&e))?;
         let id = started.record.id.clone();

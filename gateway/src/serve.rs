@@ -236,7 +236,9 @@ pub async fn start(
         namespace = %s.namespace,
         "gateway starting"
     );
-    let app = Arc::new(App::new(tools, store, senders, s.namespace.clone()));
+    let trace =
+        asya_transport::trace_context::TraceSettings::from_lookup(&|k| std::env::var(k).ok());
+    let app = Arc::new(App::new(tools, store, senders, s.namespace.clone()).with_trace(trace));
     let guard = Arc::new(Guard::new(
         tokens,
         s.rate_limit,

@@ -59,6 +59,9 @@ pub struct Config {
     pub log_json: bool,
     /// Where to report progress and final statuses (`ASYA_GATEWAY_URL`); off when unset.
     pub gateway: Option<GatewayConfig>,
+    /// Trace context and span export from the standard `OTEL_*` variables (off: context is
+    /// still carried from hop to hop).
+    pub trace: asya_transport::trace_context::TraceSettings,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -243,6 +246,7 @@ impl Config {
             )
             .filter(|d| !d.is_zero()),
             log_json,
+            trace: asya_transport::trace_context::TraceSettings::from_lookup(&|k| v.get(k)),
         })
     }
 }

@@ -10,6 +10,7 @@ pub mod processor;
 pub mod routing;
 pub mod runtime_client;
 pub mod service;
+pub mod spans;
 
 /// The runtime the injected init container copies next to the user's code.
 pub const RUNTIME_PY: &str = include_str!("../runtime/asya_runtime.py");

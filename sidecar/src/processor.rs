@@ -16,8 +16,10 @@ use crate::gateway_client::{Report, Reporter};
 use crate::metrics::Metrics;
 use crate::routing::{self, Answer, Queues};
 use crate::runtime_client::RuntimeClient;
+use crate::spans::{Hop, RuntimeCall, Spans};
 use asya_transport::envelope::{self, Envelope};
 use asya_transport::resiliency::{self, Decision, FailReason, Failure};
+use asya_transport::trace_context::{self, IdSource};
 use asya_transport::{Outgoing, Received, Transport, TransportError};
 
 /// What to do with one message once the handler (if any) has run.
@@ -34,6 +36,8 @@ pub struct Disposition {
     /// Not judged: the platform stopped the runtime mid-call, so the message goes back to
     /// the broker (a counted redelivery) for another pod, with nothing sent.
     pub returned: bool,
+    /// This hop's span (docs/DESIGN.md §4 "Traces"); `None` only before the envelope was read.
+    pub hop: Option<Hop>,
 }
 
 /// Room for one message: held while it is in flight, the call part until the runtime answers.
@@ -55,6 +59,8 @@ pub struct Processor<T: Transport> {
     calls: Arc<Semaphore>,
     seq: AtomicU64,
     reporter: Reporter,
+    ids: IdSource,
+    spans: Arc<Spans>,
 }
 
 fn now_ms() -> u64 {
@@ -87,7 +93,15 @@ impl<T: Transport> Processor<T> {
             in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
             calls,
             seq: AtomicU64::new(0),
+            ids: IdSource::new(),
+            spans: Arc::new(Spans::off()),
         }
+    }
+
+    /// Records each sampled hop's spans with `spans`.
+    pub fn with_spans(mut self, spans: Arc<Spans>) -> Self {
+        self.spans = spans;
+        self
     }
 
     /// Reports progress and final statuses to the gateway through `reporter`.
@@ -183,8 +197,12 @@ impl<T: Transport> Processor<T> {
             let disposition = self.dispose(&msg.body, msg.redeliveries).await;
             drop(call);
             self.transport.unhold(&msg.handle);
-            let span =
-                tracing::info_span!("envelope", actor = %self.cfg.actor, id = %disposition.id);
+            let trace_id = disposition
+                .hop
+                .as_ref()
+                .map(|h| h.span.trace_id_hex())
+                .unwrap_or_default();
+            let span = tracing::info_span!("envelope", actor = %self.cfg.actor, id = %disposition.id, trace_id = %trace_id);
             self.finish(msg, disposition, taken).instrument(span).await;
         });
     }
@@ -202,7 +220,11 @@ impl<T: Transport> Processor<T> {
             && !d.outgoing.iter().any(|o| o.queue == self.queues.sump())
         {
             tracing::warn!(error = %e, "cannot deliver the result; sending the input to x-sump");
-            let sump = self.sump_for_send_error(&msg.body, e);
+            let sump = self.sump_for_send_error(&msg.body, e, d.hop.as_ref());
+            if let Some(h) = &d.hop {
+                // The first sends never happened: only the x-sump one is this hop's.
+                h.forget_sends_except(&sump.queue);
+            }
             let reason = match e {
                 TransportError::TooLarge { .. } => "too_large",
                 _ => "no_such_queue",
@@ -216,6 +238,12 @@ impl<T: Transport> Processor<T> {
             && result.is_ok()
         {
             self.metrics.failed(reason);
+        }
+        if self.spans.enabled()
+            && let Some(h) = &d.hop
+        {
+            let err = result.as_ref().err().map(|e| e.to_string());
+            self.spans.record(&h.record(&d.id, err));
         }
         match result {
             Ok(()) => {
@@ -261,7 +289,18 @@ impl<T: Transport> Processor<T> {
         )
     }
 
-    fn sump_for_send_error(&self, body: &[u8], e: &TransportError) -> Outgoing {
+    /// The hop of an envelope whose headers are `headers` (or of a message that was none).
+    fn hop(&self, headers: Option<&serde_json::Map<String, serde_json::Value>>) -> Hop {
+        let incoming = headers.map(trace_context::incoming).unwrap_or_default();
+        if let Some(why) = &incoming.refused {
+            tracing::debug!(reason = %why, "unusable traceparent; starting a new trace");
+        }
+        let t = &self.cfg.trace;
+        let span = trace_context::hop_span(&incoming, &self.ids, t.ratio);
+        Hop::new(span, incoming)
+    }
+
+    fn sump_for_send_error(&self, body: &[u8], e: &TransportError, hop: Option<&Hop>) -> Outgoing {
         let reason = format!("result could not be delivered: {e}");
         let mut env = match envelope::parse(body, None) {
             Ok(env) => routing::to_sump(&env, &self.cfg.actor, &reason, None),
@@ -272,13 +311,31 @@ impl<T: Transport> Processor<T> {
         if matches!(e, TransportError::TooLarge { .. }) {
             env.payload = serde_json::Value::Null;
         }
-        self.outgoing(self.queues.sump(), &env, None)
+        let fresh;
+        let hop = match hop {
+            Some(h) => h,
+            None => {
+                fresh = self.hop(None);
+                &fresh
+            }
+        };
+        self.outgoing(self.queues.sump(), &env, None, hop)
     }
 
-    fn outgoing(&self, queue: String, env: &Envelope, delay: Option<Duration>) -> Outgoing {
+    /// One send of this hop: its body carries a new PRODUCER span, child of the hop's.
+    fn outgoing(
+        &self,
+        queue: String,
+        env: &Envelope,
+        delay: Option<Duration>,
+        hop: &Hop,
+    ) -> Outgoing {
+        let send = hop.span.child(self.ids.span_id());
+        hop.note_send(send.span_id, &queue);
+        let trace = Some((&send, hop.tracestate.as_deref()));
         Outgoing {
             queue,
-            body: envelope::to_body_stamped(env, now_ms()),
+            body: envelope::to_body_stamped(env, now_ms(), trace),
             delay,
         }
     }
@@ -297,26 +354,41 @@ impl<T: Transport> Processor<T> {
             Err(why) => {
                 let sump =
                     routing::malformed_to_sump(body, actor, &why, self.fallback_id(), 64 * 1024);
-                tracing::warn!(actor, id = %sump.id, reason = %why, "malformed message");
+                let hop = self.hop(None);
+                let trace_id = hop.span.trace_id_hex();
+                tracing::warn!(actor, id = %sump.id, trace_id = %trace_id, reason = %why, "malformed message");
                 if is_sump_consumer {
                     // Sending it to x-sump again would loop: drop it, loudly.
                     return self.done(Vec::new(), "malformed", None, sump.id);
                 }
-                let out = vec![self.outgoing(self.queues.sump(), &sump, None)];
-                return self.done(out, "malformed", Some(why.code().to_string()), sump.id);
+                let out = vec![self.outgoing(self.queues.sump(), &sump, None, &hop)];
+                let mut d = self.done(out, "malformed", Some(why.code().to_string()), sump.id);
+                d.hop = Some(hop);
+                return d;
             }
         };
         if let Some(wait) = envelope::queue_wait(&env, now_ms()) {
             self.metrics.queue_wait(wait.as_secs_f64());
         }
         let id = env.id.clone();
-        let span = tracing::info_span!("envelope", actor, id = %id);
-        self.dispose_envelope(env, body, redeliveries)
+        let hop = self.hop(Some(&env.headers));
+        let trace_id = hop.span.trace_id_hex();
+        let span = tracing::info_span!("envelope", actor, id = %id, trace_id = %trace_id);
+        let mut d = self
+            .dispose_envelope(env, body, redeliveries, &hop)
             .instrument(span)
-            .await
+            .await;
+        d.hop = Some(hop);
+        d
     }
 
-    async fn dispose_envelope(&self, env: Envelope, body: &[u8], redeliveries: u32) -> Disposition {
+    async fn dispose_envelope(
+        &self,
+        env: Envelope,
+        body: &[u8],
+        redeliveries: u32,
+        hop: &Hop,
+    ) -> Disposition {
         if redeliveries > self.cfg.max_redeliveries {
             let reason = format!(
                 "poison message: delivered {} times without finishing (limit {})",
@@ -324,7 +396,7 @@ impl<T: Transport> Processor<T> {
                 self.cfg.max_redeliveries + 1
             );
             tracing::warn!(%reason, "to x-sump");
-            return self.to_sump(&env, &reason, None, "poison", "poison");
+            return self.to_sump(&env, &reason, None, "poison", "poison", hop);
         }
         if self.reporter.enabled() && !self.cfg.is_end_actor {
             for phase in ["received", "processing"] {
@@ -332,11 +404,13 @@ impl<T: Transport> Processor<T> {
             }
         }
         let started = Instant::now();
+        let call_start = SystemTime::now();
         let call = self
             .runtime
             .call(body, self.cfg.runtime_timeout, self.cfg.runtime_wait)
             .await;
         self.metrics.runtime_call(started.elapsed().as_secs_f64());
+        let call_end = SystemTime::now();
         let answer = match call {
             Ok(v) => routing::interpret(v),
             Err(e) if e.no_runtime() && self.runtime.stopping() => {
@@ -358,11 +432,20 @@ impl<T: Transport> Processor<T> {
                 })
             }
         };
+        hop.note_runtime(RuntimeCall {
+            span_id: self.ids.span_id(),
+            start: call_start,
+            end: call_end,
+            error_type: match &answer {
+                Answer::Failure(f) => Some(f.error_type.clone()),
+                Answer::Results(_) => None,
+            },
+        });
         match answer {
-            Answer::Results(items) => self.on_results(env, items),
+            Answer::Results(items) => self.on_results(env, items, hop),
             Answer::Failure(f) => {
                 self.metrics.runtime_error(&f.error_type);
-                self.on_failure(env, f)
+                self.on_failure(env, f, hop)
             }
         }
     }
@@ -381,6 +464,7 @@ impl<T: Transport> Processor<T> {
             id,
             reports: Vec::new(),
             returned: false,
+            hop: None,
         }
     }
 
@@ -391,6 +475,7 @@ impl<T: Transport> Processor<T> {
         failure: Option<&Failure>,
         status: &'static str,
         metric_reason: &str,
+        hop: &Hop,
     ) -> Disposition {
         let id = env.id.clone();
         if self.own_queue == self.queues.sump() {
@@ -399,16 +484,16 @@ impl<T: Transport> Processor<T> {
         }
         let mut sump = routing::to_sump(env, &self.cfg.actor, reason, failure);
         if let Some(limit) = self.transport.max_message_bytes()
-            && envelope::to_body_stamped(&sump, now_ms()).len() > limit
+            && envelope::to_body_stamped(&sump, now_ms(), None).len() > limit
         {
             // The reason must arrive even when the envelope itself is too big to carry.
             sump.payload = serde_json::Value::Null;
         }
-        let out = vec![self.outgoing(self.queues.sump(), &sump, None)];
+        let out = vec![self.outgoing(self.queues.sump(), &sump, None, hop)];
         self.done(out, status, Some(metric_reason.to_string()), id)
     }
 
-    fn on_results(&self, env: Envelope, items: Vec<serde_json::Value>) -> Disposition {
+    fn on_results(&self, env: Envelope, items: Vec<serde_json::Value>, hop: &Hop) -> Disposition {
         if self.cfg.is_end_actor {
             let mut d = self.done(Vec::new(), "success", None, env.id.clone());
             if self.reporter.enabled() {
@@ -420,7 +505,7 @@ impl<T: Transport> Processor<T> {
             Ok(routed) => {
                 let out: Vec<Outgoing> = routed
                     .iter()
-                    .map(|(q, e)| self.outgoing(q.clone(), e, None))
+                    .map(|(q, e)| self.outgoing(q.clone(), e, None, hop))
                     .collect();
                 if let Some(limit) = self.transport.max_message_bytes()
                     && let Some(big) = out.iter().find(|o| o.body.len() > limit)
@@ -430,7 +515,9 @@ impl<T: Transport> Processor<T> {
                         big.body.len(),
                         big.queue
                     );
-                    return self.to_sump(&env, &reason, None, "failed", "too_large");
+                    // None of those sends happens: only the x-sump one is this hop's.
+                    hop.forget_sends();
+                    return self.to_sump(&env, &reason, None, "failed", "too_large", hop);
                 }
                 tracing::debug!(count = out.len(), "routed");
                 let mut d = self.done(out, "success", None, env.id.clone());
@@ -453,7 +540,7 @@ impl<T: Transport> Processor<T> {
             }
             Err(v) => {
                 tracing::warn!(violation = %v, "handler broke the routing rules");
-                self.to_sump(&env, &v.to_string(), None, "failed", "route_violation")
+                self.to_sump(&env, &v.to_string(), None, "failed", "route_violation", hop)
             }
         }
     }
@@ -490,7 +577,7 @@ impl<T: Transport> Processor<T> {
         }
     }
 
-    fn on_failure(&self, mut env: Envelope, f: Failure) -> Disposition {
+    fn on_failure(&self, mut env: Envelope, f: Failure, hop: &Hop) -> Disposition {
         let actor = self.cfg.actor.clone();
         let attempt = routing::failed_attempts(&env, &actor) + 1;
         let decision = resiliency::decide(&self.cfg.resiliency, &f, attempt);
@@ -502,13 +589,14 @@ impl<T: Transport> Processor<T> {
                     self.own_queue.clone(),
                     &env,
                     (!delay.is_zero()).then_some(delay),
+                    hop,
                 )];
                 self.done(out, "retried", None, env.id)
             }
             Decision::Fail { reason } => {
                 tracing::warn!(attempt, error_type = %f.error_type, error = %f.message, %reason, "to x-sump");
                 let metric = failed_metric_reason(&reason, &f);
-                self.to_sump(&env, &reason.to_string(), Some(&f), "failed", metric)
+                self.to_sump(&env, &reason.to_string(), Some(&f), "failed", metric, hop)
             }
         }
     }

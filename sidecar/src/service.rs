@@ -13,6 +13,7 @@ use crate::metrics::Metrics;
 use crate::processor::Processor;
 use crate::routing::Queues;
 use crate::runtime_client::RuntimeClient;
+use crate::spans::Spans;
 use asya_transport::Transport;
 use asya_transport::rabbitmq::{RabbitSettings, RabbitTransport};
 use asya_transport::sqs::{SqsSettings, SqsTransport};
@@ -42,6 +43,8 @@ pub enum ServiceError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Tracing(crate::spans::ExportError),
 }
 
 /// Runs until SIGTERM/SIGINT and a graceful drain (or the grace period ends).
@@ -189,8 +192,19 @@ async fn run_with<T: Transport>(
         let t = transport.clone();
         move || t.healthy()
     };
+    let system = match cfg.transport {
+        TransportConfig::RabbitMq { .. } => "rabbitmq",
+        TransportConfig::Sqs { .. } => "aws_sqs",
+    };
+    let own_queue = asya_api::naming::actor_queue(&cfg.namespace, &cfg.actor);
+    let spans = Arc::new(Spans::new(&cfg.trace, system, own_queue).map_err(ServiceError::Tracing)?);
+    if spans.enabled() {
+        tracing::info!(endpoint = ?cfg.trace.endpoint, ratio = cfg.trace.ratio, "exporting spans");
+    }
     let processor = Arc::new(
-        Processor::new(cfg.clone(), transport, metrics, max_in_flight).with_reporter(reporter),
+        Processor::new(cfg.clone(), transport, metrics, max_in_flight)
+            .with_reporter(reporter)
+            .with_spans(spans.clone()),
     );
     tracing::info!(queue = processor.own_queue(), "consuming");
     let mut loop_task = tokio::spawn(processor.run(stop.clone()));
@@ -213,6 +227,8 @@ async fn run_with<T: Transport>(
             loop_task.abort();
         }
     }
+    // The batch exporter's thread blocks while it flushes: off the runtime's workers.
+    let _ = tokio::task::spawn_blocking(move || spans.shutdown(Duration::from_secs(5))).await;
     Ok(())
 }
 

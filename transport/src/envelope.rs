@@ -116,10 +116,19 @@ struct Stamped<'a> {
     extra: &'a Map<String, Value>,
 }
 
-/// The message body of `env` as sent at `sent_at_ms` (see [`SENT_AT_HEADER`]).
-pub fn to_body_stamped(env: &Envelope, sent_at_ms: u64) -> Vec<u8> {
+/// The trace context an outgoing envelope carries: the producer span of its send and the
+/// hop's `tracestate` (crate::trace_context).
+pub type SendTrace<'a> = (&'a crate::trace_context::TraceParent, Option<&'a str>);
+
+/// The message body of `env` as sent at `sent_at_ms` (see [`SENT_AT_HEADER`]), its trace
+/// headers set to `trace` when given, whatever the envelope held (the chain is the
+/// platform's, docs/DESIGN.md §4 "Traces").
+pub fn to_body_stamped(env: &Envelope, sent_at_ms: u64, trace: Option<SendTrace<'_>>) -> Vec<u8> {
     let mut headers = env.headers.clone();
     headers.insert(SENT_AT_HEADER.into(), Value::from(sent_at_ms));
+    if let Some((span, tracestate)) = trace {
+        crate::trace_context::set_headers(&mut headers, span, tracestate);
+    }
     let stamped = Stamped {
         id: &env.id,
         parent_id: env.parent_id.as_deref(),
@@ -209,7 +218,7 @@ mod tests {
             "headers": {"k": 1, "x-asya-sent-at": "forged"}, "payload": [1, 2], "custom": true
         }));
         let env = parse(&b, Some("a")).unwrap();
-        let stamped = parse(&to_body_stamped(&env, 1_000), Some("a")).unwrap();
+        let stamped = parse(&to_body_stamped(&env, 1_000, None), Some("a")).unwrap();
         assert_eq!(stamped.headers[SENT_AT_HEADER], 1_000);
         let mut expected = env.clone();
         expected
@@ -224,6 +233,25 @@ mod tests {
         assert_eq!(queue_wait(&stamped, 999), None);
         // A forged or missing stamp is no observation either.
         assert_eq!(queue_wait(&env, 1_250), None);
+    }
+
+    #[test]
+    fn the_sent_body_carries_the_platforms_trace_context() {
+        let b = body(serde_json::json!({
+            "id": "e1", "route": {"actors": ["a"], "current": 0},
+            "headers": {"traceparent": "forged", "tracestate": "forged=1"}, "payload": 1
+        }));
+        let env = parse(&b, Some("a")).unwrap();
+        let span = crate::trace_context::parse_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .unwrap();
+        let sent = parse(&to_body_stamped(&env, 1, Some((&span, None))), Some("a")).unwrap();
+        assert_eq!(sent.headers["traceparent"], span.format());
+        assert!(!sent.headers.contains_key("tracestate"));
+        // Without a trace the headers go as they are.
+        let plain = parse(&to_body_stamped(&env, 1, None), Some("a")).unwrap();
+        assert_eq!(plain.headers["traceparent"], "forged");
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod sqs;
 pub mod sqs_batch;
 mod sqs_batcher;
 mod sqs_poll;
+pub mod trace_context;
 
 /// A message taken from the actor's queue, not yet acknowledged.
 #[derive(Debug)]

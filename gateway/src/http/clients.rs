@@ -50,15 +50,17 @@ struct CallBody {
 async fn tools_call(
     State(s): State<Arc<Server>>,
     Extension(who): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     body: Body,
 ) -> Response {
     let call: CallBody = match json_body(body, s.guard.max_body_bytes).await {
         Ok(c) => c,
         Err(r) => return *r,
     };
+    let trace = crate::http::incoming_trace(&headers);
     match s
         .app
-        .start_call(&who, &call.name, call.arguments.as_ref())
+        .start_call(&who, &call.name, call.arguments.as_ref(), &trace)
         .await
     {
         Ok(started) => {

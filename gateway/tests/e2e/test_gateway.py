@@ -6,6 +6,8 @@ import asyncio
 import datetime
 import json
 import os
+import urllib.request
+import uuid
 
 import boto3
 import pytest
@@ -13,7 +15,7 @@ from botocore.config import Config
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-from conftest import CREW, ELSEWHERE_TOKEN, TOKEN, http, psql, report_token, unique, wait_until
+from conftest import CREW, ELSEWHERE_TOKEN, TOKEN, http, need, psql, report_token, unique, wait_until
 
 TRANSPORTS = ["rabbitmq", "sqs"]
 
@@ -135,6 +137,47 @@ def test_mcp_lists_tools_and_runs_a_three_actor_pipeline(world, database, kind):
     assert wait_until("the result in S3", lambda: key in stored(bucket, "results/"), within=30)
     body = json.loads(s3().get_object(Bucket=bucket, Key=key)["Body"].read())
     assert body["id"] == id and body["payload"]["value"] == 24
+
+
+def jaeger_spans(trace_id, at_least):
+    """The spans of `trace_id` in the test Jaeger once it has `at_least` of them, else None."""
+    url = "%s/api/traces/%s" % (need("ASYA_TEST_JAEGER_QUERY_URL"), trace_id)
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            data = json.loads(r.read().decode())["data"]
+    except (OSError, ValueError, KeyError):
+        return None
+    spans = data[0]["spans"] if data else []
+    return spans if len(spans) >= at_least else None
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_rest_call_continues_the_callers_trace_through_every_hop(world, database, kind):
+    ns = unique(kind[:3])
+    bucket = "asya-" + ns
+    gw = world.gateway(kind, TOOLS, database, ns)
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": need("ASYA_TEST_JAEGER_OTLP_ENDPOINT"), "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    for a in ("a", "b", "c"):
+        world.actor(kind, ns, a, "testing.act", gw.url, env=dict(otel, OTEL_SERVICE_NAME=a))
+    crew(world, kind, ns, gw, bucket)
+    trace_id, caller = uuid.uuid4().hex, "00f067aa0ba902b7"
+    status, body = http("POST", gw.url + "/tools/call", {"name": "triple-double", "arguments": {"value": 3}},
+                        headers={"traceparent": "00-%s-%s-01" % (trace_id, caller)})
+    assert status == 202, body
+    assert gw.wait_final(body["envelope_id"])["status"] == "succeeded"
+
+    # a, b, c: each a process, a runtime call and a send span (the crew does not record).
+    spans = wait_until("trace %s in Jaeger" % trace_id, lambda: jaeger_spans(trace_id, 9), within=60)
+    by_id = {s["spanID"]: s for s in spans}
+    process = {s["operationName"].rsplit("-", 1)[1]: s for s in spans if s["operationName"].startswith("process ")}
+    assert set(process) == {"a", "b", "c"}, [s["operationName"] for s in spans]
+    # a consumed the gateway's send, itself a child of the caller's span: not the caller's.
+    first = process["a"]["references"]
+    assert len(first) == 1 and first[0]["spanID"] != caller and first[0]["spanID"] not in by_id, first
+    for prev, actor in (("a", "b"), ("b", "c")):
+        sent_by = by_id[process[actor]["references"][0]["spanID"]]
+        assert sent_by["operationName"] == "send asya-%s-%s" % (ns, actor), sent_by
+        assert sent_by["references"][0]["spanID"] == process[prev]["spanID"]
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
