@@ -24,6 +24,7 @@ pub mod session;
 pub mod sump;
 pub mod sump_store;
 pub mod trace;
+pub mod trace_backend;
 pub mod views;
 
 /// The whole program behind both binary names: parses the command line, runs the command,
