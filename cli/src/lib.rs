@@ -22,7 +22,7 @@ pub mod render;
 pub mod select;
 pub mod session;
 pub mod sump;
-pub mod sump_store;
+pub mod sump_source;
 pub mod trace;
 pub mod trace_backend;
 pub mod views;
