@@ -9,4 +9,5 @@ pub mod cmd;
 pub mod inject;
 pub mod patch;
 pub mod server;
+pub mod spans;
 pub mod telemetry;
