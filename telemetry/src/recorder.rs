@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use asya_api::trace_context::{TraceParent, TraceSettings};
+use asya_api::trace_context::{self, IdSource, Incoming, TraceParent, TraceSettings};
 use opentelemetry::trace::{
     Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
     Tracer, TracerProvider as _,
@@ -37,6 +37,8 @@ pub struct SpanRecord {
 pub struct Recorder {
     provider: Option<SdkTracerProvider>,
     tracer: Option<SdkTracer>,
+    ids: IdSource,
+    ratio: f64,
 }
 
 impl Recorder {
@@ -44,6 +46,8 @@ impl Recorder {
         Recorder {
             provider: None,
             tracer: None,
+            ids: IdSource::new(),
+            ratio: 1.0,
         }
     }
 
@@ -63,7 +67,15 @@ impl Recorder {
         Ok(Recorder {
             provider: Some(provider),
             tracer: Some(tracer),
+            ids: IdSource::new(),
+            ratio: settings.ratio,
         })
+    }
+
+    /// A span continuing `incoming` (or a new root sampled by the ratio), by the same rule
+    /// as every hop (asya_api::trace_context::hop_span).
+    pub fn span_for(&self, incoming: &Incoming) -> TraceParent {
+        trace_context::hop_span(incoming, &self.ids, self.ratio)
     }
 
     pub fn enabled(&self) -> bool {
