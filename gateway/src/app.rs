@@ -156,7 +156,8 @@ impl App {
         // carries a PRODUCER child of it to the first actor.
         let call_span = trace_context::hop_span(trace, &self.ids, self.trace.ratio);
         let send = call_span.child(self.ids.span_id());
-        let span = tracing::info_span!("envelope", id = %id, tool = %name, trace_id = %call_span.trace_id_hex());
+        // The call's log lines carry its trace and (SERVER) span ids, as the sidecars' do.
+        let span = tracing::info_span!("envelope", id = %id, tool = %name, trace_id = %call_span.trace_id_hex(), span_id = %call_span.span_id_hex());
         let traced = self.recorder.enabled().then(|| {
             let queue = asya_api::naming::actor_queue(self.namespace_of(&tool), &tool.route[0]);
             let transport = tool.transport.as_deref();

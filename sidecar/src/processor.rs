@@ -197,12 +197,8 @@ impl<T: Transport> Processor<T> {
             let disposition = self.dispose(&msg.body, msg.redeliveries).await;
             drop(call);
             self.transport.unhold(&msg.handle);
-            let trace_id = disposition
-                .hop
-                .as_ref()
-                .map(|h| h.span.trace_id_hex())
-                .unwrap_or_default();
-            let span = tracing::info_span!("envelope", actor = %self.cfg.actor, id = %disposition.id, trace_id = %trace_id);
+            let hop_span = disposition.hop.as_ref().map(|h| &h.span);
+            let span = crate::spans::log_span(&self.cfg.actor, &disposition.id, hop_span);
             self.finish(msg, disposition, taken).instrument(span).await;
         });
     }
@@ -355,8 +351,8 @@ impl<T: Transport> Processor<T> {
                 let sump =
                     routing::malformed_to_sump(body, actor, &why, self.fallback_id(), 64 * 1024);
                 let hop = self.hop(None);
-                let trace_id = hop.span.trace_id_hex();
-                tracing::warn!(actor, id = %sump.id, trace_id = %trace_id, reason = %why, "malformed message");
+                let (trace_id, span_id) = (hop.span.trace_id_hex(), hop.span.span_id_hex());
+                tracing::warn!(actor, id = %sump.id, trace_id, span_id, reason = %why, "malformed message");
                 if is_sump_consumer {
                     // Sending it to x-sump again would loop: drop it, loudly.
                     return self.done(Vec::new(), "malformed", None, sump.id);
@@ -372,8 +368,7 @@ impl<T: Transport> Processor<T> {
         }
         let id = env.id.clone();
         let hop = self.hop(Some(&env.headers));
-        let trace_id = hop.span.trace_id_hex();
-        let span = tracing::info_span!("envelope", actor, id = %id, trace_id = %trace_id);
+        let span = crate::spans::log_span(actor, &id, Some(&hop.span));
         let mut d = self
             .dispose_envelope(env, body, redeliveries, &hop)
             .instrument(span)

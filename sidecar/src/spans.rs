@@ -12,6 +12,17 @@ use asya_transport::trace_context::{Incoming, TraceParent, TraceSettings};
 
 pub use asya_telemetry::ExportError;
 
+/// The log span of one envelope's hop: every line logged within it carries the hop's
+/// `trace_id` and `span_id` (the `process` span's, as the trace backend shows it), so a log
+/// line leads to its trace and back. The ids exist whether or not the hop is sampled: they
+/// still tie one envelope's lines together across hops.
+pub fn log_span(actor: &str, id: &str, span: Option<&TraceParent>) -> tracing::Span {
+    let (trace_id, span_id) = span
+        .map(|s| (s.trace_id_hex(), s.span_id_hex()))
+        .unwrap_or_default();
+    tracing::info_span!("envelope", actor, id, trace_id, span_id)
+}
+
 /// One hop's trace context: the CONSUMER span processing the envelope (child of the
 /// incoming context, or a new root) and the `tracestate` carried on. Each send is a
 /// PRODUCER child of `span` whose context goes into the sent envelope. What the hop did is
@@ -293,6 +304,51 @@ mod tests {
             "messaging.destination.name",
             "asya-ns-x-sump"
         )));
+    }
+
+    /// A writer into a shared buffer, for the log test.
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_log_line_within_a_hop_carries_its_trace_and_span_ids() {
+        let tp =
+            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let buf = Buf::default();
+        let w = buf.clone();
+        // As main.rs sets up JSON logs: the current span's fields on each line.
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let _g = log_span("a", "e1", Some(&tp)).entered();
+            tracing::info!("runtime answered");
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let span = &line["span"];
+        assert_eq!(
+            span["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
+            "{text}"
+        );
+        assert_eq!(span["span_id"], "00f067aa0ba902b7", "{text}");
+        assert_eq!(
+            (span["actor"].as_str(), span["id"].as_str()),
+            (Some("a"), Some("e1"))
+        );
     }
 
     #[test]
