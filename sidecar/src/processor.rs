@@ -248,8 +248,9 @@ impl<T: Transport> Processor<T> {
                 }
                 match self.transport.ack(&msg.handle).await {
                     Ok(()) => {
+                        let trace = self.exemplar(d.hop.as_ref().map(|h| &h.span));
                         self.metrics
-                            .finished(status, started.elapsed().as_secs_f64());
+                            .finished(status, started.elapsed().as_secs_f64(), trace);
                         tracing::debug!(status, "done");
                         for r in d.reports {
                             self.reporter.send(r);
@@ -286,6 +287,14 @@ impl<T: Transport> Processor<T> {
     }
 
     /// The hop of an envelope whose headers are `headers` (or of a message that was none).
+    /// The exemplar of a hop whose spans reach the trace backend (sampled, recording).
+    fn exemplar(
+        &self,
+        span: Option<&asya_transport::trace_context::TraceParent>,
+    ) -> Option<crate::metrics::TraceLabel> {
+        crate::spans::exemplar(self.spans.enabled(), span)
+    }
+
     fn hop(&self, headers: Option<&serde_json::Map<String, serde_json::Value>>) -> Hop {
         let incoming = headers.map(trace_context::incoming).unwrap_or_default();
         if let Some(why) = &incoming.refused {
@@ -363,11 +372,12 @@ impl<T: Transport> Processor<T> {
                 return d;
             }
         };
-        if let Some(wait) = envelope::queue_wait(&env, now_ms()) {
-            self.metrics.queue_wait(wait.as_secs_f64());
-        }
         let id = env.id.clone();
         let hop = self.hop(Some(&env.headers));
+        if let Some(wait) = envelope::queue_wait(&env, now_ms()) {
+            let trace = self.exemplar(Some(&hop.span));
+            self.metrics.queue_wait(wait.as_secs_f64(), trace);
+        }
         let span = crate::spans::log_span(actor, &id, Some(&hop.span));
         let mut d = self
             .dispose_envelope(env, body, redeliveries, &hop)

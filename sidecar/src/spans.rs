@@ -23,6 +23,15 @@ pub fn log_span(actor: &str, id: &str, span: Option<&TraceParent>) -> tracing::S
     tracing::info_span!("envelope", actor, id, trace_id, span_id)
 }
 
+/// A histogram exemplar for a hop: only when its spans are recorded and sampled, since
+/// another trace id would lead to no trace.
+pub fn exemplar(recording: bool, span: Option<&TraceParent>) -> Option<crate::metrics::TraceLabel> {
+    span.filter(|s| recording && s.sampled())
+        .map(|s| crate::metrics::TraceLabel {
+            trace_id: s.trace_id_hex(),
+        })
+}
+
 /// One hop's trace context: the CONSUMER span processing the envelope (child of the
 /// incoming context, or a new root) and the `tracestate` carried on. Each send is a
 /// PRODUCER child of `span` whose context goes into the sent envelope. What the hop did is
@@ -349,6 +358,21 @@ mod tests {
             (span["actor"].as_str(), span["id"].as_str()),
             (Some("a"), Some("e1"))
         );
+    }
+
+    #[test]
+    fn only_a_recorded_sampled_hop_gives_an_exemplar() {
+        let sampled =
+            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let unsampled =
+            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").unwrap();
+        assert_eq!(
+            exemplar(true, Some(&sampled)).map(|l| l.trace_id),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736".to_string())
+        );
+        assert!(exemplar(false, Some(&sampled)).is_none());
+        assert!(exemplar(true, Some(&unsampled)).is_none());
+        assert!(exemplar(true, None).is_none());
     }
 
     #[test]
