@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use std::time::Duration;
 
 use asya_api::trace_context::{
-    self, IdSource, Incoming, TRACEPARENT_HEADER, TRACESTATE_HEADER, TraceParent, TraceSettings,
+    self, TRACEPARENT_HEADER, TRACESTATE_HEADER, TraceParent, TraceSettings,
 };
 use asya_telemetry::{ExportError, KeyValue, Recorder, SpanKind, SpanRecord};
 use axum::http::HeaderMap;
@@ -17,19 +17,15 @@ use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
 use serde::Deserialize;
 
-/// The webhook's span recorder and the rules it decides ids by; a no-op when off.
+/// The webhook's span recorder; a no-op when off.
 pub struct Traces {
     recorder: Recorder,
-    ids: IdSource,
-    ratio: f64,
 }
 
 impl Traces {
     pub fn off() -> Traces {
         Traces {
             recorder: Recorder::off(),
-            ids: IdSource::new(),
-            ratio: 1.0,
         }
     }
 
@@ -37,8 +33,6 @@ impl Traces {
     pub fn new(settings: &TraceSettings) -> Result<Traces, ExportError> {
         Ok(Traces {
             recorder: Recorder::new(settings, "asya-webhook")?,
-            ids: IdSource::new(),
-            ratio: settings.ratio,
         })
     }
 
@@ -61,7 +55,10 @@ impl Traces {
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         let incoming =
             trace_context::incoming_from(header(TRACEPARENT_HEADER), header(TRACESTATE_HEADER));
-        let span = admission_context(&incoming, &self.ids, self.ratio);
+        let span = self.recorder.span_for(&incoming);
+        if !span.sampled() {
+            return;
+        }
         self.recorder.record(&admission_span(
             endpoint,
             &Subject::of_body(body),
@@ -144,11 +141,6 @@ impl Outcome {
     }
 }
 
-/// The span context of one admission: a child of the API server's, or a new root.
-pub fn admission_context(incoming: &Incoming, ids: &IdSource, ratio: f64) -> TraceParent {
-    trace_context::hop_span(incoming, ids, ratio)
-}
-
 /// The SERVER span of one admission. A denial is a successful answer, not an error of the
 /// webhook: its status stays unset and the reason is an attribute; a request that could
 /// not be answered is an ERROR.
@@ -203,7 +195,7 @@ pub fn admission_span(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use asya_api::trace_context::{incoming_from, parse_traceparent};
+    use asya_api::trace_context::{Incoming, incoming_from, parse_traceparent};
 
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
@@ -235,7 +227,8 @@ mod tests {
     fn a_denial_records_the_subject_and_the_reason_without_an_error_status() {
         let parent = parse_traceparent(TP).unwrap();
         let incoming = incoming_from(Some(TP), None);
-        let span = admission_context(&incoming, &IdSource::new(), 1.0);
+        // The API server's context is continued (the same rule as every hop).
+        let span = Recorder::off().span_for(&incoming);
         assert_eq!(span.trace_id, parent.trace_id);
         let subject = Subject {
             kind: "AsyncActor".into(),
@@ -273,7 +266,7 @@ mod tests {
 
     #[test]
     fn a_bad_request_is_an_error_and_a_patch_is_allowed() {
-        let span = admission_context(&Incoming::default(), &IdSource::new(), 1.0);
+        let span = Recorder::off().span_for(&Incoming::default());
         let now = SystemTime::now();
         let bad = Outcome {
             operation: "UNKNOWN",
