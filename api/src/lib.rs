@@ -22,6 +22,7 @@ pub mod schema;
 pub mod sidecar_settings;
 pub mod state_proxy;
 pub mod telemetry;
+pub mod trace_context;
 pub mod types;
 
 pub use config::ClusterConfig;

@@ -129,10 +129,7 @@ impl TracingConfig {
             (otel_env::RESOURCE_ATTRIBUTES, attrs.join(",")),
             (otel_env::TRACES_EXPORTER, "otlp".to_string()),
             (otel_env::EXPORTER_OTLP_ENDPOINT, self.otlp_endpoint.clone()),
-            (
-                otel_env::EXPORTER_OTLP_PROTOCOL,
-                "http/protobuf".to_string(),
-            ),
+            (otel_env::EXPORTER_OTLP_PROTOCOL, "http/json".to_string()),
             (
                 otel_env::TRACES_SAMPLER,
                 "parentbased_traceidratio".to_string(),
@@ -211,7 +208,7 @@ mod tests {
             env["OTEL_EXPORTER_OTLP_ENDPOINT"],
             "http://jaeger.default.svc:4318"
         );
-        assert_eq!(env["OTEL_EXPORTER_OTLP_PROTOCOL"], "http/protobuf");
+        assert_eq!(env["OTEL_EXPORTER_OTLP_PROTOCOL"], "http/json");
         assert_eq!(env["OTEL_TRACES_SAMPLER"], "parentbased_traceidratio");
         assert_eq!(env["OTEL_TRACES_SAMPLER_ARG"], "0.25");
         assert_eq!(env["OTEL_SDK_DISABLED"], "false");

@@ -29,6 +29,8 @@ pub struct App {
     /// Trace settings (`OTEL_*`); off by default, context is continued either way.
     pub trace: TraceSettings,
     ids: IdSource,
+    /// Records each call's spans when the `OTEL_*` variables ask for it.
+    recorder: asya_telemetry::Recorder,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +63,19 @@ impl App {
             metrics: Metrics::new(),
             trace: TraceSettings::off(),
             ids: IdSource::new(),
+            recorder: asya_telemetry::Recorder::off(),
         }
+    }
+
+    /// Exports the calls' spans through `recorder`.
+    pub fn with_recorder(mut self, recorder: asya_telemetry::Recorder) -> App {
+        self.recorder = recorder;
+        self
+    }
+
+    /// Exports what is buffered, waiting at most `timeout` (at shutdown).
+    pub fn shutdown_traces(&self, timeout: Duration) {
+        self.recorder.shutdown(timeout);
     }
 
     /// Records spans by `trace` (sampling ratio, export endpoint).
@@ -142,10 +156,48 @@ impl App {
         // carries a PRODUCER child of it to the first actor.
         let call_span = trace_context::hop_span(trace, &self.ids, self.trace.ratio);
         let send = call_span.child(self.ids.span_id());
-        let span = tracing::info_span!("envelope", id = %id, tool = %name, trace_id = %call_span.trace_id_hex());
-        self.start(tool, id, payload, (&send, trace.tracestate.as_deref()))
+        // The call's log lines carry its trace and (SERVER) span ids, as the sidecars' do.
+        let span = tracing::info_span!("envelope", id = %id, tool = %name, trace_id = %call_span.trace_id_hex(), span_id = %call_span.span_id_hex());
+        let traced = self.recorder.enabled().then(|| {
+            let queue = asya_api::naming::actor_queue(self.namespace_of(&tool), &tool.route[0]);
+            let transport = tool.transport.as_deref();
+            let system = crate::spans::messaging_system(
+                transport.or(Some(self.senders.default_transport())),
+            );
+            (queue, system, std::time::SystemTime::now())
+        });
+        let started = self
+            .start(
+                tool,
+                id.clone(),
+                payload,
+                (&send, trace.tracestate.as_deref()),
+            )
             .instrument(span)
-            .await
+            .await;
+        if let Some((queue, system, start)) = traced {
+            let (outcome, error) = match &started {
+                Ok(_) => ("accepted", None),
+                Err(e) => ("unavailable", Some(e.to_string())),
+            };
+            let call = crate::spans::CallTrace {
+                tool: name.to_string(),
+                envelope_id: id,
+                queue,
+                system,
+                server: call_span,
+                parent: trace.parent,
+                send,
+                start,
+                end: std::time::SystemTime::now(),
+                outcome,
+                error,
+            };
+            for s in crate::spans::call_spans(&call) {
+                self.recorder.record(&s);
+            }
+        }
+        started
     }
 
     async fn start(

@@ -8,5 +8,6 @@ pub mod mcp;
 pub mod metrics;
 pub mod send;
 pub mod serve;
+pub mod spans;
 pub mod store;
 pub mod tools;

@@ -54,6 +54,8 @@ pub enum ServeError {
     ReportKey { path: String, message: String },
     #[error("{0}")]
     Transport(String),
+    #[error("{0}")]
+    Tracing(String),
     #[error("--database-url: {0}")]
     Database(StoreError),
     #[error("cannot listen on {addr}: {source}")]
@@ -238,7 +240,13 @@ pub async fn start(
     );
     let trace =
         asya_transport::trace_context::TraceSettings::from_lookup(&|k| std::env::var(k).ok());
-    let app = Arc::new(App::new(tools, store, senders, s.namespace.clone()).with_trace(trace));
+    let recorder = asya_telemetry::Recorder::new(&trace, "asya-gateway")
+        .map_err(|e| ServeError::Tracing(e.to_string()))?;
+    let app = Arc::new(
+        App::new(tools, store, senders, s.namespace.clone())
+            .with_trace(trace)
+            .with_recorder(recorder),
+    );
     let guard = Arc::new(Guard::new(
         tokens,
         s.rate_limit,
@@ -260,6 +268,7 @@ pub async fn start(
     let addr = listener.local_addr().unwrap_or(s.addr);
     let reload = spawn_reload(app.clone(), s.tools.clone(), s.reload_interval);
     tracing::info!(%addr, "listening: /mcp, /tools/call, /envelopes, /health, /metrics");
+    let traces_app = app.clone();
     let task = tokio::spawn(async move {
         let served = axum::serve(
             listener,
@@ -269,6 +278,11 @@ pub async fn start(
         .await
         .map_err(|source| ServeError::Listen { addr, source });
         reload.abort();
+        // The last calls' spans, before the process goes; the flush blocks, and its posts
+        // need this runtime.
+        let flush =
+            tokio::task::spawn_blocking(move || traces_app.shutdown_traces(Duration::from_secs(5)));
+        let _ = flush.await;
         served
     });
     Ok(Running { addr, app, task })

@@ -27,6 +27,7 @@ use crate::kube_cluster::{
 use crate::metrics::{ErrorLabel, Metrics, ResultLabel};
 use crate::reconcile::{Error, MANAGER, Next, Reconciler};
 use crate::render::workload;
+use crate::spans::{ReconcileOutcome, reconcile_span};
 use crate::transports::Transports;
 use crate::watch;
 
@@ -58,8 +59,31 @@ pub async fn reconcile(actor: Arc<AsyncActor>, ctx: Arc<Ctx>) -> Result<Action, 
     let metrics = &ctx.cluster.metrics;
     let span = info_span!("reconcile", namespace = %ns, name = %actor.name_any());
     let started = Instant::now();
+    let start = std::time::SystemTime::now();
     let res = ctx.reconcile(&actor).instrument(span).await.map(action);
     metrics.duration.observe(started.elapsed().as_secs_f64());
+    let spans = &ctx.cluster.spans;
+    if spans.enabled() {
+        let outcome = match &res {
+            Ok(_) => ReconcileOutcome {
+                outcome: "ok",
+                error: None,
+            },
+            Err(e) => ReconcileOutcome {
+                outcome: e.kind(),
+                error: Some(e.to_string()),
+            },
+        };
+        let span = spans.span_for(&Default::default());
+        spans.record(&reconcile_span(
+            &ns,
+            &actor.name_any(),
+            &outcome,
+            span,
+            start,
+            std::time::SystemTime::now(),
+        ));
+    }
     metrics
         .reconciles
         .get_or_create(&ResultLabel {
@@ -106,6 +130,7 @@ pub async fn run(
     keda_namespace: String,
     metrics: Metrics,
     health: Health,
+    spans: Arc<asya_telemetry::Recorder>,
 ) {
     let actors: Api<AsyncActor> = Api::all(client.clone());
     let so_ar = scaled_object_resource();
@@ -375,6 +400,7 @@ pub async fn run(
         config: config.clone(),
         recorder: Recorder::new(client.clone(), reporter),
         metrics,
+        spans,
         flavors,
         flavor_maps: maps,
         env_configs,

@@ -68,6 +68,8 @@ pub struct KubeCluster {
     pub end_queues: crate::end_queues::Candidates,
     pub recorder: Recorder,
     pub metrics: Metrics,
+    /// A span per reconcile, when the `OTEL_*` variables ask for it.
+    pub spans: Arc<asya_telemetry::Recorder>,
     pub flavors: Store<Flavor>,
     pub flavor_maps: Store<ConfigMap>,
     pub env_configs: Option<Store<DynamicObject>>,

@@ -18,6 +18,7 @@ pub mod model;
 pub mod queue;
 pub mod reconcile;
 pub mod render;
+pub mod spans;
 pub mod status;
 pub mod transports;
 pub mod watch;

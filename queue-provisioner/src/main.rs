@@ -145,6 +145,13 @@ async fn main() -> anyhow::Result<()> {
         metrics.leader.set(1);
     }
     health.set(Phase::Syncing);
+    let spans = Arc::new(
+        asya_telemetry::Recorder::new(
+            &asya_api::trace_context::TraceSettings::from_lookup(&|k| std::env::var(k).ok()),
+            "asya-queue-provisioner",
+        )
+        .context("tracing")?,
+    );
     // Returns on SIGTERM/SIGINT once in-flight reconciles finish.
     controller::run(
         client,
@@ -153,8 +160,12 @@ async fn main() -> anyhow::Result<()> {
         args.keda_namespace,
         metrics,
         health,
+        spans.clone(),
     )
     .await;
+    // The last reconciles' spans; the flush blocks, and its posts need this runtime.
+    let _ = tokio::task::spawn_blocking(move || spans.shutdown(std::time::Duration::from_secs(5)))
+        .await;
     if args.leader_elect {
         leader::release(&leases, &identity).await;
     }

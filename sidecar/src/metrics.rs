@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -81,6 +82,22 @@ pub struct DestinationLabel {
 
 type HistogramFamily = Family<QueueLabel, Histogram, fn() -> Histogram>;
 
+/// An exemplar's labels: the trace of a sampled hop, so a slow bucket leads to a trace.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TraceLabel {
+    pub trace_id: String,
+}
+
+type ExemplarFamily = Family<
+    QueueLabel,
+    HistogramWithExemplars<TraceLabel>,
+    fn() -> HistogramWithExemplars<TraceLabel>,
+>;
+
+fn latency_histogram_with_exemplars() -> HistogramWithExemplars<TraceLabel> {
+    HistogramWithExemplars::new(exponential_buckets(0.0005, 2.5, 20))
+}
+
 fn latency_histogram() -> Histogram {
     // 0.5 ms .. ~4.5 h: handlers range from trivial to long model calls.
     Histogram::new(exponential_buckets(0.0005, 2.5, 20))
@@ -89,7 +106,7 @@ fn latency_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     queue: QueueLabel,
-    processing: HistogramFamily,
+    processing: ExemplarFamily,
     runtime: HistogramFamily,
     processed: Family<StatusLabel, Counter>,
     failed: Family<ReasonLabel, Counter>,
@@ -102,7 +119,7 @@ pub struct Metrics {
     queue_depth: Family<QueueLabel, Gauge>,
     in_flight: Family<QueueLabel, Gauge>,
     gateway_reports: Family<ReportLabel, Counter>,
-    queue_wait: HistogramFamily,
+    queue_wait: ExemplarFamily,
     timeouts: Family<QueueLabel, Counter>,
     build_info: Family<BuildLabel, Gauge>,
     error_types: Mutex<BTreeSet<String>>,
@@ -115,7 +132,7 @@ impl Metrics {
             queue: QueueLabel {
                 queue: queue.to_string(),
             },
-            processing: Family::new_with_constructor(latency_histogram),
+            processing: Family::new_with_constructor(latency_histogram_with_exemplars),
             runtime: Family::new_with_constructor(latency_histogram),
             processed: Family::default(),
             failed: Family::default(),
@@ -128,7 +145,7 @@ impl Metrics {
             queue_depth: Family::default(),
             in_flight: Family::default(),
             gateway_reports: Family::default(),
-            queue_wait: Family::new_with_constructor(latency_histogram),
+            queue_wait: Family::new_with_constructor(latency_histogram_with_exemplars),
             timeouts: Family::default(),
             build_info: Family::default(),
             error_types: Mutex::new(BTreeSet::new()),
@@ -225,8 +242,11 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    pub fn queue_wait(&self, seconds: f64) {
-        self.queue_wait.get_or_create(&self.queue).observe(seconds);
+    /// `trace`: the exemplar of a sampled, recorded hop (OpenMetrics text only).
+    pub fn queue_wait(&self, seconds: f64, trace: Option<TraceLabel>) {
+        self.queue_wait
+            .get_or_create(&self.queue)
+            .observe(seconds, trace, None);
     }
 
     fn q(&self) -> String {
@@ -238,9 +258,11 @@ impl Metrics {
         self.in_flight.get_or_create(&self.queue).inc();
     }
 
-    pub fn finished(&self, status: &str, seconds: f64) {
+    pub fn finished(&self, status: &str, seconds: f64, trace: Option<TraceLabel>) {
         self.in_flight.get_or_create(&self.queue).dec();
-        self.processing.get_or_create(&self.queue).observe(seconds);
+        self.processing
+            .get_or_create(&self.queue)
+            .observe(seconds, trace, None);
         self.processed
             .get_or_create(&StatusLabel {
                 queue: self.q(),
@@ -337,10 +359,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_sampled_hop_leaves_its_trace_id_as_an_exemplar_of_both_histograms() {
+        let m = Metrics::new("asya-default-a");
+        let trace = || {
+            Some(TraceLabel {
+                trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            })
+        };
+        m.received();
+        m.queue_wait(0.3, trace());
+        m.finished("success", 0.01, trace());
+        m.received();
+        m.finished("success", 0.02, None);
+        let text = m.encode();
+        let exemplars: Vec<&str> = text.lines().filter(|l| l.contains(" # {")).collect();
+        assert_eq!(exemplars.len(), 2, "{text}");
+        assert!(
+            exemplars.iter().any(|l| l.starts_with(
+                "asya_actor_queue_wait_seconds_bucket{le=\"0.30517578125\",queue=\"asya-default-a\"} 1 # {trace_id=\"4bf92f3577b34da6a3ce929d0e0e4736\"} 0.3"
+            )),
+            "{text}"
+        );
+        assert!(
+            exemplars.iter().any(|l| l
+                .starts_with("asya_actor_processing_duration_seconds_bucket{")
+                && l.ends_with("# {trace_id=\"4bf92f3577b34da6a3ce929d0e0e4736\"} 0.01")),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn seed_metric_names_are_exported() {
         let m = Metrics::new("asya-default-a");
         m.received();
-        m.finished("success", 0.01);
+        m.finished("success", 0.01, None);
         m.failed("timeout");
         m.runtime_error("ActorTimeout");
         m.runtime_call(0.002);
@@ -363,7 +415,7 @@ mod tests {
             before.contains("asya_actor_timeouts_total{queue=\"asya-default-a\"} 0"),
             "{before}"
         );
-        m.queue_wait(0.3);
+        m.queue_wait(0.3, None);
         m.runtime_error(TIMEOUT_ERROR_TYPE);
         let text = m.encode();
         for name in [
@@ -405,7 +457,7 @@ mod tests {
         // A family is exported once it has a series: record one of each.
         let m = Metrics::new("asya-default-a");
         m.received();
-        m.finished("success", 0.01);
+        m.finished("success", 0.01, None);
         m.failed("poison");
         m.runtime_call(0.01);
         m.runtime_error("ValueError");
@@ -415,7 +467,7 @@ mod tests {
         m.reconnected();
         m.set_queue_depth(1);
         m.gateway_report("final", "sent");
-        m.queue_wait(0.1);
+        m.queue_wait(0.1, None);
         let text = m.encode();
         let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
         assert_eq!(families, 16, "a family without a series here: {text}");

@@ -197,12 +197,8 @@ impl<T: Transport> Processor<T> {
             let disposition = self.dispose(&msg.body, msg.redeliveries).await;
             drop(call);
             self.transport.unhold(&msg.handle);
-            let trace_id = disposition
-                .hop
-                .as_ref()
-                .map(|h| h.span.trace_id_hex())
-                .unwrap_or_default();
-            let span = tracing::info_span!("envelope", actor = %self.cfg.actor, id = %disposition.id, trace_id = %trace_id);
+            let hop_span = disposition.hop.as_ref().map(|h| &h.span);
+            let span = crate::spans::log_span(&self.cfg.actor, &disposition.id, hop_span);
             self.finish(msg, disposition, taken).instrument(span).await;
         });
     }
@@ -252,8 +248,9 @@ impl<T: Transport> Processor<T> {
                 }
                 match self.transport.ack(&msg.handle).await {
                     Ok(()) => {
+                        let trace = self.exemplar(d.hop.as_ref().map(|h| &h.span));
                         self.metrics
-                            .finished(status, started.elapsed().as_secs_f64());
+                            .finished(status, started.elapsed().as_secs_f64(), trace);
                         tracing::debug!(status, "done");
                         for r in d.reports {
                             self.reporter.send(r);
@@ -290,6 +287,14 @@ impl<T: Transport> Processor<T> {
     }
 
     /// The hop of an envelope whose headers are `headers` (or of a message that was none).
+    /// The exemplar of a hop whose spans reach the trace backend (sampled, recording).
+    fn exemplar(
+        &self,
+        span: Option<&asya_transport::trace_context::TraceParent>,
+    ) -> Option<crate::metrics::TraceLabel> {
+        crate::spans::exemplar(self.spans.enabled(), span)
+    }
+
     fn hop(&self, headers: Option<&serde_json::Map<String, serde_json::Value>>) -> Hop {
         let incoming = headers.map(trace_context::incoming).unwrap_or_default();
         if let Some(why) = &incoming.refused {
@@ -355,8 +360,8 @@ impl<T: Transport> Processor<T> {
                 let sump =
                     routing::malformed_to_sump(body, actor, &why, self.fallback_id(), 64 * 1024);
                 let hop = self.hop(None);
-                let trace_id = hop.span.trace_id_hex();
-                tracing::warn!(actor, id = %sump.id, trace_id = %trace_id, reason = %why, "malformed message");
+                let (trace_id, span_id) = (hop.span.trace_id_hex(), hop.span.span_id_hex());
+                tracing::warn!(actor, id = %sump.id, trace_id, span_id, reason = %why, "malformed message");
                 if is_sump_consumer {
                     // Sending it to x-sump again would loop: drop it, loudly.
                     return self.done(Vec::new(), "malformed", None, sump.id);
@@ -367,13 +372,13 @@ impl<T: Transport> Processor<T> {
                 return d;
             }
         };
-        if let Some(wait) = envelope::queue_wait(&env, now_ms()) {
-            self.metrics.queue_wait(wait.as_secs_f64());
-        }
         let id = env.id.clone();
         let hop = self.hop(Some(&env.headers));
-        let trace_id = hop.span.trace_id_hex();
-        let span = tracing::info_span!("envelope", actor, id = %id, trace_id = %trace_id);
+        if let Some(wait) = envelope::queue_wait(&env, now_ms()) {
+            let trace = self.exemplar(Some(&hop.span));
+            self.metrics.queue_wait(wait.as_secs_f64(), trace);
+        }
+        let span = crate::spans::log_span(actor, &id, Some(&hop.span));
         let mut d = self
             .dispose_envelope(env, body, redeliveries, &hop)
             .instrument(span)

@@ -1,33 +1,35 @@
 //! Span export (docs/DESIGN.md §4 "Traces"): one hop's CONSUMER `process`, INTERNAL
 //! `runtime call` and PRODUCER `send` spans, recorded with the ids the envelope headers
-//! already carry (asya_transport::trace_context decides them) and exported by OpenTelemetry's
-//! batch processor as OTLP over HTTP (protobuf). Off unless the `OTEL_*` variables ask for
-//! it; only sampled hops are recorded.
-
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+//! already carry (asya_transport::trace_context decides them) and exported by asya-telemetry
+//! (OTLP over HTTP, JSON). Off unless the `OTEL_*` variables ask for it; only sampled hops
+//! are recorded.
 
 use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
+use asya_telemetry::{KeyValue, Recorder, SpanKind, SpanRecord};
 use asya_transport::trace_context::{Incoming, TraceParent, TraceSettings};
-use opentelemetry::trace::{
-    Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
-    Tracer, TracerProvider as _,
-};
-use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter};
 
-/// One export request's limit (OTel's default for OTLP).
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+pub use asya_telemetry::ExportError;
 
-#[derive(Debug, thiserror::Error)]
-#[error("OTEL_EXPORTER_OTLP_ENDPOINT {endpoint:?}: cannot build the OTLP exporter: {message}")]
-pub struct ExportError {
-    endpoint: String,
-    message: String,
+/// The log span of one envelope's hop: every line logged within it carries the hop's
+/// `trace_id` and `span_id` (the `process` span's, as the trace backend shows it), so a log
+/// line leads to its trace and back. The ids exist whether or not the hop is sampled: they
+/// still tie one envelope's lines together across hops.
+pub fn log_span(actor: &str, id: &str, span: Option<&TraceParent>) -> tracing::Span {
+    let (trace_id, span_id) = span
+        .map(|s| (s.trace_id_hex(), s.span_id_hex()))
+        .unwrap_or_default();
+    tracing::info_span!("envelope", actor, id, trace_id, span_id)
+}
+
+/// A histogram exemplar for a hop: only when its spans are recorded and sampled, since
+/// another trace id would lead to no trace.
+pub fn exemplar(recording: bool, span: Option<&TraceParent>) -> Option<crate::metrics::TraceLabel> {
+    span.filter(|s| recording && s.sampled())
+        .map(|s| crate::metrics::TraceLabel {
+            trace_id: s.trace_id_hex(),
+        })
 }
 
 /// One hop's trace context: the CONSUMER span processing the envelope (child of the
@@ -122,8 +124,7 @@ pub struct RuntimeCall {
 
 /// The sidecar's span recorder: a no-op when tracing is off.
 pub struct Spans {
-    provider: Option<SdkTracerProvider>,
-    tracer: Option<SdkTracer>,
+    recorder: Recorder,
     system: &'static str,
     queue: String,
 }
@@ -131,95 +132,44 @@ pub struct Spans {
 impl Spans {
     pub fn off() -> Spans {
         Spans {
-            provider: None,
-            tracer: None,
+            recorder: Recorder::off(),
             system: "",
             queue: String::new(),
         }
     }
 
     /// Builds the exporter when `settings` record. `system` is `rabbitmq` or `aws_sqs`, `queue`
-    /// the actor's own queue. Must run inside the tokio runtime (exports are spawned on it).
+    /// the actor's own queue. Must run inside the tokio runtime (exports are posted on it).
     pub fn new(
         settings: &TraceSettings,
         system: &'static str,
         queue: String,
     ) -> Result<Spans, ExportError> {
-        let Some(endpoint) = settings.endpoint.as_deref().filter(|_| settings.recording) else {
-            return Ok(Spans::off());
-        };
-        let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
-        let err = |message: String| ExportError {
-            endpoint: endpoint.to_string(),
-            message,
-        };
-        let client = RustlsClient {
-            inner: asya_transport::http_client::client().map_err(|e| err(e.to_string()))?,
-            timeout: EXPORT_TIMEOUT,
-        };
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_http_client(client)
-            .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(url)
-            .with_timeout(EXPORT_TIMEOUT)
-            .build()
-            .map_err(|e| err(e.to_string()))?;
-        // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, as the webhook sets them.
-        let resource = Resource::builder().build();
-        exporter.set_resource(&resource);
-        let on_runtime = OnRuntime {
-            inner: Arc::new(exporter),
-            runtime: tokio::runtime::Handle::current(),
-        };
-        let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(on_runtime)
-            .with_resource(resource)
-            .build();
-        let tracer = provider.tracer("asya-sidecar");
         Ok(Spans {
-            provider: Some(provider),
-            tracer: Some(tracer),
+            recorder: Recorder::new(settings, "asya-sidecar")?,
             system,
             queue,
         })
     }
 
     pub fn enabled(&self) -> bool {
-        self.tracer.is_some()
+        self.recorder.enabled()
     }
 
     /// Records the hop's spans (when sampled); the batch processor exports them later.
     pub fn record(&self, hop: &HopRecord) {
-        let Some(tracer) = &self.tracer else { return };
-        if !hop.span.sampled() {
+        if !self.enabled() {
             return;
         }
-        let trace_id = TraceId::from(hop.span.trace_id);
-        let ctx_of = |span_id: u64, remote: bool| {
-            Context::new().with_remote_span_context(SpanContext::new(
-                trace_id,
-                SpanId::from(span_id),
-                TraceFlags::SAMPLED,
-                remote,
-                TraceState::default(),
-            ))
-        };
-        let parent_cx = hop
-            .parent
-            .map_or_else(Context::new, |p| ctx_of(p.span_id, true));
-        let links = hop
-            .parent
-            .map(|p| {
-                vec![Link::with_context(SpanContext::new(
-                    trace_id,
-                    SpanId::from(p.span_id),
-                    TraceFlags::SAMPLED,
-                    true,
-                    TraceState::default(),
-                ))]
-            })
-            .unwrap_or_default();
+        for span in self.hop_spans(hop) {
+            self.recorder.record(&span);
+        }
+    }
+
+    /// The spans of one hop: CONSUMER `process` (child of the incoming context and linked to
+    /// it), INTERNAL `runtime call` and one PRODUCER `send` per sent envelope, both children
+    /// of the `process` span.
+    pub fn hop_spans(&self, hop: &HopRecord) -> Vec<SpanRecord> {
         let messaging = |op: &'static str, dest: &str| {
             vec![
                 KeyValue::new("messaging.system", self.system),
@@ -228,113 +178,58 @@ impl Spans {
                 KeyValue::new("messaging.message.id", hop.envelope_id.clone()),
             ]
         };
-        let status = |err: &Option<String>| match err {
-            Some(e) => Status::error(e.clone()),
-            None => Status::Unset,
-        };
-        let consumer = tracer
-            .span_builder(format!("process {}", self.queue))
-            .with_kind(SpanKind::Consumer)
-            .with_trace_id(trace_id)
-            .with_span_id(SpanId::from(hop.span.span_id))
-            .with_start_time(hop.start)
-            .with_end_time(hop.end)
-            .with_links(links)
-            .with_attributes(messaging("process", &self.queue))
-            .with_status(status(&hop.send_error));
-        drop(tracer.build_with_context(consumer, &parent_cx));
-        let hop_cx = ctx_of(hop.span.span_id, false);
+        let mut spans = vec![SpanRecord {
+            name: format!("process {}", self.queue),
+            kind: SpanKind::Consumer,
+            span: hop.span,
+            parent: hop.parent,
+            remote_parent: true,
+            start: hop.start,
+            end: hop.end,
+            attributes: messaging("process", &self.queue),
+            error: hop.send_error.clone(),
+        }];
+        let child = |span_id: u64| hop.span.child(span_id);
         if let Some(call) = &hop.runtime {
-            let mut attrs = vec![KeyValue::new(
+            let mut attributes = vec![KeyValue::new(
                 "messaging.message.id",
                 hop.envelope_id.clone(),
             )];
             if let Some(t) = &call.error_type {
-                attrs.push(KeyValue::new("error.type", t.clone()));
+                attributes.push(KeyValue::new("error.type", t.clone()));
             }
-            let b = tracer
-                .span_builder("runtime call")
-                .with_kind(SpanKind::Internal)
-                .with_span_id(SpanId::from(call.span_id))
-                .with_start_time(call.start)
-                .with_end_time(call.end)
-                .with_attributes(attrs)
-                .with_status(status(&call.error_type));
-            drop(tracer.build_with_context(b, &hop_cx));
+            spans.push(SpanRecord {
+                name: "runtime call".into(),
+                kind: SpanKind::Internal,
+                span: child(call.span_id),
+                parent: Some(hop.span),
+                remote_parent: false,
+                start: call.start,
+                end: call.end,
+                attributes,
+                error: call.error_type.clone(),
+            });
         }
         let send_start = hop.runtime.as_ref().map_or(hop.start, |c| c.end);
         for (span_id, queue) in &hop.sends {
-            let b = tracer
-                .span_builder(format!("send {queue}"))
-                .with_kind(SpanKind::Producer)
-                .with_span_id(SpanId::from(*span_id))
-                .with_start_time(send_start)
-                .with_end_time(hop.end)
-                .with_attributes(messaging("send", queue))
-                .with_status(status(&hop.send_error));
-            drop(tracer.build_with_context(b, &hop_cx));
+            spans.push(SpanRecord {
+                name: format!("send {queue}"),
+                kind: SpanKind::Producer,
+                span: child(*span_id),
+                parent: Some(hop.span),
+                remote_parent: false,
+                start: send_start,
+                end: hop.end,
+                attributes: messaging("send", queue),
+                error: hop.send_error.clone(),
+            });
         }
+        spans
     }
 
     /// Exports what is buffered, waiting at most `timeout` (at shutdown).
     pub fn shutdown(&self, timeout: Duration) {
-        if let Some(p) = &self.provider
-            && let Err(e) = p.shutdown_with_timeout(timeout)
-        {
-            tracing::warn!(error = %e, "spans not all exported at shutdown");
-        }
-    }
-}
-
-/// The OTLP exporter's HTTP client is hyper on tokio, while the SDK's batch processor runs
-/// exports on its own thread: each export is spawned on the sidecar's runtime and awaited.
-#[derive(Debug)]
-struct OnRuntime {
-    inner: Arc<opentelemetry_otlp::SpanExporter>,
-    runtime: tokio::runtime::Handle,
-}
-
-impl SpanExporter for OnRuntime {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let inner = self.inner.clone();
-        match self
-            .runtime
-            .spawn(async move { inner.export(batch).await })
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
-                e.to_string(),
-            )),
-        }
-    }
-}
-
-/// The workspace's one HTTP(S) client (asya_transport::http_client: hyper, rustls on ring,
-/// system roots) for the OTLP exporter, so an `https://` collector needs no other TLS stack.
-#[derive(Debug)]
-struct RustlsClient {
-    inner: hyper_util::client::legacy::Client<
-        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-        http_body_util::Full<bytes::Bytes>,
-    >,
-    timeout: Duration,
-}
-
-#[async_trait::async_trait]
-impl opentelemetry_http::HttpClient for RustlsClient {
-    async fn send_bytes(
-        &self,
-        request: opentelemetry_http::Request<bytes::Bytes>,
-    ) -> Result<opentelemetry_http::Response<bytes::Bytes>, opentelemetry_http::HttpError> {
-        use http_body_util::BodyExt;
-        let request = request.map(http_body_util::Full::new);
-        let response = tokio::time::timeout(self.timeout, self.inner.request(request)).await??;
-        let (parts, body) = response.into_parts();
-        let body = tokio::time::timeout(self.timeout, body.collect())
-            .await??
-            .to_bytes();
-        Ok(opentelemetry_http::Response::from_parts(parts, body))
+        self.recorder.shutdown(timeout);
     }
 }
 
@@ -369,6 +264,115 @@ mod tests {
         );
         hop.forget_sends();
         assert!(hop.record("e1", None).sends.is_empty());
+    }
+
+    #[test]
+    fn a_hop_records_process_runtime_and_send_spans_with_its_ids() {
+        let parent =
+            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let hop = Hop::new(
+            parent.child(7),
+            Incoming {
+                parent: Some(parent),
+                tracestate: None,
+                refused: None,
+            },
+        );
+        hop.note_runtime(RuntimeCall {
+            span_id: 8,
+            start: SystemTime::now(),
+            end: SystemTime::now(),
+            error_type: Some("ValueError".into()),
+        });
+        hop.note_send(9, "asya-ns-x-sump");
+        let spans = Spans {
+            recorder: Recorder::off(),
+            system: "rabbitmq",
+            queue: "asya-ns-a".into(),
+        }
+        .hop_spans(&hop.record("e1", None));
+        let names: Vec<_> = spans.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["process asya-ns-a", "runtime call", "send asya-ns-x-sump"]
+        );
+        let (process, runtime, send) = (&spans[0], &spans[1], &spans[2]);
+        assert_eq!(process.kind, SpanKind::Consumer);
+        assert_eq!(process.parent, Some(parent));
+        assert!(process.remote_parent && process.error.is_none());
+        assert_eq!(runtime.kind, SpanKind::Internal);
+        assert_eq!(
+            (runtime.span.span_id, runtime.parent),
+            (8, Some(parent.child(7)))
+        );
+        assert_eq!(runtime.error.as_deref(), Some("ValueError"));
+        assert_eq!(send.kind, SpanKind::Producer);
+        assert_eq!(send.span.trace_id, parent.trace_id);
+        assert_eq!((send.span.span_id, send.remote_parent), (9, false));
+        assert!(send.attributes.contains(&KeyValue::new(
+            "messaging.destination.name",
+            "asya-ns-x-sump"
+        )));
+    }
+
+    /// A writer into a shared buffer, for the log test.
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_log_line_within_a_hop_carries_its_trace_and_span_ids() {
+        let tp =
+            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let buf = Buf::default();
+        let w = buf.clone();
+        // As main.rs sets up JSON logs: the current span's fields on each line.
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let _g = log_span("a", "e1", Some(&tp)).entered();
+            tracing::info!("runtime answered");
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let span = &line["span"];
+        assert_eq!(
+            span["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
+            "{text}"
+        );
+        assert_eq!(span["span_id"], "00f067aa0ba902b7", "{text}");
+        assert_eq!(
+            (span["actor"].as_str(), span["id"].as_str()),
+            (Some("a"), Some("e1"))
+        );
+    }
+
+    #[test]
+    fn only_a_recorded_sampled_hop_gives_an_exemplar() {
+        let sampled =
+            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let unsampled =
+            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").unwrap();
+        assert_eq!(
+            exemplar(true, Some(&sampled)).map(|l| l.trace_id),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736".to_string())
+        );
+        assert!(exemplar(false, Some(&sampled)).is_none());
+        assert!(exemplar(true, Some(&unsampled)).is_none());
+        assert!(exemplar(true, None).is_none());
     }
 
     #[test]

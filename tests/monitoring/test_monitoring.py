@@ -145,6 +145,40 @@ def test_every_toggle_renders_its_objects(all_on):
         assert port in [p["name"] for p in services[name]["spec"]["ports"]], name
 
 
+def test_the_control_plane_gets_the_sidecars_otel_variables_with_its_own_service_name(helm, all_on):
+    # The set api/src/telemetry.rs (TracingConfig::sidecar_env) gives injected sidecars, the
+    # namespace known at render time, the service name each part's.
+    names = {"t-webhook": "asya-webhook", "t-provisioner": "asya-queue-provisioner",
+             "t-gateway": "asya-gateway"}
+    deployments = {d["metadata"]["name"]: d for d in all_on if d["kind"] == "Deployment"}
+    for name, service in names.items():
+        (c,) = [c for c in deployments[name]["spec"]["template"]["spec"]["containers"]]
+        env = {e["name"]: e.get("value") for e in c["env"] if e["name"].startswith("OTEL_")}
+        assert env == {
+            "OTEL_SDK_DISABLED": "false",
+            "OTEL_SERVICE_NAME": service,
+            "OTEL_RESOURCE_ATTRIBUTES": "k8s.namespace.name=asya-system",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger.default.svc:4318",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.5",
+            "OTEL_PROPAGATORS": "tracecontext",
+        }, name
+    docs = docs_of(render(helm, "--set", "gateway.enabled=true").stdout)
+    for d in docs:
+        if d["kind"] == "Deployment":
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                assert not [e for e in c.get("env", []) if e["name"].startswith("OTEL_")], d["metadata"]["name"]
+    # Attribute values are percent-encoded, as the SDK's list format asks.
+    docs = docs_of(render(helm, *ALL_ON, *CRDS, "--set-string",
+                          "tracing.resourceAttributes.deployment\\.environment=prod\\, eu+1").stdout)
+    (wh,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "t-webhook"]
+    env = {e["name"]: e.get("value") for e in wh["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["OTEL_RESOURCE_ATTRIBUTES"] == (
+        "k8s.namespace.name=asya-system,deployment.environment=prod%2C%20eu%2B1")
+
+
 def test_defaults_render_no_monitoring_object(helm):
     docs = docs_of(render(helm).stdout)
     kinds = {d["kind"] for d in docs}

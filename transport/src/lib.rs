@@ -18,7 +18,8 @@ pub mod sqs;
 pub mod sqs_batch;
 mod sqs_batcher;
 mod sqs_poll;
-pub mod trace_context;
+// The W3C rules moved to api (the webhook needs them too); the old path stays.
+pub use asya_api::trace_context;
 
 /// A message taken from the actor's queue, not yet acknowledged.
 #[derive(Debug)]

@@ -10,4 +10,5 @@ pub mod holders;
 pub mod inject;
 pub mod patch;
 pub mod server;
+pub mod spans;
 pub mod telemetry;

@@ -28,6 +28,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admission::privilege::{Authority, Offline, settle};
 use crate::admission::{ActorLookup, Ctx, Endpoint, SettingsMemo, handle};
+use crate::spans::Outcome;
 
 /// Largest AdmissionReview accepted: an object may be 1.5 MiB and an UPDATE carries two.
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
@@ -141,6 +142,8 @@ pub struct Shared {
     pub settings_memo: SettingsMemo,
     /// Namespace levels and SubjectAccessReviews for admitted AsyncActors.
     pub authority: Arc<dyn Authority>,
+    /// A SERVER span per review, when the `OTEL_*` variables ask for it.
+    pub traces: crate::spans::Traces,
 }
 
 impl Shared {
@@ -167,8 +170,14 @@ impl Shared {
     }
 }
 
-async fn admit(shared: Arc<Shared>, endpoint: Endpoint, body: Body) -> Response {
+async fn admit(
+    shared: Arc<Shared>,
+    endpoint: Endpoint,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Response {
     let start = Instant::now();
+    let started = SystemTime::now();
     let bytes = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await
     {
         Err(_) => {
@@ -223,12 +232,19 @@ async fn admit(shared: Arc<Shared>, endpoint: Endpoint, body: Body) -> Response 
         },
         Err(e) => Err(e),
     };
-    let (resp, operation, result) = match handled {
+    let (resp, outcome) = match handled {
         Ok(h) => match crate::admission::encode_review(&h.review) {
             Ok(json) => (
                 ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
-                h.operation,
-                h.result,
+                Outcome {
+                    operation: h.operation,
+                    result: h.result,
+                    refusal: shared
+                        .traces
+                        .enabled()
+                        .then(|| Outcome::refusal_of(&h.review))
+                        .flatten(),
+                },
             ),
             Err(e) => (
                 (
@@ -236,19 +252,31 @@ async fn admit(shared: Arc<Shared>, endpoint: Endpoint, body: Body) -> Response 
                     format!("cannot encode the response: {e}\n"),
                 )
                     .into_response(),
-                h.operation,
-                "error",
+                Outcome {
+                    operation: h.operation,
+                    result: "error",
+                    refusal: Some(format!("cannot encode the response: {e}")),
+                },
             ),
         },
         Err(e) => {
             tracing::info!(endpoint = endpoint.as_str(), error = %e, "bad admission request");
             (
                 (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
-                "UNKNOWN",
-                "bad_request",
+                Outcome {
+                    operation: "UNKNOWN",
+                    result: "bad_request",
+                    refusal: Some(e.to_string()),
+                },
             )
         }
     };
+    shared
+        .traces
+        .record(endpoint.as_str(), &headers, &bytes, &outcome, started);
+    let Outcome {
+        operation, result, ..
+    } = outcome;
     shared
         .metrics
         .requests
@@ -308,7 +336,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 pub fn router(shared: Arc<Shared>) -> Router {
     let route = |ep: Endpoint| {
         let s = shared.clone();
-        post(move |body: Body| admit(s.clone(), ep, body))
+        post(move |headers: axum::http::HeaderMap, body: Body| admit(s.clone(), ep, headers, body))
     };
     Router::new()
         .route("/validate/asyncactors", route(Endpoint::ValidateActors))
@@ -407,6 +435,7 @@ impl Shared {
             metrics: Metrics::new(),
             settings_memo: SettingsMemo::default(),
             authority: Arc::new(Offline),
+            traces: crate::spans::Traces::off(),
         }
     }
 }

@@ -254,3 +254,25 @@ a report key no report is accepted, so the sidecars get no token to start with. 
 {{- $st := $g.auth.sidecarTokenSecretRef | default dict -}}
 {{- if and $g.enabled (not $g.auth.disabled) $rk.name $st.name -}}true{{- end -}}
 {{- end -}}
+
+{{/* The standard OTEL_* variables of a control-plane part (`service`: its service name) when
+     tracing.enabled: the same set the webhook gives injected sidecars
+     (api/src/telemetry.rs TracingConfig::sidecar_env), values percent-encoded. */}}
+{{- define "asya.otelEnv" -}}
+{{- $t := .root.Values.tracing -}}
+{{- if $t.enabled -}}
+{{- $attrs := list (printf "k8s.namespace.name=%s" .root.Release.Namespace) -}}
+{{- range $k, $v := ($t.resourceAttributes | default dict) -}}
+{{- $attrs = append $attrs (printf "%s=%s" $k (urlquery (toString $v) | replace "+" "%20")) -}}
+{{- end }}
+- {name: OTEL_SDK_DISABLED, value: "false"}
+- {name: OTEL_SERVICE_NAME, value: {{ .service | quote }}}
+- {name: OTEL_RESOURCE_ATTRIBUTES, value: {{ join "," $attrs | quote }}}
+- {name: OTEL_TRACES_EXPORTER, value: otlp}
+- {name: OTEL_EXPORTER_OTLP_ENDPOINT, value: {{ $t.otlpEndpoint | quote }}}
+- {name: OTEL_EXPORTER_OTLP_PROTOCOL, value: http/json}
+- {name: OTEL_TRACES_SAMPLER, value: parentbased_traceidratio}
+- {name: OTEL_TRACES_SAMPLER_ARG, value: {{ $t.samplingRatio | toString | quote }}}
+- {name: OTEL_PROPAGATORS, value: tracecontext}
+{{- end -}}
+{{- end -}}

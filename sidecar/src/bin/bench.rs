@@ -36,6 +36,10 @@ struct Args {
     /// Payload size in bytes
     #[arg(long, default_value_t = 256)]
     payload_bytes: usize,
+    /// Span export of the sidecar: off, on (every hop sampled, to the OTLP endpoint in
+    /// ASYA_TEST_JAEGER_OTLP_ENDPOINT, default http://127.0.0.1:4318) or both, off first
+    #[arg(long, default_value = "off")]
+    tracing: String,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -234,7 +238,7 @@ fn start_runtime(dir: &Path) -> Child {
         .expect("python3")
 }
 
-fn start_sidecar(kind: Kind, ns: &str, dir: &Path, port: u16) -> Child {
+fn start_sidecar(kind: Kind, ns: &str, dir: &Path, port: u16, tracing: bool) -> Child {
     let bin = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|d| d.join("asya-sidecar")))
@@ -246,6 +250,7 @@ fn start_sidecar(kind: Kind, ns: &str, dir: &Path, port: u16) -> Child {
         .env("ASYA_QUEUE_AUTO_CREATE", "true")
         .env("ASYA_METRICS_ADDR", format!("127.0.0.1:{port}"))
         .env("ASYA_LOG_LEVEL", "warn")
+        .envs(otel_env(tracing))
         .stderr(Stdio::null());
     match kind {
         Kind::Rabbit => c.env("ASYA_TRANSPORT", "rabbitmq").env(
@@ -270,6 +275,23 @@ fn start_sidecar(kind: Kind, ns: &str, dir: &Path, port: u16) -> Child {
             ),
     };
     c.spawn().expect("sidecar")
+}
+
+/// The OTEL_* variables the webhook would set with tracing on at ratio 1 (none when off).
+fn otel_env(on: bool) -> Vec<(&'static str, String)> {
+    if !on {
+        return Vec::new();
+    }
+    vec![
+        ("OTEL_SERVICE_NAME", "asya-sidecar-bench".into()),
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            env_or("ASYA_TEST_JAEGER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+        ),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json".into()),
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio".into()),
+        ("OTEL_TRACES_SAMPLER_ARG", "1".into()),
+    ]
 }
 
 async fn wait_ready(port: u16) {
@@ -299,6 +321,8 @@ fn load_average() -> f64 {
 
 struct Report {
     name: String,
+    /// The 1-minute load average when the run started.
+    load: f64,
     rate: f64,
     cpu_per_1000: Option<f64>,
     rss_idle_kib: Option<u64>,
@@ -346,8 +370,15 @@ async fn latency(
     lat
 }
 
-async fn bench_sidecar(kind: Kind, n: usize, samples: usize, payload: &str) -> Report {
-    let ns = format!("bench-{}", std::process::id());
+async fn bench_sidecar(
+    kind: Kind,
+    n: usize,
+    samples: usize,
+    payload: &str,
+    tracing: bool,
+) -> Report {
+    let load = load_average();
+    let ns = format!("bench-{}-{}", std::process::id(), u8::from(tracing));
     let ns = match kind {
         Kind::Rabbit => format!("{ns}-r"),
         Kind::Sqs => format!("{ns}-s"),
@@ -368,7 +399,7 @@ async fn bench_sidecar(kind: Kind, n: usize, samples: usize, payload: &str) -> R
         runtime,
         sidecar: None,
     };
-    procs.sidecar = Some(start_sidecar(kind, &ns, dir.path(), port));
+    procs.sidecar = Some(start_sidecar(kind, &ns, dir.path(), port, tracing));
     let pid = procs.sidecar.as_ref().map(|c| c.id()).unwrap_or(0);
     wait_ready(port).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -411,7 +442,12 @@ async fn bench_sidecar(kind: Kind, n: usize, samples: usize, payload: &str) -> R
     assert_eq!(arrivals.len(), n, "not every envelope arrived");
     drop(procs);
     Report {
-        name: format!("{} via sidecar + Python runtime", kind.broker()),
+        name: format!(
+            "{} via sidecar + Python runtime, tracing {}",
+            kind.broker(),
+            if tracing { "on (ratio 1)" } else { "off" }
+        ),
+        load,
         rate,
         cpu_per_1000: Some((cpu1 - cpu0) / n as f64 * 1000.0),
         rss_idle_kib: Some(rss_idle),
@@ -422,6 +458,7 @@ async fn bench_sidecar(kind: Kind, n: usize, samples: usize, payload: &str) -> R
 
 /// The ceiling: consume, publish with confirm, ack; pipelined like the sidecar, no runtime.
 async fn bench_ceiling(kind: Kind, n: usize, samples: usize, payload: &str) -> Report {
+    let load = load_average();
     let ns = format!(
         "ceil-{}-{}",
         std::process::id(),
@@ -488,6 +525,7 @@ async fn bench_ceiling(kind: Kind, n: usize, samples: usize, payload: &str) -> R
     let rate = arrival_rate(&arrivals);
     Report {
         name: format!("{} ceiling: broker loop, no runtime hop", kind.broker()),
+        load,
         rate,
         cpu_per_1000: None,
         rss_idle_kib: None,
@@ -511,28 +549,37 @@ async fn main() {
     if args.transport == "sqs" || args.transport == "both" {
         kinds.push((Kind::Sqs, args.sqs_count));
     }
-    let mut reports = Vec::new();
-    let mut loads = Vec::new();
+    let modes: &[bool] = match args.tracing.as_str() {
+        "on" => &[true],
+        "both" => &[false, true],
+        _ => &[false],
+    };
+    // Per transport: the sidecar runs (tracing off, then on), then the ceiling.
+    let mut groups = Vec::new();
     for (kind, n) in kinds {
-        let before = load_average();
-        eprintln!("bench: sidecar run ({n} envelopes)");
-        reports.push(bench_sidecar(kind, n, args.latency_samples, &payload).await);
+        let mut group = Vec::new();
+        for &tracing in modes {
+            eprintln!("bench: sidecar run ({n} envelopes, tracing {tracing})");
+            group.push(bench_sidecar(kind, n, args.latency_samples, &payload, tracing).await);
+        }
         eprintln!("bench: ceiling run ({n} envelopes)");
-        reports.push(bench_ceiling(kind, n, args.latency_samples, &payload).await);
-        loads.push((kind.broker(), before, load_average()));
+        group.push(bench_ceiling(kind, n, args.latency_samples, &payload).await);
+        groups.push(group);
     }
+    let reports: Vec<&Report> = groups.iter().flatten().collect();
     println!(
-        "| run | envelopes/s | e2e latency p50 | e2e latency p99 | sidecar CPU per 1,000 envelopes | sidecar RSS idle | sidecar RSS under load |"
+        "| run | load (1 min) at start | envelopes/s | e2e latency p50 | e2e latency p99 | sidecar CPU per 1,000 envelopes | sidecar RSS idle | sidecar RSS under load |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in &reports {
         let kib = |v: Option<u64>| {
             v.map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
                 .unwrap_or_else(|| "-".into())
         };
         println!(
-            "| {} | {:.0} | {} | {} | {} | {} | {} |",
+            "| {} | {:.2} | {:.0} | {} | {} | {} | {} | {} |",
             r.name,
+            r.load,
             r.rate,
             ms(percentile(&r.lat, 0.5)),
             ms(percentile(&r.lat, 0.99)),
@@ -543,17 +590,17 @@ async fn main() {
             kib(r.rss_load_kib),
         );
     }
-    for (pair, (broker, before, after)) in reports.chunks(2).zip(&loads) {
-        if let [s, c] = pair {
+    for group in &groups {
+        let Some((c, sidecars)) = group.split_last() else {
+            continue;
+        };
+        for s in sidecars {
             println!(
-                "\n{broker}: sidecar {:.0}/s is {:.0} % of the ceiling's {:.0}/s in the same run; load average (1 min) {before:.2} before, {after:.2} after",
+                "\n{}: {:.0}/s is {:.0} % of the ceiling's {:.0}/s in the same run; added latency over the bare broker loop: p50 {}, p99 {}",
+                s.name,
                 s.rate,
                 100.0 * s.rate / c.rate.max(f64::MIN_POSITIVE),
                 c.rate,
-            );
-            println!(
-                "\n{}: added latency of sidecar + runtime hop over the bare broker loop: p50 {}, p99 {}",
-                s.name,
                 ms(percentile(&s.lat, 0.5).saturating_sub(percentile(&c.lat, 0.5))),
                 ms(percentile(&s.lat, 0.99).saturating_sub(percentile(&c.lat, 0.99))),
             );

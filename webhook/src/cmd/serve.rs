@@ -214,6 +214,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         metrics: Metrics::new(),
         settings_memo: Default::default(),
         authority: Arc::new(KubeAuthority::new(client.clone())),
+        traces: crate::spans::Traces::new(&asya_api::trace_context::TraceSettings::from_lookup(
+            &|k| std::env::var(k).ok(),
+        ))?,
     });
     let caches = cache::start(client, shared.clone()).await;
     let _ = actors_store.set(caches);
@@ -225,12 +228,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = tokio::spawn(server::serve_metrics(args.metrics_addr, shared.clone()));
     let result = server::serve_tls(
         listener,
-        server::router(shared),
+        server::router(shared.clone()),
         resolver,
         shutdown_signal(),
     )
     .await;
     metrics.abort();
+    // The last admissions' spans, before the process goes; the flush blocks, and its posts
+    // need this runtime.
+    let flush = tokio::task::spawn_blocking(move || {
+        shared.traces.shutdown(std::time::Duration::from_secs(5))
+    });
+    let _ = flush.await;
     result
 }
 

@@ -260,7 +260,7 @@ impl TraceSettings {
     }
 
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Self {
-        use asya_api::telemetry::otel_env;
+        use crate::telemetry::otel_env;
         let get = |k: &str| {
             get(k)
                 .map(|v| v.trim().to_string())
