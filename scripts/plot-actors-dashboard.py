@@ -7,6 +7,7 @@ queries over the last --since.
 
     scripts/plot-actors-dashboard.py --namespace 'asya-demo-.*' --since 15m
     scripts/plot-actors-dashboard.py --prometheus http://127.0.0.1:9090 --out docs/img/actors-dashboard.png
+    scripts/plot-actors-dashboard.py --namespace my-ns --print-queries   # the queries and a UI link, no picture
 
 After traffic: `make demo` (it runs this at its end into target/demo/) or an e2e run.
 """
@@ -67,6 +68,14 @@ def shorten(names: list[str]) -> list[str]:
     return names
 
 
+def ui_url(prometheus: str, exprs: list[str], range_: str) -> str:
+    """A link to Prometheus' own UI with one graph panel per expression."""
+    params = {}
+    for i, e in enumerate(exprs):
+        params.update({f"g{i}.expr": e, f"g{i}.tab": "graph", f"g{i}.range_input": range_})
+    return f"{prometheus}/query?{urllib.parse.urlencode(params)}"
+
+
 def main_panels(dashboard: dict) -> list[dict]:
     by_title = {p["title"]: p for p in dashboard["panels"]}
     missing = [t for t in MAIN_PANELS if t not in by_title]
@@ -122,7 +131,22 @@ def draw(panels, series, title: str, out: Path) -> None:
     fig.savefig(out)
 
 
+def print_queries(args, panels) -> int:
+    exprs = []
+    for p in panels:
+        print(f"{p['title']}:")
+        for t in p["targets"]:
+            e = substitute(t["expr"], args.namespace, args.actor, args.rate_interval)
+            exprs.append(e)
+            print(f"  {e}")
+    print("All of them as graphs in Prometheus' UI:")
+    print(f"  {ui_url(args.prometheus, exprs, args.since)}")
+    return 0
+
+
 def run(args) -> int:
+    if args.print_queries:
+        return print_queries(args, main_panels(json.loads(DASHBOARD.read_text())))
     since = parse_duration(args.since)
     step = parse_duration(args.step)
     end = time.time()
@@ -160,6 +184,8 @@ def main(argv=None) -> int:
     ap.add_argument("--step", default="5s", help="the range queries' step")
     ap.add_argument("--rate-interval", default="1m", help="Grafana's $__rate_interval")
     ap.add_argument("--out", default=str(ROOT / "docs" / "img" / "actors-dashboard.png"))
+    ap.add_argument("--print-queries", action="store_true",
+                    help="print the panels' queries and a link to them in Prometheus' UI instead of drawing")
     args = ap.parse_args(argv)
     try:
         return run(args)

@@ -45,3 +45,14 @@ def test_the_main_panels_are_in_the_dashboard_with_queries():
     assert all(p["targets"] and all(t["expr"] for t in p["targets"]) for p in panels)
     with pytest.raises(plot.PlotError, match="Failure ratio"):
         plot.main_panels({"panels": [p for p in panels if p["title"] != "Failure ratio"]})
+
+
+def test_the_ui_link_holds_one_graph_per_query():
+    from urllib.parse import parse_qs, urlparse
+
+    url = plot.ui_url("http://127.0.0.1:9090", ['sum(rate(a{x="1"}[1m]))', "b"], "15m")
+    u = urlparse(url)
+    assert u.path == "/query"
+    q = parse_qs(u.query)
+    assert q["g0.expr"] == ['sum(rate(a{x="1"}[1m]))'] and q["g1.expr"] == ["b"]
+    assert q["g0.tab"] == q["g1.tab"] == ["graph"] and q["g1.range_input"] == ["15m"]
