@@ -41,6 +41,10 @@ pub struct TracingConfig {
     /// Extra resource attributes of every span (`deployment.environment: prod`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resource_attributes: BTreeMap<String, String>,
+    /// The trace backend's query API (Jaeger's, `http://jaeger-query:16686`), where
+    /// `asya trace` reads an envelope's spans. No component sends anything there.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub query_url: String,
 }
 
 fn one() -> f64 {
@@ -54,6 +58,7 @@ impl Default for TracingConfig {
             otlp_endpoint: String::new(),
             sampling_ratio: 1.0,
             resource_attributes: BTreeMap::new(),
+            query_url: String::new(),
         }
     }
 }
@@ -79,6 +84,16 @@ impl TracingConfig {
                 "tracing.otlpEndpoint",
                 self.otlp_endpoint.clone(),
                 "must be an http:// or https:// URL of an OTLP-over-HTTP collector when tracing.enabled is true",
+            ));
+        }
+        if !(self.query_url.is_empty()
+            || self.query_url.starts_with("http://")
+            || self.query_url.starts_with("https://"))
+        {
+            errs.push(FieldError::invalid(
+                "tracing.queryUrl",
+                self.query_url.clone(),
+                "must be empty or an http:// or https:// URL of the trace backend's query API",
             ));
         }
         for key in self.resource_attributes.keys() {
@@ -172,6 +187,7 @@ mod tests {
                 ("deployment.environment".into(), "prod, eu".into()),
                 ("team".into(), "ml".into()),
             ]),
+            query_url: String::new(),
         }
     }
 
@@ -229,6 +245,24 @@ mod tests {
             text[2].contains("tracing.resourceAttributes.a=b"),
             "{text:?}"
         );
+    }
+
+    #[test]
+    fn a_query_url_is_an_http_url() {
+        let mut t = on();
+        t.query_url = "jaeger-query:16686".into();
+        let mut errs = FieldErrors::default();
+        t.validate(&mut errs);
+        let text: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        assert_eq!(text.len(), 1, "{text:?}");
+        assert!(
+            text[0].contains("tracing.queryUrl") && text[0].contains("jaeger-query:16686"),
+            "{text:?}"
+        );
+        t.query_url = "http://jaeger-query:16686".into();
+        let mut errs = FieldErrors::default();
+        t.validate(&mut errs);
+        assert!(errs.is_empty());
     }
 
     #[test]

@@ -92,6 +92,10 @@ pub enum Command {
         /// A client token of the gateway, limited to this namespace.
         #[arg(long, env = "ASYA_GATEWAY_TOKEN", hide_env_values = true)]
         gateway_token: Option<String>,
+        /// The trace backend's query API (Jaeger's) to ask instead of the release's
+        /// `tracing.queryUrl` (a port-forward).
+        #[arg(long, env = "ASYA_TRACE_BACKEND_URL")]
+        trace_backend: Option<String>,
     },
     /// The actors' status (`kubectl get asyas -o wide`) and the conditions behind a
     /// non-Running phase.

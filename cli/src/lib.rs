@@ -22,8 +22,9 @@ pub mod render;
 pub mod select;
 pub mod session;
 pub mod sump;
-pub mod sump_store;
+pub mod sump_source;
 pub mod trace;
+pub mod trace_backend;
 pub mod views;
 
 /// The whole program behind both binary names: parses the command line, runs the command,

@@ -7,11 +7,12 @@ use asya_transport::envelope::{self, Envelope};
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::broker::{Broker, Held};
-use crate::error::Result;
+use crate::broker::Broker;
+use crate::error::{CliError, Result};
 use crate::failed::Failed;
 use crate::redrive::{self, Resend};
 use crate::select::Selector;
+use crate::sump_source::FailedSource;
 
 /// What a browse found.
 #[derive(Debug, Serialize)]
@@ -70,22 +71,21 @@ pub fn decide(
     }
 }
 
-/// Lists the selected envelopes of `queue`, then gives every message back.
-pub async fn browse(
-    broker: &Broker,
-    queue: &str,
+/// Lists the selected envelopes of `source`, then leaves every one where it was.
+pub async fn browse<S: FailedSource>(
+    source: &S,
     sel: &Selector,
     max: usize,
     now_ms: u64,
 ) -> Result<Listing> {
-    let counts = broker.counts(queue).await?;
-    let (held, truncated) = broker.browse(queue, max).await?;
+    let note = source.note().await?;
+    let (held, truncated) = source.read(max).await?;
     let mut envelopes = Vec::new();
     let mut unreadable = 0;
     for m in &held {
-        match envelope::parse(&m.body, None) {
+        match envelope::parse(S::body(m), None) {
             Ok(env) => {
-                let failed = Failed::of(&env, m.broker_time_ms);
+                let failed = Failed::of(&env, S::time_ms(m));
                 if sel.matches(&failed, now_ms) {
                     envelopes.push(Shown {
                         failed,
@@ -96,27 +96,14 @@ pub async fn browse(
             Err(_) => unreadable += 1,
         }
     }
-    broker.give_back(held).await?;
+    source.release(held).await?;
     Ok(Listing {
-        source: format!(
-            "{} (browsed: every message left in place)",
-            broker.describe(queue)
-        ),
+        source: format!("{}{}", source.describe(), source.listing_note()),
         envelopes,
         unreadable,
         truncated,
-        note: consumer_note(counts.consumers),
+        note,
     })
-}
-
-/// Said when x-sump has consumers: the crew's error-end actor takes envelopes to its store.
-pub fn consumer_note(consumers: Option<u64>) -> Option<String> {
-    match consumers {
-        Some(n) if n > 0 => Some(format!(
-            "x-sump has {n} consumer(s) (the crew's error-end actor?): envelopes it already took are in its store, not here"
-        )),
-        _ => None,
-    }
 }
 
 /// One line of a redrive's outcome.
@@ -158,24 +145,46 @@ pub enum Flow {
 /// Redrives the selected envelopes of `queue`: for each, publish to the failed actor's queue,
 /// wait for the broker's confirmation, then remove the x-sump copy. Everything else is given
 /// back unchanged. `sent` is called after each confirmed resend, before the removal.
-#[allow(clippy::too_many_arguments)]
-pub async fn redrive(
+/// What a redrive selects and when it runs.
+pub struct Request<'a> {
+    pub namespace: &'a str,
+    pub sel: &'a Selector,
+    pub max: usize,
+    pub dry_run: bool,
+    /// RFC 3339 and ms since the epoch of the same instant (the `x-asya-redriven` time).
+    pub now: &'a str,
+    pub now_ms: u64,
+}
+
+/// Sends each selected envelope of `source` back to the actor where it failed, through
+/// `broker`, and removes it from the source only once the broker confirmed the resend.
+/// Interrupted anywhere, an envelope is in the source, in its actor's queue, or (between the
+/// confirmation and the removal) in both: at least once, never lost. `sent` hears of each
+/// confirmed resend before its removal; [`Flow::Abandon`] stops there as a kill would.
+pub async fn redrive<S: FailedSource>(
+    source: &S,
     broker: &Broker,
-    queue: &str,
-    namespace: &str,
-    sel: &Selector,
-    max: usize,
-    dry_run: bool,
-    now: &str,
-    now_ms: u64,
+    req: &Request<'_>,
     sent: &mut dyn FnMut(&Outcome) -> Flow,
 ) -> Result<RedriveReport> {
-    let (held, truncated) = broker.browse(queue, max).await?;
-    let mut keep: Vec<Held> = Vec::new();
+    let (held, truncated) = source.read(req.max).await?;
+    let mut keep: Vec<S::Item> = Vec::new();
     let mut outcomes = Vec::new();
-    for m in held {
-        match decide(&m.body, m.broker_time_ms, sel, namespace, now, now_ms) {
-            Decision::Keep => keep.push(m),
+    let place = source.place();
+    let mut held = held.into_iter();
+    while let Some(m) = held.next() {
+        let r = match decide(
+            S::body(&m),
+            S::time_ms(&m),
+            req.sel,
+            req.namespace,
+            req.now,
+            req.now_ms,
+        ) {
+            Decision::Keep => {
+                keep.push(m);
+                continue;
+            }
             Decision::Refuse { id, why } => {
                 outcomes.push(Outcome {
                     id,
@@ -184,80 +193,67 @@ pub async fn redrive(
                     detail: Some(why),
                 });
                 keep.push(m);
+                continue;
             }
-            Decision::Resend(r) if dry_run => {
-                outcomes.push(Outcome {
-                    id: r.envelope.id.clone(),
-                    result: "would redrive",
-                    actor: Some(r.actor.clone()),
-                    detail: Some(format!("to queue {}", r.queue)),
-                });
-                keep.push(m);
-            }
-            Decision::Resend(r) => {
-                let span =
-                    tracing::info_span!("redrive", envelope_id = %r.envelope.id, actor = %r.actor);
-                let body = match serde_json::to_vec(&r.envelope) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        outcomes.push(failed(&r, format!("cannot serialise: {e}")));
-                        keep.push(m);
-                        continue;
-                    }
-                };
-                if let Err(e) = broker
+            Decision::Resend(r) => r,
+        };
+        let mut o = Outcome {
+            id: r.envelope.id.clone(),
+            result: if req.dry_run {
+                "would redrive"
+            } else {
+                "redriven"
+            },
+            actor: Some(r.actor.clone()),
+            detail: Some(format!("to queue {}", r.queue)),
+        };
+        if req.dry_run {
+            outcomes.push(o);
+            keep.push(m);
+            continue;
+        }
+        let span = tracing::info_span!("redrive", envelope_id = %r.envelope.id, actor = %r.actor);
+        let published = match serde_json::to_vec(&r.envelope) {
+            Ok(body) => {
+                broker
                     .publish(&r.queue, &body)
                     .instrument(span.clone())
                     .await
-                {
-                    outcomes.push(failed(&r, e.to_string()));
-                    keep.push(m);
-                    continue;
-                }
-                let mut o = Outcome {
-                    id: r.envelope.id.clone(),
-                    result: "redriven",
-                    actor: Some(r.actor.clone()),
-                    detail: Some(format!("to queue {}", r.queue)),
-                };
-                if sent(&o) == Flow::Abandon {
-                    // As a kill here would: nothing acked, nothing given back; the broker
-                    // returns the held copies when the connection goes.
-                    std::mem::forget(keep);
-                    std::mem::forget(m);
-                    outcomes.push(o);
-                    return Ok(RedriveReport {
-                        source: broker.describe(queue),
-                        outcomes,
-                        truncated,
-                    });
-                }
-                if let Err(e) = broker.remove(&m).instrument(span).await {
-                    // Sent and confirmed, copy still in x-sump: at-least-once, say so.
-                    o.result = "sent, copy left";
-                    o.detail = Some(format!(
-                        "{e}; the x-sump copy stays and a rerun sends it again"
-                    ));
-                }
-                outcomes.push(o);
             }
+            Err(e) => Err(CliError::Failed(format!("cannot serialise: {e}"))),
+        };
+        if let Err(e) = published {
+            o.result = "failed";
+            o.detail = Some(format!("{e}; left in {place}"));
+            outcomes.push(o);
+            keep.push(m);
+            continue;
         }
+        if sent(&o) == Flow::Abandon {
+            keep.push(m);
+            keep.extend(held);
+            source.abandon(keep);
+            outcomes.push(o);
+            return Ok(RedriveReport {
+                source: source.describe(),
+                outcomes,
+                truncated,
+            });
+        }
+        if let Err(e) = source.remove(&m).instrument(span).await {
+            o.result = "sent, copy left";
+            o.detail = Some(format!(
+                "{e}; the copy in {place} stays and a rerun sends it again"
+            ));
+        }
+        outcomes.push(o);
     }
-    broker.give_back(keep).await?;
+    source.release(keep).await?;
     Ok(RedriveReport {
-        source: broker.describe(queue),
+        source: source.describe(),
         outcomes,
         truncated,
     })
-}
-
-fn failed(r: &Resend, why: String) -> Outcome {
-    Outcome {
-        id: r.envelope.id.clone(),
-        result: "failed",
-        actor: Some(r.actor.clone()),
-        detail: Some(format!("{why}; left in x-sump")),
-    }
 }
 
 #[cfg(test)]
@@ -346,12 +342,5 @@ mod tests {
         assert!(r("would redrive").all_done());
         assert!(!r("refused").all_done());
         assert!(!r("sent, copy left").all_done());
-    }
-
-    #[test]
-    fn consumers_on_x_sump_are_noted() {
-        assert_eq!(consumer_note(Some(0)), None);
-        assert_eq!(consumer_note(None), None);
-        assert!(consumer_note(Some(1)).unwrap().contains("1 consumer"));
     }
 }

@@ -1,9 +1,9 @@
 //! `asya trace`: which source tells an envelope's hops, and the hops from each. Pure.
 //!
 //! Sources, best first: the gateway's store (when the release has a gateway: every
-//! sidecar reports each hop there), the trace backend of the observability work (not there
-//! yet: [`Source::TraceBackend`] is the seam, chosen when the configuration names one), and
-//! what the queues still hold (where each envelope of the family is now).
+//! sidecar reports each hop there), the trace backend (`tracing.queryUrl`: the sidecars'
+//! spans, `trace_backend`), and what the queues still hold (where each envelope of the
+//! family is now).
 
 use serde::Serialize;
 use serde_json::Value;
@@ -12,19 +12,26 @@ use serde_json::Value;
 pub enum Source {
     /// The gateway's REST API (`GET /envelopes/{id}`), at this URL.
     Gateway(String),
-    /// The trace backend (observability issue). No configuration names one yet.
+    /// The trace backend's query API (Jaeger's, `tracing.queryUrl`), at this URL.
     TraceBackend(String),
     /// The namespace's queues: x-sink, x-sump and the actors' queues.
     Queues,
 }
 
-/// The source for a release: the gateway when configured (or given), else the queues.
-pub fn source(gateway_url: Option<&str>, trace_backend: Option<&str>) -> Source {
-    match (gateway_url, trace_backend) {
-        (Some(g), _) => Source::Gateway(g.trim_end_matches('/').to_string()),
-        (None, Some(t)) => Source::TraceBackend(t.to_string()),
-        (None, None) => Source::Queues,
+/// The sources to ask, best first: the gateway (every hop of an envelope it knows), the
+/// trace backend (every sampled hop), then the queues (where each envelope is now). The
+/// next is asked only when one knows nothing of the envelope: the gateway knows only what
+/// went through it, the backend only sampled traces.
+pub fn sources(gateway_url: Option<&str>, trace_backend: Option<&str>) -> Vec<Source> {
+    let mut out = Vec::new();
+    if let Some(g) = gateway_url.filter(|g| !g.is_empty()) {
+        out.push(Source::Gateway(g.trim_end_matches('/').to_string()));
     }
+    if let Some(t) = trace_backend.filter(|t| !t.is_empty()) {
+        out.push(Source::TraceBackend(t.trim_end_matches('/').to_string()));
+    }
+    out.push(Source::Queues);
+    out
 }
 
 /// One hop of one envelope.
@@ -116,13 +123,20 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn the_gateway_wins_then_the_backend_then_the_queues() {
+    fn the_gateway_first_then_the_backend_then_the_queues() {
         assert_eq!(
-            source(Some("http://g/"), Some("t")),
-            Source::Gateway("http://g".into())
+            sources(Some("http://g/"), Some("http://j:16686/")),
+            vec![
+                Source::Gateway("http://g".into()),
+                Source::TraceBackend("http://j:16686".into()),
+                Source::Queues
+            ]
         );
-        assert_eq!(source(None, Some("t")), Source::TraceBackend("t".into()));
-        assert_eq!(source(None, None), Source::Queues);
+        assert_eq!(
+            sources(None, Some("http://j")),
+            vec![Source::TraceBackend("http://j".into()), Source::Queues]
+        );
+        assert_eq!(sources(Some(""), Some("")), vec![Source::Queues]);
     }
 
     #[test]

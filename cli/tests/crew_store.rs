@@ -13,8 +13,7 @@ use asya_cli::broker::s3::CrewStore;
 use asya_cli::broker::{Broker, rabbit::Rabbit};
 use asya_cli::crew::Store;
 use asya_cli::select::Selector;
-use asya_cli::sump::Flow;
-use asya_cli::sump_store;
+use asya_cli::sump::{self, Flow, Request};
 use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
 use serde_json::{Value, json};
@@ -26,6 +25,17 @@ fn failed(id: &str, ty: &str) -> Vec<u8> {
         "payload": {"n": id}
     }))
     .unwrap()
+}
+
+fn req<'a>(ns: &'a str, sel: &'a Selector) -> Request<'a> {
+    Request {
+        namespace: ns,
+        sel,
+        max: 100,
+        dry_run: false,
+        now: "t",
+        now_ms: 1,
+    }
 }
 
 async fn keys(store: &CrewStore, prefix: &str) -> Vec<String> {
@@ -112,7 +122,7 @@ async fn the_crew_store_is_listed_then_redriven_publish_first() {
     ));
 
     let all = Selector::default();
-    let l = sump_store::browse(&store, &all, 100, 0).await.unwrap();
+    let l = sump::browse(&store, &all, 100, 0).await.unwrap();
     assert_eq!(l.envelopes.len(), 3);
     assert!(
         l.source.contains(&format!("s3://{ns}/errors/")),
@@ -123,19 +133,15 @@ async fn the_crew_store_is_listed_then_redriven_publish_first() {
 
     let sel = Selector::parse(vec![], None, Some("ValueError"), None, false, true).unwrap();
     // Abandoned after the first confirmed resend: nothing moved yet.
-    let r = sump_store::redrive(&store, &broker, &ns, &sel, 100, false, "t", 1, &mut |_| {
-        Flow::Abandon
-    })
-    .await
-    .unwrap();
+    let r = sump::redrive(&store, &broker, &req(&ns, &sel), &mut |_| Flow::Abandon)
+        .await
+        .unwrap();
     assert_eq!(r.outcomes.len(), 1);
     assert_eq!(keys(&store, "errors/").await.len(), 3);
     // The rerun sends both selected (the first again: at least once) and moves them.
-    let r = sump_store::redrive(&store, &broker, &ns, &sel, 100, false, "t", 1, &mut |_| {
-        Flow::Continue
-    })
-    .await
-    .unwrap();
+    let r = sump::redrive(&store, &broker, &req(&ns, &sel), &mut |_| Flow::Continue)
+        .await
+        .unwrap();
     assert_eq!(
         r.outcomes.iter().filter(|o| o.result == "redriven").count(),
         2,

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use asya_cli::broker::{Broker, rabbit::Rabbit, sqs::Sqs};
 use asya_cli::select::Selector;
-use asya_cli::sump::{self, Flow, Outcome};
+use asya_cli::sump::{self, Flow, Outcome, Request};
+use asya_cli::sump_source::SumpQueue;
 use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
 use serde_json::{Value, json};
@@ -393,8 +394,9 @@ async fn sqs_redrive_sends_back_then_removes() {
 async fn browse_leaves_every_message(broker: &Broker, ns: &str) {
     let q = asya_api::naming::sump_queue(ns);
     let all = Selector::default();
+    let source = SumpQueue { broker, queue: &q };
     for _ in 0..2 {
-        let l = sump::browse(broker, &q, &all, 100, 0).await.unwrap();
+        let l = sump::browse(&source, &all, 100, 0).await.unwrap();
         assert_eq!(l.envelopes.len(), 2, "{l:?}");
         assert_eq!(l.unreadable, 1);
         assert!(l.source.contains(&q), "{}", l.source);
@@ -409,7 +411,7 @@ async fn browse_leaves_every_message(broker: &Broker, ns: &str) {
                 .starts_with("Traceback")
         );
     }
-    let only = sump::browse(broker, &q, &select("KeyError"), 100, 0)
+    let only = sump::browse(&source, &select("KeyError"), 100, 0)
         .await
         .unwrap();
     assert_eq!(only.envelopes.len(), 1);
@@ -421,35 +423,35 @@ async fn run_redrive(
     sent: &mut dyn FnMut(&Outcome) -> Flow,
 ) -> Vec<Outcome> {
     let q = asya_api::naming::sump_queue(ns);
-    sump::redrive(
-        broker,
-        &q,
-        ns,
-        &select("ValueError"),
-        100,
-        false,
-        "2026-11-26T00:00:00Z",
-        1,
-        sent,
-    )
-    .await
-    .unwrap()
-    .outcomes
+    let sel = select("ValueError");
+    let req = Request {
+        namespace: ns,
+        sel: &sel,
+        max: 100,
+        dry_run: false,
+        now: "2026-11-26T00:00:00Z",
+        now_ms: 1,
+    };
+    sump::redrive(&SumpQueue { broker, queue: &q }, broker, &req, sent)
+        .await
+        .unwrap()
+        .outcomes
 }
 
 async fn redrive_selected(broker: &Broker, ns: &str) {
     let q = asya_api::naming::sump_queue(ns);
-    let dry = sump::redrive(
-        broker,
-        &q,
-        ns,
-        &select("ValueError"),
-        100,
-        true,
-        "t",
-        1,
-        &mut |_| Flow::Continue,
-    )
+    let sel = select("ValueError");
+    let req = Request {
+        namespace: ns,
+        sel: &sel,
+        max: 100,
+        dry_run: true,
+        now: "t",
+        now_ms: 1,
+    };
+    let dry = sump::redrive(&SumpQueue { broker, queue: &q }, broker, &req, &mut |_| {
+        Flow::Continue
+    })
     .await
     .unwrap();
     assert_eq!(

@@ -22,7 +22,17 @@ pub async fn dispatch(cli: &Cli) -> Result<(String, Exit)> {
             id,
             gateway_url,
             gateway_token,
-        } => trace::run(g, id, gateway_url.as_deref(), gateway_token.as_deref()).await,
+            trace_backend,
+        } => {
+            trace::run(
+                g,
+                id,
+                gateway_url.as_deref(),
+                gateway_token.as_deref(),
+                trace_backend.as_deref(),
+            )
+            .await
+        }
         Command::Status { actor } => status::run(g, actor.as_deref()).await,
         Command::Completion { shell } => {
             let mut out = Vec::new();

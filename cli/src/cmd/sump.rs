@@ -8,8 +8,8 @@ use crate::error::{CliError, Exit, Result};
 use crate::render::{self, Format, Table};
 use crate::select::Selector;
 use crate::session;
-use crate::sump::{self, Flow, Listing, RedriveReport};
-use crate::sump_store;
+use crate::sump::{self, Flow, Listing, RedriveReport, Request};
+use crate::sump_source::SumpQueue;
 
 fn usage(e: impl std::fmt::Display) -> CliError {
     CliError::Usage(e.to_string())
@@ -59,9 +59,13 @@ pub async fn run(g: &Global, c: &SumpCommand) -> Result<(String, Exit)> {
     let queue = asya_api::naming::sump_queue(&ns);
     let store = s.crew_store(&ns).await?;
     let broker = s.broker(&ns).await?;
+    let sump_queue = SumpQueue {
+        broker: &broker,
+        queue: &queue,
+    };
     let listing = async |sel: &Selector| match &store {
-        Some(st) => sump_store::browse(st, sel, g.max, clock::now_ms()).await,
-        None => sump::browse(&broker, &queue, sel, g.max, clock::now_ms()).await,
+        Some(st) => sump::browse(st, sel, g.max, clock::now_ms()).await,
+        None => sump::browse(&sump_queue, sel, g.max, clock::now_ms()).await,
     };
     let out = match c {
         SumpCommand::List { .. } => {
@@ -93,35 +97,17 @@ pub async fn run(g: &Global, c: &SumpCommand) -> Result<(String, Exit)> {
                 Flow::Continue
             };
             let (now, now_ms) = (clock::now_rfc3339(), clock::now_ms());
+            let req = Request {
+                namespace: &ns,
+                sel: &sel,
+                max: g.max,
+                dry_run: *dry_run,
+                now: &now,
+                now_ms,
+            };
             let r = match &store {
-                Some(st) => {
-                    sump_store::redrive(
-                        st,
-                        &broker,
-                        &ns,
-                        &sel,
-                        g.max,
-                        *dry_run,
-                        &now,
-                        now_ms,
-                        &mut progress,
-                    )
-                    .await?
-                }
-                None => {
-                    sump::redrive(
-                        &broker,
-                        &queue,
-                        &ns,
-                        &sel,
-                        g.max,
-                        *dry_run,
-                        &now,
-                        now_ms,
-                        &mut progress,
-                    )
-                    .await?
-                }
+                Some(st) => sump::redrive(st, &broker, &req, &mut progress).await?,
+                None => sump::redrive(&sump_queue, &broker, &req, &mut progress).await?,
             };
             let missing: Vec<String> = sel
                 .ids

@@ -115,7 +115,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $cfg "gateway" $gw -}}
 {{- end -}}
 {{- with .Values.tracing -}}{{- if .enabled -}}
-{{- $_ := set $cfg "tracing" (dict "enabled" true "otlpEndpoint" .otlpEndpoint "samplingRatio" .samplingRatio "resourceAttributes" (.resourceAttributes | default dict)) -}}
+{{- $_ := set $cfg "tracing" (dict "enabled" true "otlpEndpoint" .otlpEndpoint "samplingRatio" .samplingRatio "resourceAttributes" (.resourceAttributes | default dict) "queryUrl" (.queryUrl | default "")) -}}
 {{- end -}}{{- end -}}
 {{- if .Values.monitoring.annotations.enabled -}}
 {{- $_ := set $cfg "monitoring" (dict "annotations" true) -}}
