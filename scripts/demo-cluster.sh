@@ -17,7 +17,9 @@
 #   3. the namespace and the flavor deleted. The cluster keeps running (tests/cluster/down
 #      stops it).
 #
-# Environment: ASYA_DEMO_KEEP=1 keeps the namespace at the end; ASYA_DEMO_SKIP_UP=1 skips
+# Environment: ASYA_DEMO_KEEP=1 keeps the namespace at the end; ASYA_DEMO_LOAD=N sends N more
+# envelopes over two minutes before the metrics part (what docs/img/actors-dashboard.png
+# shows: 300); ASYA_DEMO_SKIP_UP=1 skips
 # part 1 when the cluster and the chart are known to be up (an earlier `make demo` or
 # `make test`), e.g. to show the story alone; IMAGE_PROFILE (default ci) the cargo profile of
 # the images. `make demo-local` is the same pipeline as local processes,
@@ -532,6 +534,42 @@ say "Jaeger); each hop records process / runtime call / send spans in the envelo
 say "\$ asya -n $ns trace hello"
 asya trace hello 2>&1 | sed 's/^/    /' || say "(asya trace failed: see above)"
 say "(the same trace in Jaeger's API: http://127.0.0.1:16686/api/traces/<trace id>)"
+
+if [ "${ASYA_DEMO_LOAD:-0}" -gt 0 ]; then
+  heading "Load: ${ASYA_DEMO_LOAD} more envelopes over two minutes (ASYA_DEMO_LOAD)"
+  say "1 to 5 words each; one in ten flaky (retried), one in ten with 'spam' (x-sump). KEDA scales up."
+  python3 - "$ns" "$ASYA_TEST_RABBITMQ_MANAGEMENT_URL" "$ASYA_DEMO_LOAD" <<'PY' || die "sending the load failed"
+import base64, json, random, sys, time, urllib.request
+
+ns, mgmt, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+auth = "Basic " + base64.b64encode(b"guest:guest").decode()
+words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+rng = random.Random(25)
+t0 = time.monotonic()
+for i in range(n):
+    text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 5)))
+    kind = rng.random()
+    payload = {"text": text + (" spam" if kind < 0.1 else ""), **({"flaky": True} if 0.1 <= kind < 0.2 else {})}
+    env = {"id": f"load-{i}", "route": {"actors": ["validate", "split", "shout"], "current": 0},
+           "headers": {}, "payload": payload}
+    body = json.dumps({"properties": {"delivery_mode": 2}, "routing_key": f"asya-{ns}-validate",
+                       "payload": json.dumps(env), "payload_encoding": "string"}).encode()
+    req = urllib.request.Request(f"{mgmt}/api/exchanges/%2F/asya/publish", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": auth})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        if not json.load(r).get("routed"):
+            sys.exit(f"demo: RabbitMQ routed nothing to asya-{ns}-validate")
+    # Evenly over 120 s: a rate the dashboard's 1m windows show as a plateau.
+    time.sleep(max(0.0, t0 + 120 * (i + 1) / n - time.monotonic()))
+print(f"    sent {n} in {time.monotonic() - t0:.0f}s")
+PY
+  say "(waiting for the queues to drain)"
+  deadline=$((SECONDS + 300))
+  until [ -z "$(asya queues -o json 2>/dev/null | python3 -c 'import json,sys; print(*[r["actor"] for r in json.load(sys.stdin) if r.get("queued")])')" ]; do
+    [ $SECONDS -lt $deadline ] || die "the pipeline's queues did not drain within 5 minutes (asya -n $ns queues)"
+    sleep 2
+  done
+fi
 
 heading "Metrics: the Actors dashboard's queries in the test Prometheus"
 if [ -n "$prometheus_ok" ]; then
