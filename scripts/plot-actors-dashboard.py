@@ -118,7 +118,7 @@ def draw(panels, series, title: str, out: Path) -> None:
         ax.set_ylabel(UNITS.get(unit, unit), fontsize=9)
         if unit == "percentunit":
             ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-        ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=8)
         if lines:
