@@ -260,6 +260,29 @@ pub fn review_parsed_decision(
     )
 }
 
+/// [`review_actor`] of an object given parsed, for the mutating endpoint: the same review,
+/// with [`ActorReview::mutated`] holding only `{"spec": <the rewritten spec>}` (the rewrite
+/// never touches anything else), so the caller diffs it against `{"spec": <the spec>}`
+/// without building the whole object.
+pub fn review_parsed_mutation(
+    actor: ParsedActor<'_>,
+    old: Option<ParsedOld>,
+    namespace: Option<&str>,
+    catalog: &FlavorCatalog,
+    config: &ClusterConfig,
+) -> ActorReview {
+    decide(
+        ActorReview::default(),
+        actor.metadata,
+        actor.spec,
+        old,
+        Some(&Value::Object(serde_json::Map::new())),
+        namespace,
+        catalog,
+        config,
+    )
+}
+
 /// Everything after parsing. `old`: the stored object's name and spec, on UPDATE;
 /// `mutated_from`: the object, when the caller wants [`ActorReview::mutated`].
 #[allow(clippy::too_many_arguments)]

@@ -452,6 +452,17 @@ def _unix_connection(mount, timeout):
     return conn
 
 
+def _hung_up(conn, mount, key, op, err):
+    """Raises for a connector that hung up while a request was being sent: it refused before
+    reading the whole body (a buffered file over its limit: 413), and its answer, when there
+    is one to read, is the error; otherwise the hang-up itself is."""
+    try:
+        _raise_for_status(conn.getresponse(), mount, key, op)
+    except (http.client.HTTPException, BrokenPipeError, ConnectionResetError, socket.timeout):
+        pass
+    raise ConnectionError("state proxy %r: %s %r: the connector hung up: %s" % (mount.name, op, key, err))
+
+
 def _raise_for_status(resp, mount, key, op):
     if resp.status < 400:
         return
@@ -499,13 +510,7 @@ class StateClient(object):
             except socket.timeout:
                 raise TimeoutError("state proxy %r: %s %r: no progress within %ss" % (mount.name, op, key, self.timeout))
             except (BrokenPipeError, ConnectionResetError) as e:
-                # The connector refused before reading the whole body (a buffered file over
-                # its limit: 413) and hung up: its answer, when there is one, is the error.
-                try:
-                    self.response(conn, mount, key, op)
-                except (http.client.HTTPException, BrokenPipeError, ConnectionResetError):
-                    pass
-                raise ConnectionError("state proxy %r: %s %r: the connector hung up: %s" % (mount.name, op, key, e))
+                _hung_up(conn, mount, key, op, e)
             return conn, self.response(conn, mount, key, op)
         except BaseException:
             conn.close()
@@ -632,14 +637,10 @@ class _UploadRaw(io.RawIOBase):
             self._abort()
             raise TimeoutError("state proxy %r: write %r: no progress within %ss" % (self._m.name, self._key, self._client.timeout))
         except (BrokenPipeError, ConnectionResetError) as e:
-            # The connector answered early (a refusal) and hung up: its answer is the error.
             try:
-                _raise_for_status(self._conn.getresponse(), self._m, self._key, "write")
-            except (http.client.HTTPException, BrokenPipeError, ConnectionResetError):
-                pass  # no answer to read: the hang-up itself is the error
+                _hung_up(self._conn, self._m, self._key, "write", e)
             finally:
                 self._abort()
-            raise ConnectionError("state proxy %r: write %r: the connector hung up: %s" % (self._m.name, self._key, e))
 
     def _abort(self):
         if self._conn is not None:

@@ -56,8 +56,8 @@ impl Batcher {
     pub fn start(client: Client, max_bytes: usize) -> Self {
         let (sends, send_rx) = mpsc::unbounded_channel();
         let (deletes, delete_rx) = mpsc::unbounded_channel();
-        tokio::spawn(send_loop(client.clone(), max_bytes, send_rx));
-        tokio::spawn(delete_loop(client, delete_rx));
+        tokio::spawn(batch_loop::<SendJob>(client.clone(), max_bytes, send_rx));
+        tokio::spawn(batch_loop::<DeleteJob>(client, 0, delete_rx));
         Batcher { sends, deletes }
     }
 
@@ -78,6 +78,134 @@ fn ended() -> TransportError {
     TransportError::Unavailable("the SQS batch loop has ended".into())
 }
 
+/// What differs between the two batch requests; the loop, the grouping and the retries are
+/// shared ([`batch_loop`], [`run`]).
+trait Kind: Sized + Send + 'static {
+    /// The request's name, for messages.
+    const OP: &'static str;
+    fn url(&self) -> &str;
+    /// What a message names the entry by (its queue, or the queue's URL).
+    fn target(&self) -> &str;
+    fn reply(self, r: Result<(), TransportError>);
+    /// One queue's jobs in request-sized runs, in order.
+    fn runs(jobs: Vec<Self>, max_bytes: usize) -> Vec<Vec<Self>>;
+    /// One request of the `open` entries of `pending` (entry ids are their indexes).
+    fn request(
+        client: &Client,
+        url: &str,
+        pending: &[Option<Self>],
+        open: &[usize],
+    ) -> impl std::future::Future<Output = Result<Outcome, Refused>> + Send;
+}
+
+/// Why a whole batch request failed.
+enum Refused {
+    /// The queue does not exist: every entry fails at once.
+    NoSuchQueue,
+    /// Anything else: retried.
+    Other(String),
+}
+
+impl Kind for SendJob {
+    const OP: &'static str = "SendMessageBatch";
+    fn url(&self) -> &str {
+        &self.url
+    }
+    fn target(&self) -> &str {
+        &self.queue
+    }
+    fn reply(self, r: Result<(), TransportError>) {
+        let _ = self.reply.send(r);
+    }
+    fn runs(jobs: Vec<Self>, max_bytes: usize) -> Vec<Vec<Self>> {
+        let sizes: Vec<usize> = jobs.iter().map(|j| j.body.len()).collect();
+        let mut jobs = jobs.into_iter();
+        sqs_batch::split(&sizes, MAX_ENTRIES, max_bytes)
+            .into_iter()
+            .map(|r| jobs.by_ref().take(r.len()).collect())
+            .collect()
+    }
+    async fn request(
+        client: &Client,
+        url: &str,
+        pending: &[Option<Self>],
+        open: &[usize],
+    ) -> Result<Outcome, Refused> {
+        let entries = open.iter().filter_map(|&i| {
+            let j = pending[i].as_ref()?;
+            SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(&j.body)
+                .set_delay_seconds(j.delay_seconds)
+                .build()
+                .ok()
+        });
+        let out = client
+            .send_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await
+            .map_err(|e| {
+                if sqs_batch::is_no_such_queue(e.as_service_error().and_then(|s| s.code())) {
+                    Refused::NoSuchQueue
+                } else {
+                    Refused::Other(format!("{e:?}"))
+                }
+            })?;
+        Ok(outcome(
+            out.successful.iter().map(|s| s.id.as_str()),
+            &out.failed,
+        ))
+    }
+}
+
+impl Kind for DeleteJob {
+    const OP: &'static str = "DeleteMessageBatch";
+    fn url(&self) -> &str {
+        &self.url
+    }
+    fn target(&self) -> &str {
+        &self.url
+    }
+    fn reply(self, r: Result<(), TransportError>) {
+        let _ = self.reply.send(r);
+    }
+    fn runs(jobs: Vec<Self>, _max_bytes: usize) -> Vec<Vec<Self>> {
+        let mut jobs = jobs.into_iter().peekable();
+        let mut runs = Vec::new();
+        while jobs.peek().is_some() {
+            runs.push(jobs.by_ref().take(MAX_ENTRIES).collect());
+        }
+        runs
+    }
+    async fn request(
+        client: &Client,
+        url: &str,
+        pending: &[Option<Self>],
+        open: &[usize],
+    ) -> Result<Outcome, Refused> {
+        let entries = open.iter().filter_map(|&i| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .receipt_handle(&pending[i].as_ref()?.receipt)
+                .build()
+                .ok()
+        });
+        let out = client
+            .delete_message_batch()
+            .queue_url(url)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await
+            .map_err(|e| Refused::Other(format!("{e:?}")))?;
+        Ok(outcome(
+            out.successful.iter().map(|s| s.id.as_str()),
+            &out.failed,
+        ))
+    }
+}
+
 /// Takes what is queued now (the first entry waits), at most `limit` jobs.
 async fn drain<J>(rx: &mut mpsc::UnboundedReceiver<J>, limit: usize) -> Option<Vec<J>> {
     let first = rx.recv().await?;
@@ -91,15 +219,18 @@ async fn drain<J>(rx: &mut mpsc::UnboundedReceiver<J>, limit: usize) -> Option<V
     Some(jobs)
 }
 
-fn by_url<J>(jobs: Vec<J>, url: impl Fn(&J) -> &str) -> HashMap<String, Vec<J>> {
-    let mut groups: HashMap<String, Vec<J>> = HashMap::new();
+/// One queue's jobs together, queues in no particular order (each its own requests).
+fn by_url<K: Kind>(jobs: Vec<K>) -> HashMap<String, Vec<K>> {
+    let mut groups: HashMap<String, Vec<K>> = HashMap::new();
     for j in jobs {
-        groups.entry(url(&j).to_string()).or_default().push(j);
+        groups.entry(j.url().to_string()).or_default().push(j);
     }
     groups
 }
 
-async fn send_loop(client: Client, max_bytes: usize, mut rx: mpsc::UnboundedReceiver<SendJob>) {
+/// Rounds of requests of one kind until the `Batcher` is dropped. `max_bytes`: see
+/// [`Batcher::start`] (sends only).
+async fn batch_loop<K: Kind>(client: Client, max_bytes: usize, mut rx: mpsc::UnboundedReceiver<K>) {
     let slots = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT));
     loop {
         // A free slot first: while all are busy, new entries gather in the channel.
@@ -112,48 +243,12 @@ async fn send_loop(client: Client, max_bytes: usize, mut rx: mpsc::UnboundedRece
         let client = client.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let runs = by_url(jobs, |j| &j.url)
-                .into_iter()
-                .flat_map(|(url, jobs)| {
-                    let sizes: Vec<usize> = jobs.iter().map(|j| j.body.len()).collect();
-                    let mut jobs = jobs.into_iter();
-                    sqs_batch::split(&sizes, MAX_ENTRIES, max_bytes)
-                        .into_iter()
-                        .map(|r| (url.clone(), jobs.by_ref().take(r.len()).collect::<Vec<_>>()))
-                        .collect::<Vec<_>>()
-                });
-            let requests = runs.map(|(url, run)| send_run(&client, url, run));
-            futures::future::join_all(requests).await;
-        });
-    }
-}
-
-async fn delete_loop(client: Client, mut rx: mpsc::UnboundedReceiver<DeleteJob>) {
-    let slots = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT));
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let Some(jobs) = drain(&mut rx, MAX_ENTRIES * REQUESTS_IN_FLIGHT).await else {
-            return;
-        };
-        let client = client.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let runs = by_url(jobs, |j| &j.url)
-                .into_iter()
-                .flat_map(|(url, jobs)| {
-                    let mut jobs = jobs.into_iter().peekable();
-                    let mut runs = Vec::new();
-                    while jobs.peek().is_some() {
-                        runs.push((
-                            url.clone(),
-                            jobs.by_ref().take(MAX_ENTRIES).collect::<Vec<_>>(),
-                        ));
-                    }
-                    runs
-                });
-            let requests = runs.map(|(url, run)| delete_run(&client, url, run));
+            let requests = by_url(jobs).into_iter().flat_map(|(url, jobs)| {
+                K::runs(jobs, max_bytes)
+                    .into_iter()
+                    .map(move |run| (url.clone(), run))
+            });
+            let requests = requests.map(|(url, run)| self::run(&client, url, run));
             futures::future::join_all(requests).await;
         });
     }
@@ -188,8 +283,8 @@ fn outcome<'a>(
 
 /// Sends one run (at most 10 entries, one queue), retrying the entries worth it; answers
 /// every job.
-async fn send_run(client: &Client, url: String, jobs: Vec<SendJob>) {
-    let mut pending: Vec<Option<SendJob>> = jobs.into_iter().map(Some).collect();
+async fn run<K: Kind>(client: &Client, url: String, jobs: Vec<K>) {
+    let mut pending: Vec<Option<K>> = jobs.into_iter().map(Some).collect();
     let mut last = String::new();
     for attempt in 0..ENTRY_ATTEMPTS {
         let open: Vec<usize> = (0..pending.len())
@@ -201,123 +296,50 @@ async fn send_run(client: &Client, url: String, jobs: Vec<SendJob>) {
         if attempt > 0 {
             tokio::time::sleep(sqs_batch::retry_pause(attempt)).await;
         }
-        let entries = open.iter().filter_map(|&i| {
-            let j = pending[i].as_ref()?;
-            SendMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .message_body(&j.body)
-                .set_delay_seconds(j.delay_seconds)
-                .build()
-                .ok()
-        });
-        let answer = client
-            .send_message_batch()
-            .queue_url(&url)
-            .set_entries(Some(entries.collect()))
-            .send()
-            .await;
-        let out = match answer {
-            Ok(out) => out,
-            Err(e) => {
-                if sqs_batch::is_no_such_queue(e.as_service_error().and_then(|s| s.code())) {
-                    for j in pending.iter_mut().filter_map(Option::take) {
-                        let _ = j.reply.send(Err(TransportError::NoSuchQueue(j.queue)));
-                    }
-                    return;
+        let o = match K::request(client, &url, &pending, &open).await {
+            Ok(o) => o,
+            Err(Refused::NoSuchQueue) => {
+                for j in pending.iter_mut().filter_map(Option::take) {
+                    let queue = j.target().to_string();
+                    j.reply(Err(TransportError::NoSuchQueue(queue)));
                 }
-                last = format!("{e:?}");
+                return;
+            }
+            Err(Refused::Other(why)) => {
+                last = why;
                 continue;
             }
         };
-        let o = outcome(out.successful.iter().map(|s| s.id.as_str()), &out.failed);
         for i in o.succeeded {
             if let Some(j) = pending.get_mut(i).and_then(Option::take) {
-                let _ = j.reply.send(Ok(()));
+                j.reply(Ok(()));
             }
         }
         for (i, verdict, why) in o.failed {
             let Some(slot) = pending.get_mut(i) else {
                 continue;
             };
-            let queue = slot.as_ref().map(|j| j.queue.clone()).unwrap_or_default();
-            tracing::warn!(queue = %queue, entry = i, attempt, reason = %why, ?verdict, "SQS refused a message of a batch");
+            let target = slot
+                .as_ref()
+                .map(|j| j.target().to_string())
+                .unwrap_or_default();
+            tracing::warn!(op = K::OP, target = %target, entry = i, attempt, reason = %why, ?verdict, "SQS refused an entry of a batch");
             if verdict == EntryVerdict::Permanent
                 && let Some(j) = slot.take()
             {
-                let _ = j.reply.send(Err(TransportError::Rejected(format!(
-                    "SendMessageBatch to {queue}: {why}"
+                j.reply(Err(TransportError::Rejected(format!(
+                    "{} on {target}: {why}",
+                    K::OP
                 ))));
             }
             last = why;
         }
     }
     for j in pending.into_iter().flatten() {
-        let _ = j.reply.send(Err(TransportError::Unavailable(format!(
-            "SendMessageBatch to {} not confirmed after {ENTRY_ATTEMPTS} attempts: {last}",
-            j.queue
-        ))));
-    }
-}
-
-/// Deletes one run (at most 10 receipts, one queue), retrying the entries worth it; answers
-/// every job.
-async fn delete_run(client: &Client, url: String, jobs: Vec<DeleteJob>) {
-    let mut pending: Vec<Option<DeleteJob>> = jobs.into_iter().map(Some).collect();
-    let mut last = String::new();
-    for attempt in 0..ENTRY_ATTEMPTS {
-        let open: Vec<usize> = (0..pending.len())
-            .filter(|&i| pending[i].is_some())
-            .collect();
-        if open.is_empty() {
-            return;
-        }
-        if attempt > 0 {
-            tokio::time::sleep(sqs_batch::retry_pause(attempt)).await;
-        }
-        let entries = open.iter().filter_map(|&i| {
-            DeleteMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .receipt_handle(&pending[i].as_ref()?.receipt)
-                .build()
-                .ok()
-        });
-        let answer = client
-            .delete_message_batch()
-            .queue_url(&url)
-            .set_entries(Some(entries.collect()))
-            .send()
-            .await;
-        let out = match answer {
-            Ok(out) => out,
-            Err(e) => {
-                last = format!("{e:?}");
-                continue;
-            }
-        };
-        let o = outcome(out.successful.iter().map(|s| s.id.as_str()), &out.failed);
-        for i in o.succeeded {
-            if let Some(j) = pending.get_mut(i).and_then(Option::take) {
-                let _ = j.reply.send(Ok(()));
-            }
-        }
-        for (i, verdict, why) in o.failed {
-            let Some(slot) = pending.get_mut(i) else {
-                continue;
-            };
-            tracing::warn!(queue_url = %url, entry = i, attempt, reason = %why, ?verdict, "SQS did not delete a message of a batch");
-            if verdict == EntryVerdict::Permanent
-                && let Some(j) = slot.take()
-            {
-                let _ = j.reply.send(Err(TransportError::Rejected(format!(
-                    "DeleteMessageBatch on {url}: {why}"
-                ))));
-            }
-            last = why;
-        }
-    }
-    for j in pending.into_iter().flatten() {
-        let _ = j.reply.send(Err(TransportError::Unavailable(format!(
-            "DeleteMessageBatch on {url} not confirmed after {ENTRY_ATTEMPTS} attempts: {last}"
+        let target = j.target().to_string();
+        j.reply(Err(TransportError::Unavailable(format!(
+            "{} on {target} not confirmed after {ENTRY_ATTEMPTS} attempts: {last}",
+            K::OP
         ))));
     }
 }

@@ -22,7 +22,8 @@ use std::borrow::Cow;
 use tokio::sync::Notify;
 
 use crate::admission::ActorLookup;
-use crate::admission::collision::{Holder, spec_actor};
+use crate::admission::collision::Holder;
+use crate::holders::HolderIndex;
 use crate::server::Shared;
 use std::collections::BTreeSet;
 
@@ -99,12 +100,16 @@ impl CachedActor {
     }
 }
 
-/// AsyncActors from the reflector store.
-pub struct ActorStore(pub Store<CachedActor>);
+/// AsyncActors from the reflector store, and their queue actors per namespace (fed by the
+/// same watch events).
+pub struct ActorStore {
+    pub store: Store<CachedActor>,
+    pub holders: Arc<HolderIndex>,
+}
 
 impl ActorStore {
     fn cached(&self, namespace: &str, name: &str) -> Option<Arc<CachedActor>> {
-        self.0
+        self.store
             .get(&ObjectRef::<CachedActor>::new(name).within(namespace))
     }
 }
@@ -126,26 +131,8 @@ impl ActorLookup for ActorStore {
             .clone()
     }
 
-    /// One pass over the store, parsing `spec.actor` only of the actors in `namespaces`.
     fn holders_in(&self, namespaces: &BTreeSet<String>) -> Vec<Holder> {
-        let in_scope = |a: &CachedActor| {
-            a.metadata
-                .namespace
-                .as_ref()
-                .is_some_and(|ns| namespaces.contains(ns))
-        };
-        self.0
-            .state_filter(in_scope)
-            .iter()
-            .filter_map(|a| {
-                let name = a.metadata.name.clone()?;
-                Some(Holder {
-                    namespace: a.metadata.namespace.clone()?,
-                    actor: spec_actor(&name, a.spec.as_deref().map(RawValue::get)),
-                    name,
-                })
-            })
-            .collect()
+        self.holders.holders_in(namespaces)
     }
 }
 
@@ -216,12 +203,21 @@ pub fn bound_flavor_map(
 /// Handles to the running caches.
 pub struct Caches {
     pub actors: Store<CachedActor>,
+    pub holders: Arc<HolderIndex>,
     pub flavors: Store<DynamicObject>,
     pub config_maps: Store<ConfigMap>,
     pub env_configs: Option<Store<DynamicObject>>,
 }
 
 impl Caches {
+    /// What admission reads of the AsyncActors.
+    pub fn actor_store(&self) -> ActorStore {
+        ActorStore {
+            store: self.actors.clone(),
+            holders: self.holders.clone(),
+        }
+    }
+
     pub fn sizes(&self) -> Vec<(&'static str, i64)> {
         let mut v = vec![
             ("AsyncActor", self.actors.state().len() as i64),
@@ -319,6 +315,8 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
     let changed = Arc::new(Notify::new());
     let client_for_actors = client.clone();
     let (actors, actor_writer) = reflector::store::<CachedActor>();
+    let holders = Arc::new(HolderIndex::default());
+    let index = holders.clone();
     drive(
         reflector::reflector(
             actor_writer,
@@ -328,6 +326,7 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
             )
             .modify(CachedActor::slim),
         )
+        .inspect_ok(move |ev| index.apply(ev))
         .default_backoff()
         .touched_objects(),
         None,
@@ -366,12 +365,14 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
     };
     let caches = Caches {
         actors,
+        holders,
         flavors,
         config_maps: cm_reader,
         env_configs,
     };
     let rebuild = Caches {
         actors: caches.actors.clone(),
+        holders: caches.holders.clone(),
         flavors: caches.flavors.clone(),
         config_maps: caches.config_maps.clone(),
         env_configs: caches.env_configs.clone(),
@@ -428,7 +429,10 @@ mod tests {
 
         let mut w = reflector::store::Writer::<CachedActor>::new(());
         w.apply_watcher_event(&watcher::Event::Apply(a));
-        let store = ActorStore(w.as_reader());
+        let store = ActorStore {
+            store: w.as_reader(),
+            holders: Default::default(),
+        };
         assert!(store.get("ns", "echo").is_some());
         assert!(store.get("other", "echo").is_none());
     }
@@ -491,6 +495,7 @@ mod tests {
     #[test]
     fn holders_are_the_actors_of_the_namespaces_asked_with_their_queue_actor() {
         let mut w = reflector::store::Writer::<CachedActor>::new(());
+        let holders = Arc::new(HolderIndex::default());
         for (ns, name, spec) in [
             ("team", "a-x", json!({"image": "i", "handler": "m.f"})),
             ("team", "renamed", json!({"actor": "shared", "image": "i"})),
@@ -500,9 +505,14 @@ mod tests {
                 "metadata": {"name": name, "namespace": ns}, "spec": spec
             }))
             .unwrap();
-            w.apply_watcher_event(&watcher::Event::Apply(a));
+            let ev = watcher::Event::Apply(a);
+            w.apply_watcher_event(&ev);
+            holders.apply(&ev);
         }
-        let store = ActorStore(w.as_reader());
+        let store = ActorStore {
+            store: w.as_reader(),
+            holders,
+        };
         let mut got = store.holders_in(&BTreeSet::from(["team".to_string(), "none".to_string()]));
         got.sort_by(|a, b| a.name.cmp(&b.name));
         let h = |ns: &str, name: &str, actor: &str| Holder {

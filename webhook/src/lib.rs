@@ -6,6 +6,7 @@ pub mod authority;
 pub mod cache;
 pub mod client;
 pub mod cmd;
+pub mod holders;
 pub mod inject;
 pub mod patch;
 pub mod server;

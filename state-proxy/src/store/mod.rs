@@ -1,6 +1,7 @@
 //! The backends behind the contract. One enum rather than a trait object: two backends,
 //! and async methods stay plain.
 
+pub mod meta;
 pub mod redis;
 pub mod s3;
 

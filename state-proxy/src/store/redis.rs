@@ -10,7 +10,7 @@ use axum::body::Body;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
-use super::{Head, Meta, Object, read_bounded};
+use super::{Head, Meta, Object, meta, read_bounded};
 use crate::cas::{self, Condition, Seen, SeenVersions};
 use crate::error::ProxyError;
 use crate::keys::{self, Listing};
@@ -318,17 +318,12 @@ impl RedisStore {
             Ok::<_, ProxyError>(v)
         };
         match attr {
-            None => {
-                let mut attrs: Vec<String> =
-                    READ_ONLY_ATTRS.iter().map(|a| a.to_string()).collect();
-                let mut user: Vec<String> = fields
+            None => Ok(meta::listing(
+                &READ_ONLY_ATTRS,
+                fields
                     .iter()
-                    .filter_map(|f| f.strip_prefix("m:").map(str::to_string))
-                    .collect();
-                user.sort();
-                attrs.extend(user);
-                Ok(serde_json::json!({ "attrs": attrs }))
-            }
+                    .filter_map(|f| f.strip_prefix("m:").map(str::to_string)),
+            )),
             Some("size") => {
                 let n: u64 = self
                     .run(async |c| {
@@ -342,23 +337,12 @@ impl RedisStore {
                 Ok(serde_json::json!({ "value": n.to_string() }))
             }
             Some("version") => Ok(serde_json::json!({ "value": value("v".into()).await? })),
-            Some(a) => match value(format!("m:{a}")).await? {
-                Some(v) => Ok(serde_json::json!({ "value": v })),
-                None => Err(ProxyError::NoAttr {
-                    key: key.to_string(),
-                    attr: a.to_string(),
-                }),
-            },
+            Some(a) => meta::user_value(key, a, value(format!("m:{a}")).await?),
         }
     }
 
     pub async fn meta_put(&self, key: &str, attr: &str, value: &str) -> Result<(), ProxyError> {
-        if READ_ONLY_ATTRS.contains(&attr) {
-            return Err(ProxyError::ReadOnly {
-                key: key.to_string(),
-                attr: attr.to_string(),
-            });
-        }
+        meta::writable(&READ_ONLY_ATTRS, key, attr)?;
         let full = self.full(key);
         let field = format!("m:{attr}");
         let script = redis::Script::new(META_SCRIPT);

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio_util::io::ReaderStream;
 
-use super::{Head, Meta, Object, body_error, read_bounded};
+use super::{Head, Meta, Object, body_error, meta, read_bounded};
 use crate::cas::{self, Condition, Seen, SeenVersions};
 use crate::error::{Failure, ProxyError, classify};
 use crate::keys::{self, Listing};
@@ -509,35 +509,17 @@ impl S3Store {
         let size = out.content_length().unwrap_or(0).to_string();
         let etag = out.e_tag().unwrap_or_default().to_string();
         match attr {
-            None => {
-                let mut attrs: Vec<String> =
-                    READ_ONLY_ATTRS.iter().map(|a| a.to_string()).collect();
-                let mut names: Vec<String> = user.keys().cloned().collect();
-                names.sort();
-                attrs.extend(names);
-                Ok(serde_json::json!({ "attrs": attrs }))
-            }
+            None => Ok(meta::listing(&READ_ONLY_ATTRS, user.into_keys())),
             Some("size") => Ok(serde_json::json!({ "value": size })),
             Some("etag") => Ok(serde_json::json!({ "value": etag })),
-            Some(a) => match user.get(a) {
-                Some(v) => Ok(serde_json::json!({ "value": v })),
-                None => Err(ProxyError::NoAttr {
-                    key: key.to_string(),
-                    attr: a.to_string(),
-                }),
-            },
+            Some(a) => meta::user_value(key, a, user.get(a).cloned()),
         }
     }
 
     /// S3 metadata is set only with the object: a copy onto itself with the new metadata
     /// (server-side, no bytes through the connector).
     pub async fn meta_put(&self, key: &str, attr: &str, value: &str) -> Result<(), ProxyError> {
-        if READ_ONLY_ATTRS.contains(&attr) {
-            return Err(ProxyError::ReadOnly {
-                key: key.to_string(),
-                attr: attr.to_string(),
-            });
-        }
+        meta::writable(&READ_ONLY_ATTRS, key, attr)?;
         let out = self.head_object(key).await?;
         let mut user: HashMap<String, String> = out.metadata().cloned().unwrap_or_default();
         user.insert(attr.to_string(), value.to_string());

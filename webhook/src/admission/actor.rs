@@ -3,7 +3,7 @@
 
 use asya_api::review::{
     ActorReview, ParsedActor, ParsedOld, ReviewRequest, review_actor, review_actor_decision,
-    review_parsed_decision,
+    review_parsed_decision, review_parsed_mutation,
 };
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
@@ -16,12 +16,14 @@ use super::response::{
 };
 use super::{ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, collision, op_name, wire};
 
-/// The common validation (an AsyncActor CREATE or UPDATE whose spec has no unknown field)
-/// through the cheaper parse of [`super::wire`]: the spec is parsed from the request's
-/// text, not through a JSON `Value`. `None` whenever that parse cannot vouch for the same
-/// answer as [`super::handle_general`], which then answers. Public for the equivalence tests.
+/// The common AsyncActor admission (a CREATE or UPDATE whose spec has no unknown field), on
+/// either actor endpoint, through the cheaper parse of [`super::wire`]: the spec is parsed
+/// from the request's text, and the rest of the object (a `kubectl apply`'s
+/// last-applied annotation, managed fields) is never built as a JSON `Value`. `None`
+/// whenever that parse cannot vouch for the same answer as [`super::handle_general`], which
+/// then answers. Public for the equivalence tests.
 #[doc(hidden)]
-pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
+pub fn handle_actor_fast(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
     let (types, req) = wire::request(body)?;
     if req.kind.group != ACTOR_GROUP || req.kind.kind != ACTOR_KIND {
         return None;
@@ -53,18 +55,26 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
             return Some(handled(allowing(types, req.uid), operation));
         }
     }
-    let actor = ParsedActor::from_text(&object.metadata, object.spec?.get())?;
+    let spec_text = object.spec?.get();
+    let actor = ParsedActor::from_text(&object.metadata, spec_text)?;
+    let mutating = endpoint == Endpoint::MutateActors;
+    // What the mutation's patch is taken against: the spec alone, as the review's
+    // `mutated` holds it (the patch paths are the same as against the whole object).
+    let before = if mutating {
+        Some(serde_json::json!({ "spec": serde_json::from_str::<Value>(spec_text).ok()? }))
+    } else {
+        None
+    };
     let resp = allowing(types, req.uid);
-    let span = tracing::debug_span!("admit", endpoint = Endpoint::ValidateActors.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
+    let span = tracing::debug_span!("admit", endpoint = endpoint.as_str(), uid = %resp.uid, operation, dry_run = req.dry_run);
     let _g = span.enter();
     let creating = old.is_none();
-    let mut review = review_parsed_decision(
-        actor,
-        old,
-        req.namespace.as_deref(),
-        ctx.catalog,
-        ctx.config,
-    );
+    let ns = req.namespace.as_deref();
+    let mut review = if mutating {
+        review_parsed_mutation(actor, old, ns, ctx.catalog, ctx.config)
+    } else {
+        review_parsed_decision(actor, old, ns, ctx.catalog, ctx.config)
+    };
     if creating {
         collision::check_create(&mut review, ctx.actors);
     }
@@ -73,7 +83,11 @@ pub fn handle_actor_validation(body: &[u8], ctx: &Ctx<'_>) -> Option<Handled> {
         &req.user_info,
         ctx.config.policy.default_pod_security_level,
     );
-    let mut h = handled(validated(resp, review, &req.name), operation);
+    let resp = match &before {
+        Some(before) => mutate(resp, review, &req.name, before),
+        None => validated(resp, review, &req.name),
+    };
+    let mut h = handled(resp, operation);
     h.privilege = pending;
     Some(h)
 }
@@ -174,7 +188,8 @@ pub(super) fn actor(
 }
 
 /// The mutating endpoint's answer for a reviewed, unsettled object: refused with every
-/// error, or the rewrite (if any) with every warning.
+/// error, or the rewrite (if any) with every warning. `obj`: what `review.mutated` is a
+/// rewrite of (the object, or `{"spec": …}` alone on the fast path).
 fn mutate(
     resp: AdmissionResponse,
     review: ActorReview,

@@ -13,7 +13,7 @@ mod raw_object;
 mod response;
 mod wire;
 
-pub use actor::handle_actor_validation;
+pub use actor::handle_actor_fast;
 pub use context::{ActorLookup, Ctx, PodSettings, SettingsMemo};
 pub use pod::{handle_pod_create, settings_for_pod};
 pub use raw_object::RawObject;
@@ -74,8 +74,7 @@ pub(crate) fn op_name(op: &Operation) -> &'static str {
 pub fn handle(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Result<Handled, BadRequest> {
     let fast = match endpoint {
         Endpoint::MutatePods => handle_pod_create(body, ctx),
-        Endpoint::ValidateActors => handle_actor_validation(body, ctx),
-        Endpoint::MutateActors => None,
+        Endpoint::ValidateActors | Endpoint::MutateActors => handle_actor_fast(endpoint, body, ctx),
     };
     match fast {
         Some(h) => Ok(h),

@@ -249,6 +249,7 @@ async fn run() -> anyhow::Result<()> {
     let rss0 = rss_kib();
     // 10,000 AsyncActors in a real reflector store (the one the server reads).
     let mut writer = Writer::<CachedActor>::new(());
+    let holders = Arc::new(asya_webhook::holders::HolderIndex::default());
     let t = Instant::now();
     for i in 0..10_000 {
         let ns = format!("team-{}", i % 50);
@@ -256,11 +257,15 @@ async fn run() -> anyhow::Result<()> {
         let text = serde_json::to_string(&actor_obj(&ns, &format!("actor-{i}")))?;
         let mut obj: CachedActor = serde_json::from_str(&text)?;
         obj.slim();
-        writer.apply_watcher_event(&Event::Apply(obj));
+        let ev = Event::Apply(obj);
+        writer.apply_watcher_event(&ev);
+        holders.apply(&ev);
     }
     let pod_actor: CachedActor =
         serde_json::from_str(&serde_json::to_string(&actor_obj("ml", "text-classifier"))?)?;
-    writer.apply_watcher_event(&Event::Apply(pod_actor));
+    let ev = Event::Apply(pod_actor);
+    writer.apply_watcher_event(&ev);
+    holders.apply(&ev);
     let store = writer.as_reader();
     let rss1 = rss_kib();
     println!(
@@ -286,7 +291,7 @@ async fn run() -> anyhow::Result<()> {
     let shared = Arc::new(Shared::fixed(
         ClusterConfig::default(),
         catalog(),
-        Arc::new(ActorStore(store)),
+        Arc::new(ActorStore { store, holders }),
         resolver.clone(),
     ));
     let l1 = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -358,6 +363,12 @@ async fn run() -> anyhow::Result<()> {
             (
                 "validate",
                 asya_webhook::admission::Endpoint::ValidateActors,
+                &vbody,
+            ),
+            // What an AsyncActor costs with the chart's one webhook call.
+            (
+                "admit-actor",
+                asya_webhook::admission::Endpoint::MutateActors,
                 &vbody,
             ),
             (

@@ -13,7 +13,7 @@ use asya_certs::kube_backend::KubeBackend;
 use asya_certs::{FileWatcher, ManagedConfig, ReloadingResolver, ServingSpec};
 
 use crate::authority::KubeAuthority;
-use crate::cache::{self, ActorStore};
+use crate::cache;
 use crate::server::{self, Metrics, Shared};
 
 #[derive(Debug, clap::Args)]
@@ -240,7 +240,7 @@ struct LazyActors(Arc<std::sync::OnceLock<cache::Caches>>);
 impl crate::admission::ActorLookup for LazyActors {
     fn get(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
         let c = self.0.get()?;
-        ActorStore(c.actors.clone()).get(namespace, name)
+        c.actor_store().get(namespace, name)
     }
 
     fn get_versioned(
@@ -249,12 +249,12 @@ impl crate::admission::ActorLookup for LazyActors {
         name: &str,
     ) -> Option<(serde_json::Value, Option<String>)> {
         let c = self.0.get()?;
-        ActorStore(c.actors.clone()).get_versioned(namespace, name)
+        c.actor_store().get_versioned(namespace, name)
     }
 
     fn version(&self, namespace: &str, name: &str) -> Option<String> {
         let c = self.0.get()?;
-        ActorStore(c.actors.clone()).version(namespace, name)
+        c.actor_store().version(namespace, name)
     }
 
     fn holders_in(
@@ -262,7 +262,7 @@ impl crate::admission::ActorLookup for LazyActors {
         namespaces: &std::collections::BTreeSet<String>,
     ) -> Vec<crate::admission::collision::Holder> {
         match self.0.get() {
-            Some(c) => ActorStore(c.actors.clone()).holders_in(namespaces),
+            Some(c) => c.actor_store().holders_in(namespaces),
             None => Vec::new(),
         }
     }
