@@ -6,14 +6,20 @@
 #      KEDA (`make services`: tests/cluster/up) and the Helm chart installed as pods
 #      (tests/e2e/up). Cached: a second run takes seconds here;
 #   2. the story, in a namespace of its own (asya-demo-HHMMSS): a Flavor, a pipeline of
-#      AsyncActors (validate -> split -> shout, scaling from zero with KEDA) and the end actors
-#      x-sink and x-sump; an actor the webhook refuses and one it accepts with a warning;
-#      envelopes sent (a fan-out, a retried one, one that fails for good); the pods as they
-#      appear; the results as they reach x-sink and x-sump; `kubectl get asyas -o wide`;
+#      AsyncActors (validate -> split -> shout, scaling from zero with KEDA) and the end actor
+#      x-sink (x-sump stays a queue: failed envelopes wait there); an actor the webhook refuses
+#      and one it accepts with a warning; envelopes sent (a fan-out, a retried one, one that a
+#      too strict policy in validate's env fails); the pods as they appear; the results as they
+#      reach x-sink and x-sump; `kubectl get asyas -o wide`; `asya sump list/show`, the policy
+#      fixed, `asya sump redrive` and the redriven envelope in x-sink; `asya trace` of an
+#      envelope (its spans in the test Jaeger: the chart traces the sidecars); the Actors
+#      dashboard's queries in the test Prometheus, and a picture of them (target/demo/);
 #   3. the namespace and the flavor deleted. The cluster keeps running (tests/cluster/down
 #      stops it).
 #
-# Environment: ASYA_DEMO_KEEP=1 keeps the namespace at the end; ASYA_DEMO_SKIP_UP=1 skips
+# Environment: ASYA_DEMO_KEEP=1 keeps the namespace at the end; ASYA_DEMO_LOAD=N sends N more
+# envelopes over two minutes before the metrics part (what docs/img/actors-dashboard.png
+# shows: 300); ASYA_DEMO_SKIP_UP=1 skips
 # part 1 when the cluster and the chart are known to be up (an earlier `make demo` or
 # `make test`), e.g. to show the story alone; IMAGE_PROFILE (default ci) the cargo profile of
 # the images. `make demo-local` is the same pipeline as local processes,
@@ -32,6 +38,9 @@ flavor=asya-demo-on-test-node
 image=localhost/asya-rs/asya-examples:dev
 logs="$root/target/demo"
 mkdir -p "$logs"
+# The `asya` command line (cli/), built with the images.
+asya_bin="$CARGO_TARGET_DIR/$image_profile/asya"
+asya() { "$asya_bin" -n "$ns" --release-namespace asya-system "$@"; }
 t_start=$SECONDS
 
 # --- output -------------------------------------------------------------------------------
@@ -117,6 +126,29 @@ source tests/cluster/env
   || die "the chart is not installed as pods (make demo without ASYA_DEMO_SKIP_UP installs it)"
 kubectl get pods -n asya-system -o wide | sed 's/^/    /'
 
+# The test Prometheus, scraping the sidecars (the chart PodMonitor's relabelling,
+# tests/services/prometheus.yml) before any envelope is sent, so the run's metrics are there.
+# Its Kubernetes discovery reads the cluster's credentials when it starts: a Prometheus started
+# before the cluster made them (tests/services/up) discovers nothing and is restarted, once.
+prometheus="${ASYA_TEST_PROMETHEUS_URL:-http://127.0.0.1:9090}"
+prometheus_ok=""
+discovers() {
+  curl -fsS -m 5 "$prometheus/api/v1/targets?state=active" 2>/dev/null \
+    | python3 -c 'import json,sys; t=json.load(sys.stdin)["data"]["activeTargets"]; sys.exit(not any(x["labels"].get("job")=="asya-control-plane" for x in t))'
+}
+if "$root/tests/services/prometheus" start >/dev/null 2>&1; then
+  deadline=$((SECONDS + 30))
+  until discovers || [ $SECONDS -ge $deadline ]; do sleep 1; done
+  if ! discovers; then
+    say "(the test Prometheus does not see the cluster: restarting it so it reads the cluster's credentials)"
+    "$root/tests/services/prometheus" restart >/dev/null 2>&1 || true
+    deadline=$((SECONDS + 30))
+    until discovers || [ $SECONDS -ge $deadline ]; do sleep 1; done
+  fi
+  discovers && prometheus_ok=1
+fi
+[ -n "$prometheus_ok" ] || say "(tests/services/prometheus would not start or discover the cluster: no metrics part)"
+
 # --- 2. the story ------------------------------------------------------------------------------
 # Everything the story made goes at the end; on failure it stays for a look (the next run
 # removes it first).
@@ -155,6 +187,7 @@ if [ -n "$left" ]; then
   remove_demo $left
 fi
 
+t_story=$SECONDS
 heading "A namespace ($ns), and a Flavor: what the platform team sets once for many actors"
 say "This flavor lets pods run on the test node (it is tainted) and scales from zero fast."
 cat > "$logs/flavor.yaml" <<YAML
@@ -182,10 +215,11 @@ YAML
 sed '1,/^---$/d' "$logs/flavor.yaml" | sed 's/^/    | /'
 kubectl apply -f "$logs/flavor.yaml" | sed 's/^/    /'
 
-heading "The pipeline: validate -> split -> shout, and the end actors x-sink and x-sump"
+heading "The pipeline: validate -> split -> shout, and the end actor x-sink"
 say "Plain Python handlers (deploy/examples/handlers), image $image."
 say "validate retries transient errors and sends a content-policy violation straight to x-sump;"
-say "x-sink and x-sump (finished and failed envelopes) print what reaches them."
+say "its policy (the words it blocks) is in its env. x-sink prints what reaches it; x-sump is left"
+say "a plain queue, where failed envelopes wait for \`asya sump\`."
 cat > "$logs/actors.yaml" <<YAML
 apiVersion: asya.sh/v1alpha1
 kind: AsyncActor
@@ -195,6 +229,8 @@ spec:
   image: $image
   handler: pipeline.Validator.check
   flavors: [$flavor]
+  env:
+  - {name: ASYA_DEMO_BLOCKED_WORDS, value: "forbidden,spam"}
   resiliency:
     policies:
       default: {maxAttempts: 3, backoff: constant, initialInterval: 1s, maxInterval: 1s}
@@ -224,24 +260,9 @@ spec:
   env:
   - {name: ASYA_DEMO_RESULTS, value: /dev/stdout}
   - {name: ASYA_DEMO_END, value: x-sink}
----
-apiVersion: asya.sh/v1alpha1
-kind: AsyncActor
-metadata: {name: x-sump, namespace: $ns}
-spec:
-  transport: rabbitmq
-  image: $image
-  handler: ends.record
-  handlerMode: envelope
-  flavors: [$flavor]
-  scaling: {enabled: false}
-  replicas: 1
-  env:
-  - {name: ASYA_DEMO_RESULTS, value: /dev/stdout}
-  - {name: ASYA_DEMO_END, value: x-sump}
 YAML
 sed -n '1,/^---/p' "$logs/actors.yaml" | sed '$d' | sed 's/^/    | /'
-say "| ... (split, x-sink, x-sump: $logs/actors.yaml)"
+say "| ... (split, x-sink: $logs/actors.yaml)"
 kubectl apply -f "$logs/actors.yaml" 2>&1 | sed 's/^/    /'
 
 heading "The third actor, written with the older field names: accepted, with a warning"
@@ -284,7 +305,7 @@ fi
 say "kubectl apply says:"
 sed 's/^/    ! /' <<<"$out"
 
-heading "KEDA takes over: the pipeline's actors wait at zero pods, the end actors run"
+heading "KEDA takes over: the pipeline's actors wait at zero pods, the end actor runs"
 # Napping: KEDA holds the Deployment at zero and no pod is left. An error phase that lasts is
 # reported at once, with the actor's status message.
 deadline=$((SECONDS + 240))
@@ -294,7 +315,7 @@ while :; do
   while read -r a phase message; do
     n=$((n + 1))
     want=Napping
-    case "$a" in x-sink|x-sump) want=Running ;; esac
+    case "$a" in x-sink) want=Running ;; esac
     [ "$phase" = "$want" ] && { unset "failing_since[$a]"; continue; }
     waiting+=("$a:${phase:-none}")
     case "$phase" in
@@ -305,7 +326,7 @@ while :; do
       *) unset "failing_since[$a]" ;;
     esac
   done < <(kubectl get asyas -n "$ns" -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase} {.status.message}{"\n"}{end}')
-  [ ${#waiting[@]} -gt 0 ] || [ $n -ne 5 ] || break
+  [ ${#waiting[@]} -gt 0 ] || [ $n -ne 4 ] || break
   [ $SECONDS -lt $deadline ] || die "after 4 minutes, not yet at rest: ${waiting[*]}"
   sleep 1
 done
@@ -317,13 +338,14 @@ heading "Envelopes in, pods up from zero, results out"
 say "Sending 3 envelopes to queue asya-$ns-validate (RabbitMQ), route validate -> split -> shout:"
 say "  hello      'hello asya world'   split fans it out: three words reach x-sink"
 say "  flaky      'flaky once'          fails once (UpstreamBusy), retried after 1s, then succeeds"
-say "  forbidden  'a forbidden word'    ContentPolicyViolation: straight to x-sump"
-say "Then, as they happen: the pods KEDA starts (pods), and what reaches the end actors (x-sink, x-sump)."
+say "  forbidden  'a forbidden word'    ContentPolicyViolation (validate's policy): straight to x-sump"
+say "Then, as they happen: the pods KEDA starts (pods), what reaches x-sink (its actor's log) and"
+say "x-sump (\`asya sump list\`, which browses the queue and leaves every message in place)."
 echo
-python3 - "$ns" "$ASYA_TEST_RABBITMQ_MANAGEMENT_URL" <<'PY'
+python3 - "$ns" "$ASYA_TEST_RABBITMQ_MANAGEMENT_URL" "$asya_bin" <<'PY'
 import base64, json, queue, subprocess, sys, threading, time, urllib.request, uuid
 
-ns, mgmt = sys.argv[1], sys.argv[2]
+ns, mgmt, asya = sys.argv[1], sys.argv[2], sys.argv[3]
 trace = uuid.uuid4().hex[:12]
 expected = {"x-sink": {"hello", "hello-1", "hello-2", "flaky", "flaky-1"}, "x-sump": {"forbidden"}}
 events = queue.Queue()
@@ -352,10 +374,23 @@ def publish(envelope):
             sys.exit(f"demo: RabbitMQ routed nothing to asya-{ns}-validate")
 
 
+def watch_sump():
+    """x-sump as `asya sump list` sees it, every 2 s: each new envelope once."""
+    listed = set()
+    while True:
+        out = subprocess.run([asya, "-n", ns, "--release-namespace", "asya-system", "sump", "list", "-o", "json"],
+                             capture_output=True, text=True)
+        if out.returncode == 0:
+            for e in json.loads(out.stdout)["envelopes"]:
+                if e["id"] not in listed:
+                    listed.add(e["id"])
+                    events.put(("x-sump", e))
+        time.sleep(2)
+
+
 follow("pods", ["kubectl", "get", "pods", "-n", ns, "--watch", "-l", "asya.sh/actor in (validate,split,shout)"])
-for end in ("x-sink", "x-sump"):
-    follow(end, ["kubectl", "logs", "-f", "-n", ns, "-l", f"asya.sh/actor={end}", "-c", "asya-runtime",
-                 "--tail=-1"])
+follow("x-sink", ["kubectl", "logs", "-f", "-n", ns, "-l", "asya.sh/actor=x-sink", "-c", "asya-runtime", "--tail=-1"])
+threading.Thread(target=watch_sump, daemon=True).start()
 time.sleep(1)  # the followers attached
 
 route = {"actors": ["validate", "split", "shout"], "current": 0}
@@ -385,6 +420,11 @@ try:
             if cols:
                 last_pod_line[cols[0]] = key
             print(f"    {stamp} pods     {line}", flush=True)
+            continue
+        if tag == "x-sump":
+            seen[tag].add(line["id"])
+            what = f"{line.get('type') or '?'}: {line.get('message') or ''}  [{line.get('reason') or ''}]"
+            print(f"    {stamp} {tag:8} {line['id']:10}{'':14} {what}", flush=True)
             continue
         try:
             rec = json.loads(line)
@@ -428,25 +468,129 @@ say "(QUEUED and PROCESSING: the provisioner's last look at the broker, every 15
 say " queue has messages, once a minute when idle; KEDA reads the queues itself to scale.)"
 say "(with no more envelopes, KEDA scales validate, split and shout back to zero after the 30s cooldown)"
 
-heading "Metrics: the test Prometheus scrapes the sidecars and the control plane"
-# Restarted so its Kubernetes discovery reads the cluster's credentials (docs/observability.md).
-if "$root/tests/services/prometheus" restart >/dev/null 2>&1; then
-  q='sum by (namespace, actor) (asya_provisioner_actor_messages_queued{namespace="'"$ns"'"})'
-  deadline=$((SECONDS + 60)); out=""
-  until [ -n "$out" ] || [ $SECONDS -ge $deadline ]; do
-    out=$(curl -fsS -m 5 --get --data-urlencode "query=$q" http://127.0.0.1:9090/api/v1/query 2>/dev/null \
-      | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print("\n".join(x["metric"]["actor"] + ": " + x["value"][1] + " queued" for x in r))' 2>/dev/null || true)
-    [ -n "$out" ] || sleep 1
+heading "x-sump: the failed envelope, listed without taking it off the queue"
+say "\$ asya -n $ns sump list"
+asya sump list 2>&1 | sed 's/^/    /'
+echo
+say "\$ asya -n $ns sump show forbidden"
+asya sump show forbidden 2>&1 | sed 's/^/    /'
+
+heading "The cause fixed, the failed envelope redriven to where it failed"
+say "validate's policy blocked 'forbidden' by mistake: from now on it blocks spam only."
+say "\$ kubectl patch asyncactor validate --type merge -p '{\"spec\":{\"env\":[{\"name\":\"ASYA_DEMO_BLOCKED_WORDS\",\"value\":\"spam\"}]}}'"
+kubectl patch asyncactor validate -n "$ns" --type merge \
+  -p '{"spec":{"env":[{"name":"ASYA_DEMO_BLOCKED_WORDS","value":"spam"}]}}' | sed 's/^/    /'
+# The provisioner puts the env in the Deployment; a pod still running the old policy goes
+# (rollout status waits for that; at zero pods KEDA starts a new one with the fix).
+blocked_in_deployment() {
+  kubectl get deployment validate -n "$ns" -o json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print(*[e.get("value", "") for c in d["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])
+        if e["name"] == "ASYA_DEMO_BLOCKED_WORDS"])'
+}
+deadline=$((SECONDS + 60))
+until [ "$(blocked_in_deployment)" = spam ]; do
+  [ $SECONDS -lt $deadline ] || die "the provisioner did not put the fixed policy in Deployment validate within 60s"
+  sleep 1
+done
+kubectl rollout status deployment/validate -n "$ns" --timeout=180s >/dev/null \
+  || die "validate's pods did not roll to the fixed policy within 3 minutes"
+say "(the provisioner updated Deployment validate; no pod runs the old policy any more)"
+echo
+say "\$ asya -n $ns sump redrive --error ContentPolicyViolation"
+asya sump redrive --error ContentPolicyViolation 2>&1 | sed 's/^/    /' \
+  || die "asya sump redrive failed"
+say "Sent back to validate with its route and id, its attempts reset; x-sump no longer holds it:"
+say "\$ asya -n $ns sump list"
+asya sump list 2>&1 | sed 's/^/    /'
+say "Waiting for it in x-sink (KEDA starts validate, split and shout again from zero):"
+python3 - "$ns" <<'PY' || die "the redriven envelope did not reach x-sink"
+import json, subprocess, sys, time
+
+ns = sys.argv[1]
+want, seen, t0 = {"forbidden", "forbidden-1", "forbidden-2"}, set(), time.monotonic()
+while want - seen:
+    if time.monotonic() - t0 > 240:
+        sys.exit(f"demo: after 4 minutes, not in x-sink: {sorted(want - seen)}")
+    out = subprocess.run(["kubectl", "logs", "-n", ns, "-l", "asya.sh/actor=x-sink", "-c", "asya-runtime",
+                          "--tail=-1"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        try:
+            env = json.loads(line)["envelope"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        redriven = env.get("headers", {}).get("x-asya-redriven")
+        if env.get("id") in want - seen and redriven:
+            seen.add(env["id"])
+            print(f"    [{time.monotonic() - t0:5.1f}s] x-sink   {env['id']:12} {json.dumps(env.get('payload'))}"
+                  f"  (redriven {redriven.get('count')}x)", flush=True)
+    time.sleep(1)
+PY
+
+heading "One envelope's trace: asya trace hello"
+say "The chart gives every sidecar OTEL_* variables (tracing.enabled, otlpEndpoint: the test"
+say "Jaeger); each hop records process / runtime call / send spans in the envelope's trace."
+say "\$ asya -n $ns trace hello"
+asya trace hello 2>&1 | sed 's/^/    /' || say "(asya trace failed: see above)"
+say "(the same trace in Jaeger's API: http://127.0.0.1:16686/api/traces/<trace id>)"
+
+if [ "${ASYA_DEMO_LOAD:-0}" -gt 0 ]; then
+  heading "Load: ${ASYA_DEMO_LOAD} more envelopes over two minutes (ASYA_DEMO_LOAD)"
+  say "1 to 5 words each; one in ten flaky (retried), one in ten with 'spam' (x-sump). KEDA scales up."
+  python3 - "$ns" "$ASYA_TEST_RABBITMQ_MANAGEMENT_URL" "$ASYA_DEMO_LOAD" <<'PY' || die "sending the load failed"
+import base64, json, random, sys, time, urllib.request
+
+ns, mgmt, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+auth = "Basic " + base64.b64encode(b"guest:guest").decode()
+words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+rng = random.Random(25)
+t0 = time.monotonic()
+for i in range(n):
+    text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 5)))
+    kind = rng.random()
+    payload = {"text": text + (" spam" if kind < 0.1 else ""), **({"flaky": True} if 0.1 <= kind < 0.2 else {})}
+    env = {"id": f"load-{i}", "route": {"actors": ["validate", "split", "shout"], "current": 0},
+           "headers": {}, "payload": payload}
+    body = json.dumps({"properties": {"delivery_mode": 2}, "routing_key": f"asya-{ns}-validate",
+                       "payload": json.dumps(env), "payload_encoding": "string"}).encode()
+    req = urllib.request.Request(f"{mgmt}/api/exchanges/%2F/asya/publish", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": auth})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        if not json.load(r).get("routed"):
+            sys.exit(f"demo: RabbitMQ routed nothing to asya-{ns}-validate")
+    # Evenly over 120 s: a rate the dashboard's 1m windows show as a plateau.
+    time.sleep(max(0.0, t0 + 120 * (i + 1) / n - time.monotonic()))
+print(f"    sent {n} in {time.monotonic() - t0:.0f}s")
+PY
+  say "(waiting for the queues to drain)"
+  deadline=$((SECONDS + 300))
+  until [ -z "$(asya queues -o json 2>/dev/null | python3 -c 'import json,sys; print(*[r["actor"] for r in json.load(sys.stdin) if r.get("queued")])')" ]; do
+    [ $SECONDS -lt $deadline ] || die "the pipeline's queues did not drain within 5 minutes (asya -n $ns queues)"
+    sleep 2
   done
-  say "Prometheus (loopback only): http://127.0.0.1:9090/graph"
+fi
+
+heading "Metrics: the Actors dashboard's queries in the test Prometheus"
+if [ -n "$prometheus_ok" ]; then
+  q='sum by (namespace, actor) (asya_provisioner_actor_messages_queued{namespace="'"$ns"'"})'
+  out=$(curl -fsS -m 5 --get --data-urlencode "query=$q" "$prometheus/api/v1/query" 2>/dev/null \
+    | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print("\n".join(x["metric"]["actor"] + ": " + x["value"][1] + " queued" for x in r))' 2>/dev/null || true)
+  say "Prometheus (loopback only): $prometheus/query"
   say "the provisioner's per-actor gauges (they exist at zero pods too):"
   printf '%s\n' "${out:-(no data yet)}" | sed 's/^/      /'
+  say "The Actors dashboard's main panels (deploy/chart/dashboards/actors.json), for this namespace:"
+  scripts/plot-actors-dashboard.py --prometheus "$prometheus" --namespace "$ns" --since 15m --print-queries \
+    > "$logs/actors-dashboard-queries.txt"
+  sed 's/^/    /' "$logs/actors-dashboard-queries.txt"
+  say "And drawn from Prometheus' data of this run (matplotlib; docs/observability.md has one):"
+  scripts/plot-actors-dashboard.py --prometheus "$prometheus" --namespace "$ns" \
+    --since "$(( (SECONDS - t_story) / 60 + 2 ))m" --out "$logs/actors-dashboard.png" 2>&1 | sed 's/^/    /' || true
 else
-  say "(tests/services/prometheus is not built or would not start: see its log)"
+  say "(the test Prometheus did not run or discover the cluster: see above)"
 fi
-say "the dashboards' queries: deploy/chart/dashboards/{actors,control-plane}.json (\"expr\"), to paste"
-say "into Prometheus with \$__rate_interval as 5m and \$namespace/\$actor as .*; alerts and runbooks:"
-say "docs/observability.md"
+say "every dashboard's queries: deploy/chart/dashboards/{actors,control-plane}.json (\"expr\"); alerts and"
+say "runbooks: docs/observability.md"
 
 # --- 3. clean up -------------------------------------------------------------------------------
 if [ "${ASYA_DEMO_KEEP:-}" = 1 ]; then

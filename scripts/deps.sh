@@ -42,7 +42,9 @@ fi
 
 py_missing=$(python3 - <<'PY'
 import importlib.util
-wanted = {"pytest": "pytest", "moto": "moto[server]", "flask": "moto[server]", "yaml": "pyyaml", "boto3": "boto3", "mcp": "mcp", "pika": "pika"}
+# matplotlib draws docs/img/actors-dashboard.png from Prometheus (scripts/plot-actors-dashboard.py).
+wanted = {"pytest": "pytest", "moto": "moto[server]", "flask": "moto[server]", "yaml": "pyyaml", "boto3": "boto3", "mcp": "mcp", "pika": "pika",
+          "matplotlib": "matplotlib==3.10.9"}
 print(" ".join(sorted({pkg for mod, pkg in wanted.items() if importlib.util.find_spec(mod) is None})))
 PY
 )

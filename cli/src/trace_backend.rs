@@ -88,12 +88,7 @@ pub fn spans(answer: &Value) -> Vec<Span> {
             });
             Some(Span {
                 span_id: s["spanID"].as_str()?.to_string(),
-                parent: s["references"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|r| r["refType"] == "CHILD_OF")
-                    .and_then(|r| r["spanID"].as_str().map(str::to_string)),
+                parent: parent_of(&s["references"]),
                 name: s["operationName"].as_str().unwrap_or_default().to_string(),
                 kind: tag_str(tags, "span.kind").unwrap_or_else(|| "internal".into()),
                 service: process["serviceName"]
@@ -213,6 +208,17 @@ fn walk(
     }
 }
 
+/// The span's parent: its CHILD_OF reference, else its FOLLOWS_FROM one. A sidecar's CONSUMER
+/// span has the sender's span as parent and as link, which Jaeger's OTLP translator shows as
+/// a single FOLLOWS_FROM reference: without it every hop would be a root of its own.
+fn parent_of(references: &Value) -> Option<String> {
+    let refs = references.as_array()?;
+    ["CHILD_OF", "FOLLOWS_FROM"]
+        .iter()
+        .find_map(|kind| refs.iter().find(|r| r["refType"] == *kind))
+        .and_then(|r| r["spanID"].as_str().map(str::to_string))
+}
+
 fn ms(us: i64) -> String {
     format!("{:.1}ms", us as f64 / 1000.0)
 }
@@ -229,7 +235,11 @@ mod tests {
         }
         json!({
             "spanID": id, "operationName": name, "startTime": start, "duration": 2000,
-            "references": parent.map(|p| vec![json!({"refType": "CHILD_OF", "spanID": p})]).unwrap_or_default(),
+            // As Jaeger answers for the sidecar's spans: a consumer's parent (also its link)
+            // as FOLLOWS_FROM, the others' as CHILD_OF.
+            "references": parent.map(|p| vec![json!({
+                "refType": if kind == "consumer" { "FOLLOWS_FROM" } else { "CHILD_OF" }, "spanID": p,
+            })]).unwrap_or_default(),
             "tags": tags, "processID": if id.starts_with('b') { "p2" } else { "p1" },
         })
     }

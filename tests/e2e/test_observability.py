@@ -5,7 +5,7 @@ PodMonitor), its counters equal the envelopes sent through a three-actor pipelin
 dashboard query returns data, and the chart's alerts (rendered with test-sized durations)
 fire and resolve: failure ratio, broker disconnected, and "actor stuck" for an actor with
 zero pods. The API server validates the chart's monitors against the Prometheus Operator's
-CRDs. Traces are not asserted: the sidecar's spans are not built yet."""
+CRDs. Traces across hops are tests/e2e/test_tracing.py's."""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ validate -> split -> shout. Plain Python: no Asya imports. Each handler gets the
 returns the next payload; `split` returns a list, which fans out into one envelope per item.
 """
 
+import os
+
 
 class UpstreamBusy(Exception):
     """A transient failure: the actor's resiliency policy retries it."""
@@ -11,6 +13,13 @@ class UpstreamBusy(Exception):
 
 class ContentPolicyViolation(Exception):
     """A permanent failure: the actor's rules send it straight to x-sump."""
+
+
+def blocked_words():
+    """The content policy: words refused, from ASYA_DEMO_BLOCKED_WORDS (comma-separated;
+    "forbidden" when unset). Read per call, so the cluster demo can fix a too strict policy in
+    the actor's env (scripts/demo-cluster.sh) and redrive what it refused."""
+    return [w for w in os.environ.get("ASYA_DEMO_BLOCKED_WORDS", "forbidden").split(",") if w.strip()]
 
 
 class Validator:
@@ -29,8 +38,9 @@ class Validator:
             self.seen[text] = n
             if n == 1:
                 raise UpstreamBusy("upstream busy, try again (attempt %d)" % n)
-        if "forbidden" in text:
-            raise ContentPolicyViolation("text contains a forbidden word")
+        for word in blocked_words():
+            if word.strip() in text.split():
+                raise ContentPolicyViolation("text contains the blocked word %r" % word.strip())
         return {"text": text.strip(), "checked": True}
 
 
