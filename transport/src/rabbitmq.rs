@@ -22,6 +22,7 @@ use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
 use tokio::sync::Mutex;
 
+use crate::rabbitmq_ack::Acks;
 use crate::rabbitmq_publish::{check_confirm, envelope_properties};
 use crate::{Outgoing, Received, Transport, TransportError};
 
@@ -53,10 +54,15 @@ struct Link {
     consume: Channel,
     publish: Channel,
     generation: u64,
+    /// The consume channel's deliveries handed out and not yet settled.
+    acks: Acks,
 }
 
 pub struct RabbitHandle {
     acker: Acker,
+    /// The delivery's tag on `link`'s consume channel.
+    tag: u64,
+    link: Arc<Link>,
     generation: u64,
     /// The delivery's properties, for a copy given back (moved, not cloned).
     properties: BasicProperties,
@@ -154,6 +160,7 @@ impl RabbitTransport {
             consume,
             publish,
             generation,
+            acks: Acks::default(),
         });
         Ok((link, consumer))
     }
@@ -504,13 +511,16 @@ impl Transport for RabbitTransport {
                 }
                 continue;
             }
+            link.acks.received(delivery.delivery_tag);
             return Ok(vec![Received {
                 body: delivery.data,
                 redeliveries: count,
                 handle: RabbitHandle {
                     acker: delivery.acker,
+                    tag: delivery.delivery_tag,
                     generation: link.generation,
                     properties: delivery.properties,
+                    link,
                 },
             }]);
         }
@@ -562,22 +572,18 @@ impl Transport for RabbitTransport {
                 "connection was replaced; the broker redelivers this message".into(),
             ));
         }
-        h.acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map(|_| ())
-            .map_err(unavailable)
+        h.link.acks.ack(&h.link.consume, h.tag).await
     }
 
     async fn release(&self, h: &RabbitHandle) -> Result<(), TransportError> {
-        h.acker
-            .nack(BasicNackOptions {
-                requeue: true,
-                ..Default::default()
-            })
+        let nack = h.acker.nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        });
+        h.link
+            .acks
+            .alone(h.tag, async { nack.await.map(|_| ()).map_err(unavailable) })
             .await
-            .map(|_| ())
-            .map_err(unavailable)
     }
 
     async fn give_back(&self, msg: &Received<RabbitHandle>) -> Result<(), TransportError> {
@@ -588,8 +594,8 @@ impl Transport for RabbitTransport {
             return Ok(());
         }
         // A nack would return it flagged as redelivered, and the next pod would count that.
-        self.requeue_copy(&link, &msg.body, &h.properties, &h.acker, msg.redeliveries)
-            .await
+        let copy = self.requeue_copy(&link, &msg.body, &h.properties, &h.acker, msg.redeliveries);
+        link.acks.alone(h.tag, copy).await
     }
 
     async fn stop_consuming(&self) {
