@@ -529,39 +529,38 @@ impl Transport for RabbitTransport {
     async fn send(&self, messages: &[Outgoing]) -> Result<(), TransportError> {
         let link = self.current_link().await?;
         let props = envelope_properties();
-        let mut pending = Vec::with_capacity(messages.len());
+        // Destinations first, so the publishes below are queued together: one write for
+        // all, one wake-up for all the writes, and the broker confirms them together.
+        let mut keys = Vec::with_capacity(messages.len());
         for m in messages {
-            let (exchange, key) = match m.delay {
-                Some(d) if !d.is_zero() => {
-                    // Declaring here also creates the target when auto-create is off: the
-                    // target is the sidecar's own queue, which exists.
-                    let q = self.declare_delay_queue(&link, &m.queue, d).await?;
-                    (self.s.exchange.clone(), q)
-                }
+            keys.push(match m.delay {
+                // Declaring here also creates the target when auto-create is off: the
+                // target is the sidecar's own queue, which exists.
+                Some(d) if !d.is_zero() => self.declare_delay_queue(&link, &m.queue, d).await?,
                 _ => {
                     self.ensure_destination(&link, &m.queue).await?;
-                    (self.s.exchange.clone(), m.queue.clone())
+                    m.queue.clone()
                 }
-            };
-            let confirm = link
-                .publish
-                .basic_publish(
-                    exchange.as_str().into(),
-                    key.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    &m.body,
-                    props.clone(),
-                )
-                .await
-                .map_err(unavailable)?;
-            pending.push((m.queue.clone(), confirm));
+            });
         }
-        // Publishing all first and then waiting lets the broker confirm them together.
-        for (queue, confirm) in pending {
-            check_confirm(&queue, confirm.await.map_err(unavailable)?)?;
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        let publishes = messages.iter().zip(&keys).map(|(m, key)| {
+            link.publish.basic_publish(
+                self.s.exchange.as_str().into(),
+                key.as_str().into(),
+                options,
+                &m.body,
+                props.clone(),
+            )
+        });
+        let confirms = futures::future::try_join_all(publishes)
+            .await
+            .map_err(unavailable)?;
+        for (m, confirm) in messages.iter().zip(confirms) {
+            check_confirm(&m.queue, confirm.await.map_err(unavailable)?)?;
         }
         Ok(())
     }
