@@ -8,9 +8,11 @@
 use std::future::Future;
 use std::time::Duration;
 
+pub mod ack_runs;
 pub mod envelope;
 pub mod http_client;
 pub mod rabbitmq;
+mod rabbitmq_ack;
 pub mod rabbitmq_publish;
 pub mod report;
 pub mod resiliency;

@@ -22,6 +22,7 @@ use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
 use tokio::sync::Mutex;
 
+use crate::rabbitmq_ack::Acks;
 use crate::rabbitmq_publish::{check_confirm, envelope_properties};
 use crate::{Outgoing, Received, Transport, TransportError};
 
@@ -53,10 +54,15 @@ struct Link {
     consume: Channel,
     publish: Channel,
     generation: u64,
+    /// The consume channel's deliveries handed out and not yet settled.
+    acks: Acks,
 }
 
 pub struct RabbitHandle {
     acker: Acker,
+    /// The delivery's tag on `link`'s consume channel.
+    tag: u64,
+    link: Arc<Link>,
     generation: u64,
     /// The delivery's properties, for a copy given back (moved, not cloned).
     properties: BasicProperties,
@@ -154,6 +160,7 @@ impl RabbitTransport {
             consume,
             publish,
             generation,
+            acks: Acks::default(),
         });
         Ok((link, consumer))
     }
@@ -504,13 +511,16 @@ impl Transport for RabbitTransport {
                 }
                 continue;
             }
+            link.acks.received(delivery.delivery_tag);
             return Ok(vec![Received {
                 body: delivery.data,
                 redeliveries: count,
                 handle: RabbitHandle {
                     acker: delivery.acker,
+                    tag: delivery.delivery_tag,
                     generation: link.generation,
                     properties: delivery.properties,
+                    link,
                 },
             }]);
         }
@@ -519,39 +529,38 @@ impl Transport for RabbitTransport {
     async fn send(&self, messages: &[Outgoing]) -> Result<(), TransportError> {
         let link = self.current_link().await?;
         let props = envelope_properties();
-        let mut pending = Vec::with_capacity(messages.len());
+        // Destinations first, so the publishes below are queued together: one write for
+        // all, one wake-up for all the writes, and the broker confirms them together.
+        let mut keys = Vec::with_capacity(messages.len());
         for m in messages {
-            let (exchange, key) = match m.delay {
-                Some(d) if !d.is_zero() => {
-                    // Declaring here also creates the target when auto-create is off: the
-                    // target is the sidecar's own queue, which exists.
-                    let q = self.declare_delay_queue(&link, &m.queue, d).await?;
-                    (self.s.exchange.clone(), q)
-                }
+            keys.push(match m.delay {
+                // Declaring here also creates the target when auto-create is off: the
+                // target is the sidecar's own queue, which exists.
+                Some(d) if !d.is_zero() => self.declare_delay_queue(&link, &m.queue, d).await?,
                 _ => {
                     self.ensure_destination(&link, &m.queue).await?;
-                    (self.s.exchange.clone(), m.queue.clone())
+                    m.queue.clone()
                 }
-            };
-            let confirm = link
-                .publish
-                .basic_publish(
-                    exchange.as_str().into(),
-                    key.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    &m.body,
-                    props.clone(),
-                )
-                .await
-                .map_err(unavailable)?;
-            pending.push((m.queue.clone(), confirm));
+            });
         }
-        // Publishing all first and then waiting lets the broker confirm them together.
-        for (queue, confirm) in pending {
-            check_confirm(&queue, confirm.await.map_err(unavailable)?)?;
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        let publishes = messages.iter().zip(&keys).map(|(m, key)| {
+            link.publish.basic_publish(
+                self.s.exchange.as_str().into(),
+                key.as_str().into(),
+                options,
+                &m.body,
+                props.clone(),
+            )
+        });
+        let confirms = futures::future::try_join_all(publishes)
+            .await
+            .map_err(unavailable)?;
+        for (m, confirm) in messages.iter().zip(confirms) {
+            check_confirm(&m.queue, confirm.await.map_err(unavailable)?)?;
         }
         Ok(())
     }
@@ -562,22 +571,18 @@ impl Transport for RabbitTransport {
                 "connection was replaced; the broker redelivers this message".into(),
             ));
         }
-        h.acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map(|_| ())
-            .map_err(unavailable)
+        h.link.acks.ack(&h.link.consume, h.tag).await
     }
 
     async fn release(&self, h: &RabbitHandle) -> Result<(), TransportError> {
-        h.acker
-            .nack(BasicNackOptions {
-                requeue: true,
-                ..Default::default()
-            })
+        let nack = h.acker.nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        });
+        h.link
+            .acks
+            .alone(h.tag, async { nack.await.map(|_| ()).map_err(unavailable) })
             .await
-            .map(|_| ())
-            .map_err(unavailable)
     }
 
     async fn give_back(&self, msg: &Received<RabbitHandle>) -> Result<(), TransportError> {
@@ -588,8 +593,8 @@ impl Transport for RabbitTransport {
             return Ok(());
         }
         // A nack would return it flagged as redelivered, and the next pod would count that.
-        self.requeue_copy(&link, &msg.body, &h.properties, &h.acker, msg.redeliveries)
-            .await
+        let copy = self.requeue_copy(&link, &msg.body, &h.properties, &h.acker, msg.redeliveries);
+        link.acks.alone(h.tag, copy).await
     }
 
     async fn stop_consuming(&self) {

@@ -2,9 +2,10 @@
 //!
 //! For each transport: a trivial Python handler (`pipeline.echo`) behind the release sidecar;
 //! the actor's queue is filled first, then drained into x-sink. Reports envelopes/s, the
-//! sidecar's CPU per 1,000 envelopes and its RSS idle and under load, end-to-end latency of
-//! one envelope at a time, and the same figures for a ceiling: the same broker loop (consume,
-//! publish with confirm, ack) in-process, without the runtime hop.
+//! sidecar's CPU per 1,000 envelopes, its context switches per envelope and its RSS idle and
+//! under load, end-to-end latency of one envelope at a time, and the same figures for a
+//! ceiling: the same broker loop (consume, publish with confirm, ack) in-process, without
+//! the runtime hop.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -179,6 +180,25 @@ fn proc_stat(pid: u32) -> (f64, u64) {
     (ticks / 100.0, rss)
 }
 
+/// Context switches of all the process's threads so far: each is a thread going to sleep
+/// (voluntary) or being preempted; the crossings between tokio and lapin's I/O thread show here.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -325,6 +345,7 @@ struct Report {
     load: f64,
     rate: f64,
     cpu_per_1000: Option<f64>,
+    switches_per_envelope: Option<f64>,
     rss_idle_kib: Option<u64>,
     rss_load_kib: Option<u64>,
     lat: Vec<Duration>,
@@ -411,6 +432,7 @@ async fn bench_sidecar(
     // Throughput: stop nothing; fill while the sidecar consumes, measure from the first
     // sink arrival to the last.
     let (cpu0, _) = proc_stat(pid);
+    let switches0 = context_switches(pid);
     let sampler = tokio::spawn(async move {
         let mut max = 0;
         for _ in 0..100_000 {
@@ -432,6 +454,7 @@ async fn bench_sidecar(
     };
     let arrivals = sink.drain(n, Duration::from_secs(600)).await;
     let (cpu1, _) = proc_stat(pid);
+    let switches1 = context_switches(pid);
     let _ = fill.await;
     procs.sidecar.take().map(|mut c| {
         let _ = c.kill();
@@ -450,6 +473,7 @@ async fn bench_sidecar(
         load,
         rate,
         cpu_per_1000: Some((cpu1 - cpu0) / n as f64 * 1000.0),
+        switches_per_envelope: Some(switches1.saturating_sub(switches0) as f64 / n as f64),
         rss_idle_kib: Some(rss_idle),
         rss_load_kib: Some(rss_load),
         lat,
@@ -528,6 +552,7 @@ async fn bench_ceiling(kind: Kind, n: usize, samples: usize, payload: &str) -> R
         load,
         rate,
         cpu_per_1000: None,
+        switches_per_envelope: None,
         rss_idle_kib: None,
         rss_load_kib: None,
         lat,
@@ -568,16 +593,16 @@ async fn main() {
     }
     let reports: Vec<&Report> = groups.iter().flatten().collect();
     println!(
-        "| run | load (1 min) at start | envelopes/s | e2e latency p50 | e2e latency p99 | sidecar CPU per 1,000 envelopes | sidecar RSS idle | sidecar RSS under load |"
+        "| run | load (1 min) at start | envelopes/s | e2e latency p50 | e2e latency p99 | sidecar CPU per 1,000 envelopes | sidecar context switches per envelope | sidecar RSS idle | sidecar RSS under load |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &reports {
         let kib = |v: Option<u64>| {
             v.map(|k| format!("{:.1} MiB", k as f64 / 1024.0))
                 .unwrap_or_else(|| "-".into())
         };
         println!(
-            "| {} | {:.2} | {:.0} | {} | {} | {} | {} | {} |",
+            "| {} | {:.2} | {:.0} | {} | {} | {} | {} | {} | {} |",
             r.name,
             r.load,
             r.rate,
@@ -585,6 +610,9 @@ async fn main() {
             ms(percentile(&r.lat, 0.99)),
             r.cpu_per_1000
                 .map(|c| format!("{:.0} ms", c * 1000.0))
+                .unwrap_or_else(|| "-".into()),
+            r.switches_per_envelope
+                .map(|c| format!("{c:.2}"))
                 .unwrap_or_else(|| "-".into()),
             kib(r.rss_idle_kib),
             kib(r.rss_load_kib),
