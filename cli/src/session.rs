@@ -76,13 +76,13 @@ impl Session {
     /// The crew's S3 store when the namespace's x-sump is consumed by its error-end actor
     /// (seed 001), else `None` (x-sump is a plain queue). A caller who may not list the actors
     /// gets the queue, as without a crew.
-    pub async fn crew_store(&self, ns: &str) -> Result<Option<CrewStore>> {
+    pub async fn crew_store(&self, ns: &str, end: crew::End) -> Result<Option<CrewStore>> {
         let actors = match cluster::actors(&self.cluster.client, Some(ns)).await {
             Ok(a) => a,
             Err(CliError::Forbidden { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let Some(store) = crew::store_of(&actors) else {
+        let Some(store) = crew::store_of(&actors, end) else {
             return Ok(None);
         };
         let keys = match &store.keys {

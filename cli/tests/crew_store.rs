@@ -11,12 +11,15 @@ mod require;
 use asya_api::naming;
 use asya_cli::broker::s3::CrewStore;
 use asya_cli::broker::{Broker, rabbit::Rabbit};
+use asya_cli::cmd::send::{Place, wait_at};
 use asya_cli::crew::Store;
+use asya_cli::error::CliError;
 use asya_cli::select::Selector;
 use asya_cli::sump::{self, Flow, Request};
 use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
 use serde_json::{Value, json};
+use std::time::Duration;
 
 fn failed(id: &str, ty: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
@@ -193,6 +196,98 @@ async fn the_crew_store_is_listed_then_redriven_publish_first() {
             .unwrap();
     }
     store
+        .client()
+        .delete_bucket()
+        .bucket(&ns)
+        .send()
+        .await
+        .unwrap();
+}
+
+/// `send --wait` where the crew's end actors consume x-sink and x-sump: the envelope is found
+/// in the store the happy-end actor wrote (`results/{date}/{actor}/{id}.json`), once it is
+/// there; an id the store does not hold times out.
+#[tokio::test]
+async fn send_wait_finds_what_the_crew_stored() {
+    if !require::servers(
+        "S3 and RabbitMQ",
+        &["ASYA_TEST_S3_ENDPOINT", "ASYA_TEST_RABBITMQ_URL"],
+    ) {
+        return;
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 1_000_000_000;
+    let ns = format!("tcliwait-{t}-{}", std::process::id() % 100_000);
+    let store_at = |prefix: &str| Store {
+        actor: "end".into(),
+        bucket: ns.clone(),
+        prefix: prefix.into(),
+        endpoint: std::env::var("ASYA_TEST_S3_ENDPOINT").ok(),
+        region: Some("us-east-1".into()),
+        keys: None,
+    };
+    let results = CrewStore::connect(&store_at("results/"), None).await;
+    let errors = CrewStore::connect(&store_at("errors/"), None).await;
+    results
+        .client()
+        .create_bucket()
+        .bucket(&ns)
+        .send()
+        .await
+        .unwrap();
+    let url = std::env::var("ASYA_TEST_RABBITMQ_URL").unwrap();
+    let broker = Broker::Rabbit(Box::new(
+        Rabbit::connect(&url, "guest", &format!("asya.{ns}"), "test broker".into())
+            .await
+            .unwrap(),
+    ));
+    let places = [
+        ("x-sink", Place::Store(&results)),
+        ("x-sump", Place::Store(&errors)),
+    ];
+    // Nothing stored yet: a short wait times out and says what it waited for.
+    match wait_at(&broker, &ns, &places, "w-1", Duration::from_millis(300)).await {
+        Err(CliError::Timeout { what, .. }) => assert!(what.contains("w-1"), "{what}"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let body = serde_json::to_vec(&json!({
+        "id": "w-1", "route": {"actors": ["a", "b"], "current": 2}, "payload": {"done": true}
+    }))
+    .unwrap();
+    results
+        .client()
+        .put_object()
+        .bucket(&ns)
+        .key("results/2026-11-26/b/w-1.json")
+        .body(body.into())
+        .send()
+        .await
+        .unwrap();
+    let (end, found) = wait_at(&broker, &ns, &places, "w-1", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!((end, found.id.as_str()), ("x-sink", "w-1"));
+    // Another id whose name only ends the same is not it.
+    match wait_at(&broker, &ns, &places, "1", Duration::from_millis(300)).await {
+        Err(CliError::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+
+    broker.close().await;
+    for k in keys(&results, "").await {
+        results
+            .client()
+            .delete_object()
+            .bucket(&ns)
+            .key(k)
+            .send()
+            .await
+            .unwrap();
+    }
+    results
         .client()
         .delete_bucket()
         .bucket(&ns)

@@ -98,34 +98,69 @@ impl CrewStore {
                 if out.len() >= max {
                     return Ok((out, true));
                 }
-                let got = self
-                    .client
-                    .get_object()
-                    .bucket(&self.bucket)
-                    .key(key)
-                    .send()
-                    .await
-                    .map_err(|e| err("read", key, e))?;
-                let body = got
-                    .body
-                    .collect()
-                    .await
-                    .map_err(|e| err("read", key, e))?
-                    .into_bytes()
-                    .to_vec();
-                let modified_ms = o
-                    .last_modified()
-                    .and_then(|t| t.to_millis().ok())
-                    .and_then(|ms| u64::try_from(ms).ok());
-                out.push(Stored {
-                    key: key.to_string(),
-                    body,
-                    modified_ms,
-                });
+                out.push(self.read(key, o.last_modified()).await?);
             }
             match page.next_continuation_token() {
                 Some(t) => token = Some(t.to_string()),
                 None => return Ok((out, false)),
+            }
+        }
+    }
+
+    async fn read(
+        &self,
+        key: &str,
+        modified: Option<&aws_sdk_s3::primitives::DateTime>,
+    ) -> Result<Stored> {
+        let got = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| err("read", key, e))?;
+        let body = got
+            .body
+            .collect()
+            .await
+            .map_err(|e| err("read", key, e))?
+            .into_bytes()
+            .to_vec();
+        Ok(Stored {
+            key: key.to_string(),
+            body,
+            modified_ms: modified
+                .and_then(|t| t.to_millis().ok())
+                .and_then(|ms| u64::try_from(ms).ok()),
+        })
+    }
+
+    /// The envelope `id`'s object under the prefix (any date, any actor), if it is there.
+    pub async fn find(&self, id: &str) -> Result<Option<Stored>> {
+        let name = crew::object_name(id);
+        let mut token = None;
+        loop {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&self.prefix)
+                .set_continuation_token(token)
+                .send()
+                .await
+                .map_err(|e| err("list", &self.bucket, e))?;
+            let hit = page.contents().iter().find(|o| {
+                o.key()
+                    .is_some_and(|k| k.rsplit('/').next() == Some(name.as_str()))
+            });
+            if let Some(o) = hit {
+                let key = o.key().unwrap_or_default();
+                return self.read(key, o.last_modified()).await.map(Some);
+            }
+            match page.next_continuation_token() {
+                Some(t) => token = Some(t.to_string()),
+                None => return Ok(None),
             }
         }
     }

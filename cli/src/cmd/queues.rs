@@ -70,7 +70,7 @@ async fn namespace_rows(
         }
     };
     // Where the crew's error-end actor consumes x-sump, its store holds the failed ones.
-    let sump = match s.crew_store(ns).await {
+    let sump = match s.crew_store(ns, crate::crew::End::Sump).await {
         Ok(Some(store)) => store_by_actor(&store, max).await,
         Ok(None) => sump_by_actor(&broker, ns, max).await,
         Err(e) => Err(e),

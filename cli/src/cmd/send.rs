@@ -8,7 +8,9 @@ use tracing::Instrument;
 
 use crate::args::{Global, SendArgs};
 use crate::broker::Broker;
+use crate::broker::s3::CrewStore;
 use crate::compose;
+use crate::crew::End;
 use crate::error::{CliError, Exit, Result};
 use crate::failed::Failed;
 use crate::render::{self, Format};
@@ -43,6 +45,16 @@ pub async fn run(g: &Global, a: &SendArgs) -> Result<(String, Exit)> {
     let body = serde_json::to_vec(&env).map_err(|e| CliError::Failed(e.to_string()))?;
     let s = session::open(g).await?;
     let ns = s.cluster.namespace.clone();
+    // Where the crew's end actors consume an end queue, its envelopes are in their store;
+    // asked before sending, so a store the caller cannot read stops nothing half-done.
+    let (sink_store, sump_store) = if a.wait {
+        (
+            s.crew_store(&ns, End::Sink).await?,
+            s.crew_store(&ns, End::Sump).await?,
+        )
+    } else {
+        (None, None)
+    };
     let broker = s.broker(&ns).await?;
     let queue = naming::actor_queue(&ns, &a.actor);
     let span = tracing::info_span!("send", envelope_id = %id, actor = %a.actor);
@@ -55,9 +67,24 @@ pub async fn run(g: &Global, a: &SendArgs) -> Result<(String, Exit)> {
         };
         return Ok((out, Exit::Ok));
     }
-    let outcome = wait(&broker, &ns, &id, timeout).await;
+    let places = [
+        (
+            "x-sink",
+            place(naming::sink_queue(&ns), sink_store.as_ref()),
+        ),
+        (
+            "x-sump",
+            place(naming::sump_queue(&ns), sump_store.as_ref()),
+        ),
+    ];
+    let outcome = wait_at(&broker, &ns, &places, &id, timeout).await;
     broker.close().await;
     let (end, found) = outcome?;
+    // Said when the crew's end actor had taken the envelope to its store.
+    let stored_in = places.iter().find_map(|(e, p)| match p {
+        Place::Store(st) if *e == end => Some(st.describe()),
+        _ => None,
+    });
     let exit = if end == "x-sink" {
         Exit::Ok
     } else {
@@ -69,42 +96,81 @@ pub async fn run(g: &Global, a: &SendArgs) -> Result<(String, Exit)> {
             if end == "x-sump" {
                 t.push_str(&format!(": {}", found.summary()));
             }
+            if let Some(st) = &stored_in {
+                t.push_str(&format!(" (in {st})"));
+            }
             t.push('\n');
             t
         }
         f => render::structured(
-            &serde_json::json!({"id": id, "outcome": end, "envelope": found}),
+            &serde_json::json!({"id": id, "outcome": end, "envelope": found, "stored_in": stored_in}),
             f,
         ),
     };
     Ok((out, exit))
 }
 
-/// Looks into x-sink and x-sump (browsing, every message left in place) until the envelope
-/// is in one of them.
+/// Where `--wait` looks for one end's arrivals: the end queue itself (browsed, every message
+/// left in place), or the crew's store when the crew's end actor consumes that queue.
+pub enum Place<'a> {
+    Queue(String),
+    Store(&'a CrewStore),
+}
+
+fn place(queue: String, store: Option<&CrewStore>) -> Place<'_> {
+    match store {
+        Some(st) => Place::Store(st),
+        None => Place::Queue(queue),
+    }
+}
+
+/// Looks into x-sink and x-sump (the queues) until the envelope is in one of them.
 pub async fn wait(
     broker: &Broker,
     ns: &str,
     id: &str,
     timeout: Duration,
 ) -> Result<(&'static str, Failed)> {
+    let places = [
+        ("x-sink", Place::Queue(naming::sink_queue(ns))),
+        ("x-sump", Place::Queue(naming::sump_queue(ns))),
+    ];
+    wait_at(broker, ns, &places, id, timeout).await
+}
+
+/// Looks into each end's place until the envelope is in one of them.
+pub async fn wait_at(
+    broker: &Broker,
+    ns: &str,
+    places: &[(&'static str, Place<'_>)],
+    id: &str,
+    timeout: Duration,
+) -> Result<(&'static str, Failed)> {
     let start = Instant::now();
     loop {
-        for (end, queue) in [
-            ("x-sink", naming::sink_queue(ns)),
-            ("x-sump", naming::sump_queue(ns)),
-        ] {
-            let (held, _) = broker.browse(&queue, usize::MAX).await?;
-            let found = held
-                .iter()
-                .filter_map(|m| {
-                    envelope::parse(&m.body, None)
+        for (end, place) in places {
+            let found = match place {
+                Place::Queue(queue) => {
+                    let (held, _) = broker.browse(queue, usize::MAX).await?;
+                    let found = held
+                        .iter()
+                        .filter_map(|m| {
+                            envelope::parse(&m.body, None)
+                                .ok()
+                                .map(|e| (e, m.broker_time_ms))
+                        })
+                        .find(|(e, _)| e.id == id)
+                        .map(|(e, t)| Failed::of(&e, t));
+                    broker.give_back(held).await?;
+                    found
+                }
+                Place::Store(store) => store.find(id).await?.and_then(|s| {
+                    envelope::parse(&s.body, None)
                         .ok()
-                        .map(|e| (e, m.broker_time_ms))
-                })
-                .find(|(e, _)| e.id == id)
-                .map(|(e, t)| Failed::of(&e, t));
-            broker.give_back(held).await?;
+                        .filter(|e| e.id == id)
+                        .map(|e| Failed::of(&e, s.modified_ms))
+                }),
+            };
             if let Some(f) = found {
                 return Ok((end, f));
             }

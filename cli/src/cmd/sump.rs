@@ -57,7 +57,7 @@ pub async fn run(g: &Global, c: &SumpCommand) -> Result<(String, Exit)> {
     let s = session::open(g).await?;
     let ns = s.cluster.namespace.clone();
     let queue = asya_api::naming::sump_queue(&ns);
-    let store = s.crew_store(&ns).await?;
+    let store = s.crew_store(&ns, crate::crew::End::Sump).await?;
     let broker = s.broker(&ns).await?;
     let sump_queue = SumpQueue {
         broker: &broker,
