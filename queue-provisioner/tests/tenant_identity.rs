@@ -185,3 +185,60 @@ async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
     q.delete_tenant_exchange(&ns).await.unwrap();
     q.delete_tenant_exchange(&other).await.unwrap();
 }
+
+/// The real RabbitMQ accepts the permissions of a namespace whose regexes are as long as
+/// `check_size` lets through: 1,000 actors of the provisioner benchmark's names, and the
+/// largest count of 63-character names under `MAX_REGEX_CHARS` (the listed form of the
+/// first was refused as `invalid_regexp`).
+#[tokio::test]
+async fn permissions_up_to_the_size_limit_are_accepted() {
+    if !require::servers(
+        "RabbitMQ",
+        &[
+            "ASYA_TEST_RABBITMQ_URL",
+            "ASYA_TEST_RABBITMQ_MANAGEMENT_URL",
+        ],
+    ) {
+        return;
+    }
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() % 1_000_000_000)
+        .unwrap_or_default();
+    let ns = format!("tidsize{n}");
+    let q = RabbitQueues::new(env("ASYA_TEST_RABBITMQ_URL"), "asya")
+        .with_tenant_identities(
+            &env("ASYA_TEST_RABBITMQ_MANAGEMENT_URL"),
+            "/",
+            "guest",
+            "guest",
+        )
+        .unwrap();
+    let admin = q.admin().unwrap();
+    let user = asya_api::naming::tenant_broker_user(&ns);
+    admin
+        .put_user(&user, "tenant-password-for-the-test-0123456789")
+        .await
+        .unwrap();
+    let bench: BTreeSet<String> = (0..1000).map(|i| format!("bench-actor-{i:04}")).collect();
+    let long = |count: usize| -> BTreeSet<String> {
+        (0..count)
+            .map(|i| format!("{i:04}-{}", "n".repeat(58)))
+            .collect()
+    };
+    // The most 63-character names the check lets through.
+    let most = (1..2000)
+        .take_while(|&c| {
+            permissions::check_size(&ns, c, &permissions::for_namespace(&ns, &long(c))).is_ok()
+        })
+        .last()
+        .unwrap();
+    for actors in [bench, long(most)] {
+        let p = permissions::for_namespace(&ns, &actors);
+        assert!(permissions::check_size(&ns, actors.len(), &p).is_ok());
+        admin.put_permissions(&user, &p).await.unwrap_or_else(|e| {
+            panic!("{} actors, {} characters: {e}", actors.len(), p.read.len())
+        });
+    }
+    admin.delete_user(&user).await.unwrap();
+}

@@ -79,7 +79,9 @@ pub async fn ensure<C: Cluster>(
         return Ok(None);
     }
     let ns = &r.namespace;
-    let perms = permissions::for_namespace(ns, &live_actors(c, ns, Some(&r.actor)));
+    let actors = live_actors(c, ns, Some(&r.actor));
+    let perms = permissions::for_namespace(ns, &actors);
+    permissions::check_size(ns, actors.len(), &perms).map_err(QueueError::Rejected)?;
     let lock = rec.memory.identity_lock(&r.transport, ns);
     let _one_at_a_time = lock.lock().await;
     if let Some(last) = rec.memory.identity(&r.transport, ns)
