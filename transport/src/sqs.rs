@@ -142,16 +142,35 @@ impl SqsTransport {
                     .as_secs()
                     .clamp(1, 43_200)
                     .to_string();
-                self.client
+                let created = self
+                    .client
                     .create_queue()
                     .queue_name(name)
                     .attributes(QueueAttributeName::VisibilityTimeout, secs)
                     .send()
-                    .await
-                    .map_err(|e| TransportError::Rejected(format!("create {name}: {e:?}")))?
-                    .queue_url()
-                    .unwrap_or_default()
-                    .to_string()
+                    .await;
+                match created {
+                    Ok(out) => out.queue_url().unwrap_or_default().to_string(),
+                    // Two hops sending to a new queue at once: the other created it.
+                    Err(e)
+                        if sqs_batch::is_queue_name_exists(
+                            e.as_service_error().and_then(|se| se.code()),
+                        ) =>
+                    {
+                        self.client
+                            .get_queue_url()
+                            .queue_name(name)
+                            .send()
+                            .await
+                            .map_err(unavailable)?
+                            .queue_url()
+                            .unwrap_or_default()
+                            .to_string()
+                    }
+                    Err(e) => {
+                        return Err(TransportError::Rejected(format!("create {name}: {e:?}")));
+                    }
+                }
             }
         };
         if let Ok(mut m) = self.urls.lock() {

@@ -21,6 +21,17 @@ pub fn is_no_such_queue(code: Option<&str>) -> bool {
     )
 }
 
+/// Whether a CreateQueue error says the queue exists: another creator won a race for the
+/// same name with other attributes (sidecars of two actors with different visibility
+/// timeouts creating x-sink at once; SQS and ElasticMQ both refuse the second so). The
+/// queue is there to use: its URL is read instead.
+pub fn is_queue_name_exists(code: Option<&str>) -> bool {
+    matches!(
+        code,
+        Some("QueueNameExists" | "QueueAlreadyExists" | "AWS.SimpleQueueService.QueueNameExists")
+    )
+}
+
 /// SQS's limit on the entries of one batch request.
 pub const MAX_ENTRIES: usize = 10;
 
@@ -94,6 +105,14 @@ pub fn extension_seconds(visibility: Duration) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_create_race_reads_as_an_existing_queue() {
+        assert!(is_queue_name_exists(Some("QueueNameExists")));
+        assert!(is_queue_name_exists(Some("QueueAlreadyExists")));
+        assert!(!is_queue_name_exists(Some("AccessDenied")));
+        assert!(!is_queue_name_exists(None));
+    }
 
     #[test]
     fn both_spellings_of_a_missing_queue_are_recognised() {

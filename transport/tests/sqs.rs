@@ -252,3 +252,34 @@ async fn held_messages_stay_invisible_past_the_visibility_timeout() {
     assert_eq!(again[0].redeliveries, 1);
     delete_queue(&t, &queue).await;
 }
+
+/// Hops that send to a new queue at once each create it; whoever loses the race (SQS and
+/// ElasticMQ answer `QueueNameExists` when the winner's attributes differ) uses the queue the
+/// other made. Twelve transports (twelve URL
+/// caches, as twelve sidecars) race for each of ten new names.
+#[tokio::test]
+async fn concurrent_creates_of_a_new_queue_all_get_its_url() {
+    if !have_sqs() {
+        return;
+    }
+    let own = unique("h30-own");
+    let mut ts = Vec::new();
+    // Each with its own visibility timeout, as sidecars of different actors: a create
+    // with other attributes than the winner's is what the server refuses.
+    for i in 0..12 {
+        ts.push(transport(&own, Duration::from_secs(30 + i), true).await);
+    }
+    for i in 0..10 {
+        let name = unique(&format!("h30-race{i}"));
+        let urls = futures::future::join_all(ts.iter().map(|t| t.queue_url(&name))).await;
+        let urls: Vec<String> = urls
+            .into_iter()
+            .map(|u| u.unwrap_or_else(|e| panic!("{name}: {e}")))
+            .collect();
+        assert!(
+            urls.iter().all(|u| u == &urls[0] && !u.is_empty()),
+            "{urls:?}"
+        );
+        delete_queue(&ts[0], &name).await;
+    }
+}
