@@ -115,7 +115,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $cfg "gateway" $gw -}}
 {{- end -}}
 {{- with .Values.tracing -}}{{- if .enabled -}}
-{{- $_ := set $cfg "tracing" (dict "enabled" true "otlpEndpoint" .otlpEndpoint "samplingRatio" .samplingRatio "resourceAttributes" (.resourceAttributes | default dict) "queryUrl" (.queryUrl | default "")) -}}
+{{- $tracing := dict "enabled" true "otlpEndpoint" .otlpEndpoint "samplingRatio" .samplingRatio "resourceAttributes" (.resourceAttributes | default dict) -}}
+{{- with .queryUrl }}{{ $_ := set $tracing "queryUrl" . }}{{ end -}}
+{{- $_ := set $cfg "tracing" $tracing -}}
 {{- end -}}{{- end -}}
 {{- if .Values.monitoring.annotations.enabled -}}
 {{- $_ := set $cfg "monitoring" (dict "annotations" true) -}}
