@@ -84,15 +84,7 @@ impl CrewStore {
         let mut out = Vec::new();
         let mut token = None;
         loop {
-            let page = self
-                .client
-                .list_objects_v2()
-                .bucket(&self.bucket)
-                .prefix(&self.prefix)
-                .set_continuation_token(token)
-                .send()
-                .await
-                .map_err(|e| err("list", &self.bucket, e))?;
+            let page = self.page(token).await?;
             for o in page.contents() {
                 let Some(key) = o.key() else { continue };
                 if out.len() >= max {
@@ -105,6 +97,21 @@ impl CrewStore {
                 None => return Ok((out, false)),
             }
         }
+    }
+
+    /// One page of the keys under the prefix.
+    async fn page(
+        &self,
+        token: Option<String>,
+    ) -> Result<aws_sdk_s3::operation::list_objects_v2::ListObjectsV2Output> {
+        self.client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(&self.prefix)
+            .set_continuation_token(token)
+            .send()
+            .await
+            .map_err(|e| err("list", &self.bucket, e))
     }
 
     async fn read(
@@ -141,15 +148,7 @@ impl CrewStore {
         let name = crew::object_name(id);
         let mut token = None;
         loop {
-            let page = self
-                .client
-                .list_objects_v2()
-                .bucket(&self.bucket)
-                .prefix(&self.prefix)
-                .set_continuation_token(token)
-                .send()
-                .await
-                .map_err(|e| err("list", &self.bucket, e))?;
+            let page = self.page(token).await?;
             let hit = page.contents().iter().find(|o| {
                 o.key()
                     .is_some_and(|k| k.rsplit('/').next() == Some(name.as_str()))
