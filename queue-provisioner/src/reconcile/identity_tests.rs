@@ -189,6 +189,83 @@ async fn rotation_issues_a_new_password_and_rolls_the_workload() {
     );
 }
 
+/// Puts `names` in the cache, as a `kubectl apply` of several actors does before the first
+/// of them is reconciled.
+fn cached(r: &Reconciler<Fake>, names: &[&str]) -> Vec<AsyncActor> {
+    let actors: Vec<AsyncActor> = names.iter().map(|n| actor(n)).collect();
+    r.cluster
+        .world()
+        .actors
+        .extend(actors.iter().cloned().map(Arc::new));
+    actors
+}
+
+fn broker_user_writes(log: &[String]) -> usize {
+    log.iter()
+        .filter(|l| l.starts_with("put broker user"))
+        .count()
+}
+
+#[tokio::test]
+async fn actors_arriving_together_share_one_write_of_the_permissions() {
+    let r = reconciler(ClusterConfig::default());
+    let mut actors = cached(&r, &["a", "b", "c"]);
+    for a in &mut actors {
+        step(&r, a).await;
+    }
+    let log = r.cluster.take_log();
+    assert_eq!(broker_user_writes(&log), 1, "{log:#?}");
+    let perms = r.cluster.world().users["asya-ns-n"].1.clone();
+    let read = regex::Regex::new(&perms.read).unwrap();
+    assert!(
+        ["asya-n-a", "asya-n-b", "asya-n-c"]
+            .iter()
+            .all(|q| read.is_match(q))
+            && !read.is_match("asya-n-d"),
+        "{perms:?}"
+    );
+    // One that arrives later is not covered: its reconcile widens them.
+    let mut d = actor("d");
+    step(&r, &mut d).await;
+    let log = r.cluster.take_log();
+    assert_eq!(broker_user_writes(&log), 1, "{log:#?}");
+    let perms = r.cluster.world().users["asya-ns-n"].1.clone();
+    assert!(regex::Regex::new(&perms.read).unwrap().is_match("asya-n-d"));
+    // While others wait for their first reconcile, an actor already covered writes nothing
+    // (it would have, comparing with what it would write: its view holds the new ones).
+    cached(&r, &["e"]);
+    step(&r, &mut actors[0]).await;
+    let log = r.cluster.take_log();
+    assert_eq!(broker_user_writes(&log), 0, "{log:#?}");
+}
+
+#[tokio::test]
+async fn a_deleted_actor_leaves_the_permissions_at_the_next_write() {
+    let r = reconciler(ClusterConfig::default());
+    let mut actors = cached(&r, &["a", "b"]);
+    for a in &mut actors {
+        step(&r, a).await;
+    }
+    let (mut a, mut b) = (actors.remove(0), actors.remove(0));
+    a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    step(&r, &mut a).await;
+    r.cluster
+        .world()
+        .actors
+        .retain(|x| x.metadata.name.as_deref() != Some("a"));
+    r.cluster.take_log();
+    // b is covered by what was set, but the cleanup forgot it: b's reconcile writes anew.
+    step(&r, &mut b).await;
+    let log = r.cluster.take_log();
+    assert_eq!(broker_user_writes(&log), 1, "{log:#?}");
+    let perms = r.cluster.world().users["asya-ns-n"].1.clone();
+    let read = regex::Regex::new(&perms.read).unwrap();
+    assert!(
+        read.is_match("asya-n-b") && !read.is_match("asya-n-a"),
+        "{perms:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_last_actor_takes_the_user_the_exchange_and_the_secret_with_it() {
     let r = reconciler(ClusterConfig::default());
