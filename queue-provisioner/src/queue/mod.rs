@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+mod counts_cache;
 pub mod owner;
 pub mod rabbitmq;
 pub mod rabbitmq_admin;

@@ -14,8 +14,9 @@
 //! connection runs out of channels. Never reusing an id avoids both.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use asya_api::types::Resiliency;
 use asya_transport::rabbitmq::RabbitTransport;
@@ -25,6 +26,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::sync::{Mutex, Semaphore};
 
+use super::counts_cache::{self, CountsCache, Step};
 use super::owner::{self, QueueRecord};
 use super::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 
@@ -39,7 +41,7 @@ pub struct RabbitQueues {
     connection: Mutex<Option<Shared>>,
     /// Bounds the operations (so channels) in flight on the connection.
     in_flight: Semaphore,
-    management: Option<Management>,
+    management: Option<Arc<Management>>,
     /// The management API with the platform identity, for the namespaces' broker users.
     admin: Option<super::rabbitmq_admin::BrokerAdmin>,
 }
@@ -79,16 +81,10 @@ struct Management {
     client: HttpClient,
     /// Whether this outage was logged already (depth is asked on every reconcile).
     warned: AtomicBool,
-    /// Counts of every queue of the vhost, listed at most every [`COUNTS_TTL`]: one listing
-    /// serves every actor's reconcile (a filtered listing per reconcile would make the broker
-    /// scan all its queues each time).
-    snapshot: Mutex<Option<(Instant, HashMap<String, QueueDepth>)>>,
+    /// Counts of every queue of the vhost ([`counts_cache`]: when to list, when to wait).
+    cache: Arc<CountsCache>,
 }
 
-/// How long one listing of the counts serves.
-const COUNTS_TTL: Duration = Duration::from_secs(5);
-/// A queue missing from the listing (created since) lists again, at most this often.
-const COUNTS_MIN_AGE: Duration = Duration::from_secs(1);
 /// Queues per listing page.
 const PAGE_SIZE: usize = 500;
 
@@ -108,7 +104,7 @@ impl Management {
             authorization: format!("Basic {token}"),
             client,
             warned: AtomicBool::new(false),
-            snapshot: Mutex::new(None),
+            cache: Arc::default(),
         })
     }
 
@@ -119,25 +115,27 @@ impl Management {
     /// the per-queue endpoint asked about a queue created a moment before (no statistics yet)
     /// crashed RabbitMQ 3.10's statistics database worker (badkey), after which every
     /// management request answered 500 until the node restarted.
-    async fn counts(&self, name: &str) -> Result<Option<QueueDepth>, String> {
-        let mut snap = self.snapshot.lock().await;
-        let stale = match snap.as_ref() {
-            None => true,
-            Some((at, m)) => {
-                at.elapsed() >= COUNTS_TTL
-                    || (!m.contains_key(name) && at.elapsed() >= COUNTS_MIN_AGE)
+    /// `Ok(None)`: not in the listing (missing, or created since it was made).
+    async fn counts(self: &Arc<Self>, name: &str) -> Result<Option<QueueDepth>, String> {
+        let (step, found) = self.cache.read(name);
+        match step {
+            Step::Serve { refresh } | Step::Missing { refresh } => {
+                if refresh {
+                    let m = self.clone();
+                    counts_cache::refresh_in_background(
+                        self.cache.clone(),
+                        async move { m.list_counts().await },
+                        // A reconcile that finds no listing young enough lists itself and
+                        // reports an outage once (`depth`).
+                        |e| tracing::debug!(error = %e, "background listing of queue counts failed"),
+                    );
+                }
+                Ok(found)
             }
-        };
-        if stale {
-            *snap = Some((Instant::now(), self.list_counts().await?));
-        }
-        Ok(snap.as_ref().and_then(|(_, m)| m.get(name).copied()))
-    }
-
-    /// Drops a deleted queue from the listing, which would otherwise count it a while longer.
-    async fn forget(&self, name: &str) {
-        if let Some((_, m)) = self.snapshot.lock().await.as_mut() {
-            m.remove(name);
+            Step::Wait => {
+                self.cache.refresh(self.list_counts()).await?;
+                Ok(self.cache.read(name).1)
+            }
         }
     }
 
@@ -363,7 +361,7 @@ impl RabbitQueues {
     /// Also asks the management API at `base` (`http[s]://host:port`) for message counts.
     pub fn with_management(mut self, base: &str, vhost: &str, user: &str, password: &str) -> Self {
         match Management::new(base, vhost, user, password) {
-            Ok(m) => self.management = Some(m),
+            Ok(m) => self.management = Some(Arc::new(m)),
             Err(e) => {
                 tracing::warn!(error = %e, "RabbitMQ management API client not available; queued counts only")
             }
@@ -522,7 +520,7 @@ impl QueueOps for RabbitQueues {
                 .map_err(unavailable)?;
             let _ = ch.close(200, "done".into()).await;
             if let Some(m) = &self.management {
-                m.forget(name).await;
+                m.cache.forget(name);
             }
             Ok(())
         })
