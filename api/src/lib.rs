@@ -37,6 +37,6 @@ pub mod validate;
 
 pub use resolved::ResolvedActor;
 pub use review::{
-    ActorReview, ParsedActor, ParsedOld, ReviewRequest, review_actor, review_actor_decision,
-    review_parsed_decision,
+    ActorReview, ParsedActor, ParsedOld, ParsedReview, ReviewRequest, review_actor,
+    review_actor_decision, review_parsed,
 };

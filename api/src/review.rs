@@ -239,44 +239,38 @@ impl ParsedOld {
     }
 }
 
-/// [`review_actor_decision`] of an object given parsed: the same review as for the object
-/// it was parsed from.
-pub fn review_parsed_decision(
-    actor: ParsedActor<'_>,
-    old: Option<ParsedOld>,
-    namespace: Option<&str>,
-    catalog: &FlavorCatalog,
-    config: &ClusterConfig,
-) -> ActorReview {
-    decide(
-        ActorReview::default(),
-        actor.metadata,
-        actor.spec,
-        old,
-        None,
-        namespace,
-        catalog,
-        config,
-    )
+/// What a review of a parsed object returns besides the decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParsedReview {
+    /// The decision alone, as [`review_actor_decision`] (the validating endpoint).
+    Decision,
+    /// The decision and [`ActorReview::mutated`] holding only `{"spec": <the rewritten
+    /// spec>}` (the rewrite never touches anything else), so the mutating endpoint diffs it
+    /// against `{"spec": <the spec>}` without building the whole object.
+    Mutation,
 }
 
-/// [`review_actor`] of an object given parsed, for the mutating endpoint: the same review,
-/// with [`ActorReview::mutated`] holding only `{"spec": <the rewritten spec>}` (the rewrite
-/// never touches anything else), so the caller diffs it against `{"spec": <the spec>}`
-/// without building the whole object.
-pub fn review_parsed_mutation(
+/// [`review_actor`] of an object given parsed: the same review as for the object it was
+/// parsed from.
+pub fn review_parsed(
     actor: ParsedActor<'_>,
     old: Option<ParsedOld>,
     namespace: Option<&str>,
     catalog: &FlavorCatalog,
     config: &ClusterConfig,
+    wanted: ParsedReview,
 ) -> ActorReview {
+    let spec_only = Value::Object(serde_json::Map::new());
+    let mutated_from = match wanted {
+        ParsedReview::Decision => None,
+        ParsedReview::Mutation => Some(&spec_only),
+    };
     decide(
         ActorReview::default(),
         actor.metadata,
         actor.spec,
         old,
-        Some(&Value::Object(serde_json::Map::new())),
+        mutated_from,
         namespace,
         catalog,
         config,

@@ -2,8 +2,8 @@
 //! answer) and the mutating endpoint's rewrite of aliases and defaults.
 
 use asya_api::review::{
-    ActorReview, ParsedActor, ParsedOld, ReviewRequest, review_actor, review_actor_decision,
-    review_parsed_decision, review_parsed_mutation,
+    ActorReview, ParsedActor, ParsedOld, ParsedReview, ReviewRequest, review_actor,
+    review_actor_decision, review_parsed,
 };
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
@@ -70,11 +70,12 @@ pub fn handle_actor_fast(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Opti
     let _g = span.enter();
     let creating = old.is_none();
     let ns = req.namespace.as_deref();
-    let mut review = if mutating {
-        review_parsed_mutation(actor, old, ns, ctx.catalog, ctx.config)
+    let wanted = if mutating {
+        ParsedReview::Mutation
     } else {
-        review_parsed_decision(actor, old, ns, ctx.catalog, ctx.config)
+        ParsedReview::Decision
     };
+    let mut review = review_parsed(actor, old, ns, ctx.catalog, ctx.config, wanted);
     if creating {
         collision::check_create(&mut review, ctx.actors);
     }
