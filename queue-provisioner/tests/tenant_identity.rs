@@ -67,8 +67,10 @@ async fn publish_refusal(conn: &lapin::Connection, exchange: &str, key: &str) ->
     refusal(ch.queue_declare(key.into(), passive, Default::default())).await
 }
 
-#[tokio::test]
-async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
+/// A fresh namespace name with `prefix`, the provisioner's queues with tenant identities on
+/// the test RabbitMQ, and that namespace's broker user created with `password`. `None`
+/// without the servers (skipped, or failed under ASYA_REQUIRE_SERVICES).
+async fn tenant(prefix: &str, password: &str) -> Option<(String, RabbitQueues, String)> {
     if !require::servers(
         "RabbitMQ",
         &[
@@ -76,13 +78,13 @@ async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
             "ASYA_TEST_RABBITMQ_MANAGEMENT_URL",
         ],
     ) {
-        return;
+        return None;
     }
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() % 1_000_000_000)
         .unwrap_or_default();
-    let ns = format!("tid{n}");
+    let ns = format!("{prefix}{n}");
     let q = RabbitQueues::new(env("ASYA_TEST_RABBITMQ_URL"), "asya")
         .with_tenant_identities(
             &env("ASYA_TEST_RABBITMQ_MANAGEMENT_URL"),
@@ -91,15 +93,23 @@ async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
             "guest",
         )
         .unwrap();
+    let user = asya_api::naming::tenant_broker_user(&ns);
+    q.admin().unwrap().put_user(&user, password).await.unwrap();
+    Some((ns, q, user))
+}
+
+#[tokio::test]
+async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
+    let password = "tenant-password-for-the-test-0123456789";
+    let Some((ns, q, user)) = tenant("tid", password).await else {
+        return;
+    };
     let other = format!("{ns}-x");
     for s in [spec(&ns, "a"), spec(&ns, "x-sink"), spec(&other, "a")] {
         q.ensure(&s).await.unwrap();
     }
     let admin = q.admin().unwrap();
-    let user = asya_api::naming::tenant_broker_user(&ns);
-    let password = "tenant-password-for-the-test-0123456789";
     let actors = BTreeSet::from(["a".to_string()]);
-    admin.put_user(&user, password).await.unwrap();
     admin
         .put_permissions(&user, &permissions::for_namespace(&ns, &actors))
         .await
@@ -192,34 +202,11 @@ async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
 /// first was refused as `invalid_regexp`).
 #[tokio::test]
 async fn permissions_up_to_the_size_limit_are_accepted() {
-    if !require::servers(
-        "RabbitMQ",
-        &[
-            "ASYA_TEST_RABBITMQ_URL",
-            "ASYA_TEST_RABBITMQ_MANAGEMENT_URL",
-        ],
-    ) {
+    let Some((ns, q, user)) = tenant("tidsize", "tenant-password-for-the-test-0123456789").await
+    else {
         return;
-    }
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() % 1_000_000_000)
-        .unwrap_or_default();
-    let ns = format!("tidsize{n}");
-    let q = RabbitQueues::new(env("ASYA_TEST_RABBITMQ_URL"), "asya")
-        .with_tenant_identities(
-            &env("ASYA_TEST_RABBITMQ_MANAGEMENT_URL"),
-            "/",
-            "guest",
-            "guest",
-        )
-        .unwrap();
+    };
     let admin = q.admin().unwrap();
-    let user = asya_api::naming::tenant_broker_user(&ns);
-    admin
-        .put_user(&user, "tenant-password-for-the-test-0123456789")
-        .await
-        .unwrap();
     let bench: BTreeSet<String> = (0..1000).map(|i| format!("bench-actor-{i:04}")).collect();
     let long = |count: usize| -> BTreeSet<String> {
         (0..count)
