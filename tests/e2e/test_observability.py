@@ -25,8 +25,15 @@ from asya_e2e.observability import (
 )
 from asya_e2e.wait import wait_for
 
-pytestmark = pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
-                                reason="ASYA_TEST_NODE=0: the test cluster runs without a node")
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
+                       reason="ASYA_TEST_NODE=0: the test cluster runs without a node"),
+    # One worker (tests/e2e/conftest.py): the `prometheus` fixture restarts the test Prometheus,
+    # which a second worker's copy would do under this module's queries; every alert and
+    # counter asserted is scoped to the test's own namespace and actor, so other modules'
+    # tests may run beside it.
+    pytest.mark.xdist_group("observability"),
+]
 
 HANDLERS = {"validate": "pipeline.Validator.check", "split": "pipeline.split", "shout": "pipeline.shout"}
 GOOD, BAD = 4, 1

@@ -63,6 +63,9 @@ def example_actor_files():
     return sorted((EXAMPLES / "actors").glob("*.yaml"))
 
 
+# One worker with test_provisioner.py::test_example_actors_are_provisioned, which creates and
+# deletes these same actors for real (tests/e2e/conftest.py).
+@pytest.mark.xdist_group("examples")
 @pytest.mark.parametrize("path", example_actor_files(), ids=lambda p: p.name)
 def test_example_actor_is_admitted(path, flavors):
     for d in docs(path):
