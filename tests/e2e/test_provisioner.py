@@ -335,9 +335,10 @@ def example_actors():
     return out
 
 
-# One worker with test_webhook.py's example admissions (tests/e2e/conftest.py): those dry-run
-# the same actors in the same namespaces (default, production), which this test creates and
-# deletes for real; a dry run racing the deletion would find the object gone mid-apply.
+# One worker with test_webhook.py's example and invalid-fixture admissions (tests/e2e/conftest.py,
+# test_webhook.py's examples_group): those dry-run these actors in the same namespaces (default,
+# production), which this test creates and deletes for real, and apply flavors of the same
+# cluster-scoped names (gpu-a100) that this test's `kubectl apply -R` puts back.
 @pytest.mark.xdist_group("examples")
 def test_example_actors_are_provisioned():
     """The user's command, `kubectl apply -R -f deploy/examples/`, succeeds as a whole, and
