@@ -42,9 +42,10 @@ fi
 
 py_missing=$(python3 - <<'PY'
 import importlib.util
-# matplotlib draws docs/img/actors-dashboard.png from Prometheus (scripts/plot-actors-dashboard.py).
+# matplotlib draws docs/img/actors-dashboard.png from Prometheus (scripts/plot-actors-dashboard.py);
+# pytest-xdist runs the end-to-end tests that may share the cluster in parallel (tests/e2e/run).
 wanted = {"pytest": "pytest", "moto": "moto[server]", "flask": "moto[server]", "yaml": "pyyaml", "boto3": "boto3", "mcp": "mcp", "pika": "pika",
-          "matplotlib": "matplotlib==3.10.9"}
+          "matplotlib": "matplotlib==3.10.9", "xdist": "pytest-xdist==3.8.0"}
 print(" ".join(sorted({pkg for mod, pkg in wanted.items() if importlib.util.find_spec(mod) is None})))
 PY
 )

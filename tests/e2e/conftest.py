@@ -8,6 +8,15 @@ sleeps in place of waiting.
 Tests marked `disruptive` stop a shared service (the webhook, the broker, the provisioner) and
 restore it before they end, pass or fail; they always run, after every other test, so the rest
 of the suite never sees the outage. `-m "not disruptive"` leaves them out.
+
+Phases (tests/e2e/run): every other test may share the cluster with other tests running at the
+same time, in pytest-xdist workers (`--e2e-phase=shared`); tests marked `alone` (they measure
+cluster-wide counters or timings, or load the shared provisioner enough to slow every other
+test's waits) and the disruptive ones run after that, one at a time (`--e2e-phase=alone`).
+Each marker says why where it is put. A module whose module-scoped fixture builds something
+its tests share (actors, Prometheus' rules) keeps its tests on one worker with
+`xdist_group`, so the fixture runs once; under xdist every worker has its own session, so no
+fixture may assume it is the only one (every name a test makes is unique: a fresh uuid).
 """
 
 from __future__ import annotations
@@ -21,14 +30,59 @@ from asya_e2e.kube import kubectl
 from asya_e2e.wait import wait_for
 
 
+PHASES = ("all", "shared", "alone")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--e2e-phase", choices=PHASES, default="all",
+                     help="shared: only the tests that may run beside others (tests/e2e/run runs them in "
+                          "pytest-xdist workers); alone: only those marked alone or disruptive; all (default): both")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "disruptive: stops a shared service and restores it; runs after every other test")
+    config.addinivalue_line("markers", "alone: must not share the cluster with another test (runs serially, "
+                                       "after the shared phase, before the disruptive tests)")
     config.addinivalue_line("markers", "uses_actors(*keys): the actors a test of test_node_failures.py uses")
+    # pytest-xdist registers it too; without xdist (ASYA_E2E_WORKERS=1) it is only a label.
+    config.addinivalue_line("markers", "xdist_group(name): tests that run on one xdist worker")
+
+
+def runs_alone(item) -> bool:
+    return any(item.get_closest_marker(m) is not None for m in ("alone", "disruptive"))
+
+
+def group_in_node_ids(items) -> None:
+    """pytest-xdist's `--dist loadgroup` tells its scheduler a test's group by appending it to
+    the test's node id (`id@group`), through a field pytest 9.2 no longer reads: there the
+    groups are silently ignored and a group's tests spread over the workers (pytest-xdist
+    issue 1386; its fix, pending, sets pytest's structured id instead). This does the same.
+    Only on an xdist worker of such a pytest, and only where xdist's own suffix is missing."""
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # an older pytest: xdist's own suffix works
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names and "@" not in item.nodeid and hasattr(item, "_id"):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    # Stable: the disruptive tests keep their relative order, after all the others.
-    items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
+    if getattr(config.option, "loadgroup", False):
+        group_in_node_ids(items)
+    phase = config.getoption("--e2e-phase")
+    if phase != "all":
+        keep = [i for i in items if runs_alone(i) == (phase == "alone")]
+        dropped = [i for i in items if runs_alone(i) != (phase == "alone")]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+    # Stable: the alone tests after the shared ones, the disruptive tests last, each keeping
+    # its relative order.
+    items.sort(key=lambda item: (item.get_closest_marker("disruptive") is not None,
+                                 item.get_closest_marker("alone") is not None))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -25,8 +25,15 @@ from asya_e2e.env import KUBECONFIG, KUBECTL, webhook_enabled
 from asya_e2e.kube import get, kubectl, kubectl_json, status
 from asya_e2e.wait import wait_for
 
-pytestmark = pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
-                                reason="ASYA_TEST_NODE=0: the test cluster runs without a node")
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
+                       reason="ASYA_TEST_NODE=0: the test cluster runs without a node"),
+    # One worker (tests/e2e/conftest.py): the `actors` fixture makes every actor the session's
+    # tests use (it reads session.items, the whole selection on every xdist worker), so on two
+    # workers all of them would be made twice. Each actor has its own namespace, ends and
+    # broker (a dead one is a closed port in the pod), so other modules may run beside it.
+    pytest.mark.xdist_group("node_failures"),
+]
 
 HANDLER = "testing.act"
 BOTH = ["rabbitmq", "sqs"]

@@ -254,6 +254,9 @@ def test_broker_down_then_recovers(namespace):
     assert f"asya-{ns}-outage" in rabbit_queues()
 
 
+# Alone (tests/e2e/conftest.py): it times convergence for docs/benchmarks.md, and 200 actors at
+# once keep the shared provisioner busy past the 60 s other tests give their actors.
+@pytest.mark.alone
 def test_200_actors_converge(namespace):
     """Applies 200 actors at once and times until every one has its queue, Deployment and
     ScaledObject and a status with TransportReady (figure in docs/benchmarks.md)."""
@@ -332,6 +335,11 @@ def example_actors():
     return out
 
 
+# One worker with test_webhook.py's example and invalid-fixture admissions (tests/e2e/conftest.py,
+# test_webhook.py's examples_group): those dry-run these actors in the same namespaces (default,
+# production), which this test creates and deletes for real, and apply flavors of the same
+# cluster-scoped names (gpu-a100) that this test's `kubectl apply -R` puts back.
+@pytest.mark.xdist_group("examples")
 def test_example_actors_are_provisioned():
     """The user's command, `kubectl apply -R -f deploy/examples/`, succeeds as a whole, and
     every example actor gets its queue on its broker, its workload, its ScaledObject (when
@@ -542,6 +550,9 @@ def wait_quiet(seconds: float = 4.0, timeout: float = 120.0) -> dict:
     return wait_for(f"the provisioner quiet for {seconds}s", quiet, timeout=timeout, interval=0.5)
 
 
+# Alone (tests/e2e/conftest.py): it counts the provisioner's reconciles, API requests and broker
+# operations, which are cluster-wide: another test's actors would count as this test's.
+@pytest.mark.alone
 def test_fresh_apply_costs_bounded_work_per_actor(namespace):
     """A regression guard on work, not time: applying N actors costs each a bounded number of
     reconciles, API requests (counted by its Kubernetes client) and broker operations, however many
@@ -637,6 +648,9 @@ def test_own_status_writes_do_not_trigger_reconciles(namespace):
              .get("labels", {}).get("team") == "e2e", timeout=30)
 
 
+# Alone (tests/e2e/conftest.py): the retained gauge and the deleted-after-retention counter are
+# cluster-wide; another test's namespace deleted with messages in its x-sink would move them.
+@pytest.mark.alone
 def test_end_queues_go_with_their_namespace():
     """Deleting a namespace takes its end queues: an empty one at once, one with messages after
     the retention (tests/e2e/values.yaml: endQueueRetention 20s), with a log line and a metric

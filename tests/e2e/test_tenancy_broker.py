@@ -106,6 +106,11 @@ def envelope(ns: str, i: int, trace: str) -> dict:
             "payload": {"word": f"w{i}", "position": i}}
 
 
+# The tests of the `tenants` fixture stay on one xdist worker (tests/e2e/conftest.py), so its
+# two namespaces and actors are made once; its names are fresh, so nothing else is shared.
+shares_tenants = pytest.mark.xdist_group("tenancy_broker_tenants")
+
+
 @pytest.fixture(scope="module")
 def tenants():
     """Two namespaces, A and B, each with a running `shout` actor."""
@@ -122,6 +127,7 @@ def tenants():
             kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
+@shares_tenants
 def test_a_tenant_is_refused_everything_on_another_namespaces_queues(tenants):
     a, b = tenants
     user, password = identity(a)
@@ -150,6 +156,7 @@ def test_a_tenant_is_refused_everything_on_another_namespaces_queues(tenants):
     assert e.value.code == 401, e.value
 
 
+@shares_tenants
 def test_a_tenants_own_envelopes_still_go_end_to_end(tenants):
     """Through the platform's exchange (the gateway's way) and through the namespace's own
     exchange with its own credentials (the sidecar's way): all reach A's x-sink."""
@@ -171,6 +178,7 @@ def test_a_tenants_own_envelopes_still_go_end_to_end(tenants):
     assert all(e["headers"]["trace_id"] == trace for e in got)
 
 
+@shares_tenants
 def test_no_secret_in_a_tenant_namespace_holds_the_platforms_password(tenants):
     a, _ = tenants
     leaks = []

@@ -63,6 +63,15 @@ def example_actor_files():
     return sorted((EXAMPLES / "actors").glob("*.yaml"))
 
 
+# One xdist worker (tests/e2e/conftest.py) for every test that applies deploy/examples or
+# cluster-scoped flavors of the same names, in the serial suite's order: the examples' flavors,
+# then the invalid fixtures' (flavor-conflict-gpu-a100-scale-aggressive.yaml makes gpu-a100 the
+# seed's other definition, which an examples apply on another worker put back mid-test once),
+# and test_provisioner.py's examples test, which creates and deletes these actors for real.
+examples_group = pytest.mark.xdist_group("examples")
+
+
+@examples_group
 @pytest.mark.parametrize("path", example_actor_files(), ids=lambda p: p.name)
 def test_example_actor_is_admitted(path, flavors):
     for d in docs(path):
@@ -88,6 +97,7 @@ def invalid_fixtures():
     return out
 
 
+@examples_group
 @pytest.mark.parametrize("path,expects", invalid_fixtures(), ids=lambda x: x.name if isinstance(x, Path) else "")
 def test_invalid_example_is_refused_with_its_message(path, expects, flavors):
     if "kind: EnvironmentConfig" in path.read_text() and not crossplane_crd():

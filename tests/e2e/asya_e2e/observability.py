@@ -26,9 +26,11 @@ MONITORING_CRDS = ("podmonitors", "servicemonitors", "prometheusrules")
 # Where tests/services/prometheus.yml reads rules and file-discovered targets.
 RULES_DIR = STATE / "prometheus-rules"
 TARGETS_DIR = STATE / "prometheus-targets"
-# Alert durations short enough for a test, the chart's rules otherwise as shipped.
+# Alert durations short enough for a test, the chart's rules otherwise as shipped. Prometheus
+# scrapes and evaluates every 5 s (tests/services/prometheus.yml): a 30 s rate window holds six
+# samples, and 15 s of `for:` is three evaluations in a row.
 E2E_THRESHOLDS = {
-    "failureRatioWindow": "1m", "failureRatioFor": "0s", "stuckFor": "30s",
+    "failureRatioWindow": "30s", "failureRatioFor": "0s", "stuckFor": "15s",
     "brokerDisconnectedFor": "10s", "poisonFor": "0s",
 }
 # The local webhook's metrics port (tests/e2e/up).
