@@ -48,10 +48,9 @@ fn kube_err(what: &str, e: kube::Error) -> QueueError {
 /// Coverage, not equality with what this reconcile would write: when many actors of one
 /// namespace arrive at once, the first write (made under the namespace's lock with every
 /// actor the cache holds by then) covers those queued behind it, instead of each rewriting
-/// the user's permissions in turn (1,000 actors applied at once: ~1,000 serial broker
-/// writes, 148 s to converge). Permissions never stay wider than the live actors for longer
-/// than [`RECHECK`]: a deleted actor's cleanup forgets the set ([`release`]), so the next
-/// reconcile writes them exactly.
+/// the user's permissions in turn. Permissions never stay wider than the live actors for
+/// longer than [`RECHECK`]: a deleted actor's cleanup forgets the set ([`release`]), so the
+/// next reconcile writes them exactly.
 fn still_set(last: &IdentitySet, actor: &str) -> bool {
     last.actors.contains(actor) && last.at.elapsed() < RECHECK
 }
@@ -164,7 +163,6 @@ pub async fn ensure<C: Cluster>(
         }
     };
     let set = IdentitySet {
-        permissions: perms,
         actors,
         version,
         at: Instant::now(),

@@ -83,11 +83,10 @@ pub struct Memory {
 /// Held during one namespace's identity step.
 pub type IdentityLock = std::sync::Arc<tokio::sync::Mutex<()>>;
 
-/// A namespace's broker user as last set: its permissions, the actors whose queues they
-/// cover, and its credential version.
+/// A namespace's broker user as last set: the actors whose queues its permissions cover
+/// (the permissions are `permissions::for_namespace` of them), and its credential version.
 #[derive(Clone, Debug, PartialEq)]
 pub struct IdentitySet {
-    pub permissions: crate::broker_identity::permissions::Permissions,
     pub actors: std::collections::BTreeSet<String>,
     pub version: u64,
     pub at: Instant,
