@@ -49,11 +49,9 @@ def webhook_calls(apiserver_metrics: str) -> float:
     """Calls the API server made to the AsyncActor admission webhooks (mutating and, when the
     chart registers it, validating), from its own histogram: what the admission of an actor
     costs as the API server sees it."""
-    # Not metric_total: its `name` parameter shadows the metric's `name` label.
-    hooks = ('name="asyncactors.mutate.asya.sh"', 'name="asyncactors.validate.asya.sh"')
-    return sum(float(line.rpartition(" ")[2]) for line in apiserver_metrics.splitlines()
-               if line.startswith("apiserver_admission_webhook_admission_duration_seconds_count{")
-               and any(h in line for h in hooks))
+    return sum(metric_total(apiserver_metrics, "apiserver_admission_webhook_admission_duration_seconds_count",
+                            name=hook)
+               for hook in ("asyncactors.mutate.asya.sh", "asyncactors.validate.asya.sh"))
 
 
 def counters() -> dict:

@@ -17,15 +17,16 @@ def http_get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def metric_total(text: str, name: str, **labels) -> float:
-    """Sum of every sample of `name` whose labels include `labels` (Prometheus text format)."""
+def metric_total(text: str, metric_name: str, /, **labels) -> float:
+    """Sum of every sample of `metric_name` whose labels include `labels` (Prometheus text
+    format). Positional-only, so a label may itself be called `name`."""
     total = 0.0
     for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
+        if not line.startswith(metric_name) or line.startswith("#"):
             continue
         head, _, value = line.rpartition(" ")
         metric, _, rest = head.partition("{")
-        if metric != name:
+        if metric != metric_name:
             continue
         if all(f'{k}="{v}"' in rest for k, v in labels.items()):
             total += float(value)
