@@ -12,32 +12,39 @@ export CARGO_TERM_COLOR ?= never
 # `make images` alone builds release images.
 PROFILE ?= dev
 IMAGE_PROFILE ?= release
-test: PROFILE = ci
-test: IMAGE_PROFILE = ci
+test-steps: PROFILE = ci
+test-steps: IMAGE_PROFILE = ci
+# Where cargo runs. `make test` and `make demo` run under scripts/build-tree, which keeps one
+# copy of the checkout per machine in step by content (ASYA_BUILD_TREE): a fresh clone then
+# rebuilds only the crates whose files changed, not every workspace crate. Else the checkout.
+BUILD_TREE := $(or $(ASYA_BUILD_TREE),$(CURDIR))
 # Where a profile's binaries are (dev's directory is called debug); the tests read it.
 bin_dir = $(CARGO_TARGET_DIR)/$(if $(filter dev,$(1)),debug,$(1))
 export ASYA_CARGO_PROFILE = $(PROFILE)
 export ASYA_BIN_DIR = $(call bin_dir,$(PROFILE))
 
-.PHONY: demo demo-local test deps lint images image-tests unit services e2e validate-examples crds install-cli
+.PHONY: demo demo-local test test-steps deps lint images image-tests unit services e2e validate-examples crds install-cli
 
 # The story on the test cluster (scripts/demo-cluster.sh): deps, `make images` (ci profile),
 # `make services` and the chart as tests/e2e/up installs it, then actors, envelopes, KEDA.
 demo:
-	./scripts/demo-cluster.sh
+	./scripts/build-tree run ./scripts/demo-cluster.sh
 
 # The same pipeline as local processes on RabbitMQ, no cluster (scripts/demo.sh): a minute.
 demo-local: deps
 	./scripts/demo.sh
 
-test: deps lint images services unit image-tests e2e
+test:
+	./scripts/build-tree run $(MAKE) --no-print-directory test-steps
+
+test-steps: deps lint images services unit image-tests e2e
 
 deps:
 	./scripts/deps.sh
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets --locked -- -D warnings
+	cd $(BUILD_TREE) && cargo clippy --workspace --all-targets --locked -- -D warnings
 	$(HOME)/.cache/asya-rs/bin/actionlint .github/workflows/*.yml
 
 # The container images, as OCI archives under target/images/ (NAME.oci.tar), built from the
@@ -45,7 +52,7 @@ lint:
 # All the workspace's binaries in one build, as `make unit` builds them: the same features, so
 # under `make test` the second build is a no-op.
 images:
-	cargo build --profile $(IMAGE_PROFILE) --locked --workspace --bins
+	cd $(BUILD_TREE) && cargo build --profile $(IMAGE_PROFILE) --locked --workspace --bins
 	python3 deploy/images/ocibuild.py --bin-dir $(call bin_dir,$(IMAGE_PROFILE))
 
 # Each image is a valid OCI image and runs under containerd + runc (tests/images); the crew's
@@ -65,9 +72,9 @@ services:
 unit: export ASYA_METRICS_DUMP_DIR = $(CARGO_TARGET_DIR)/metrics-dump
 unit:
 	rm -rf $(ASYA_METRICS_DUMP_DIR)
-	source tests/cluster/env && ASYA_REQUIRE_SERVICES=1 cargo test --profile $(PROFILE) --workspace --locked
+	source tests/cluster/env && cd $(BUILD_TREE) && ASYA_REQUIRE_SERVICES=1 cargo test --profile $(PROFILE) --workspace --locked
 	# The runtime's state proxy hooks run against the Rust connector too: binaries and S3.
-	cargo build --profile $(PROFILE) --workspace --locked --bins
+	cd $(BUILD_TREE) && cargo build --profile $(PROFILE) --workspace --locked --bins
 	source tests/cluster/env && ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q sidecar/runtime/tests
 	ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q -p no:cacheprovider tests/monitoring
 	# The gateway end to end (MCP client, sidecars, crew, PostgreSQL, S3): needs the binaries.
