@@ -77,6 +77,8 @@ unit:
 	cd $(BUILD_TREE) && cargo build --profile $(PROFILE) --workspace --locked --bins
 	source tests/cluster/env && ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q sidecar/runtime/tests
 	ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q -p no:cacheprovider tests/monitoring
+	# The build tree make test builds in (scripts/build-tree).
+	python3 -m pytest -q -p no:cacheprovider tests/tooling
 	# The gateway end to end (MCP client, sidecars, crew, PostgreSQL, S3): needs the binaries.
 	source tests/cluster/env && python3 -m pytest -q -p no:cacheprovider gateway/tests/e2e
 
