@@ -35,7 +35,7 @@ import uuid
 import yaml
 
 from asya_e2e.env import KUBECONFIG
-from asya_e2e.kube import kubectl, kubectl_json
+from asya_e2e.kube import kubectl, kubectl_json, no_namespace_terminating
 from asya_e2e.wait import wait_for
 
 CREATORS = int(os.environ.get("ASYA_BENCH_CREATORS", "50"))
@@ -171,10 +171,6 @@ def create_round(connect, headers, ns: str, body: dict, n: int, tag: str,
     wall = time.monotonic() - t0
     assert not errors, f"{len(errors)} creates failed, first: {errors[0]}"
     return wall, lat
-
-
-def no_namespace_terminating() -> bool:
-    return not [n for n in kubectl_json("get", "namespaces")["items"] if n["status"].get("phase") == "Terminating"]
 
 
 def test_admission_labelled_against_direct():

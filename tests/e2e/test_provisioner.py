@@ -22,7 +22,7 @@ from asya_e2e.actors import FLAT, actor, phase_is
 from asya_e2e.brokers import RABBIT_CTL, rabbit_publish, rabbit_queues, rabbit_stopped, sqs, sqs_publish, sqs_queue_url
 from asya_e2e.components import component_log, process_stopped
 from asya_e2e.env import ROOT, STATE, cluster_config, provisioner_url, webhook_enabled
-from asya_e2e.kube import apply, get, keda_running, kubectl, kubectl_json, status
+from asya_e2e.kube import apply, get, keda_running, kubectl, kubectl_json, no_namespace_terminating, status
 from asya_e2e.provisioner import all_converged, http_get, metric_total, provisioner_metrics, work_counters
 from asya_e2e.wait import wait_for
 
@@ -537,7 +537,12 @@ def test_status_counts_queued_and_processing_messages(namespace):
 
 
 def wait_quiet(seconds: float = 4.0, timeout: float = 120.0) -> dict:
-    """Waits until the provisioner has done no reconcile for `seconds`; returns the counters."""
+    """Waits until no namespace is being deleted and the provisioner has done no reconcile for
+    `seconds`; returns the counters. Earlier tests do not wait for their namespaces to go: the
+    namespace controller empties one resource kind after another, and on a slow machine the
+    gap before it reaches the AsyncActors can exceed `seconds` (a cold run counted 200 actors'
+    cleanup reconciles as this test's)."""
+    wait_for("no namespace being deleted", no_namespace_terminating, timeout=300, interval=1.0)
     last = {"c": work_counters(), "at": time.monotonic()}
 
     def quiet():

@@ -43,6 +43,12 @@ def kubectl_json(*args, **kw):
     return json.loads(kubectl(*args, "-o", "json", **kw).stdout)
 
 
+def no_namespace_terminating() -> bool:
+    """No namespace is being deleted: nothing an earlier test left is still being cleaned up
+    (its actors' finalizer reconciles, its pods' termination)."""
+    return not [n for n in kubectl_json("get", "namespaces")["items"] if n["status"].get("phase") == "Terminating"]
+
+
 def helm(*args, **kw):
     return run([HELM, "--kubeconfig", KUBECONFIG, *args], **kw)
 
