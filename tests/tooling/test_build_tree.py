@@ -109,3 +109,16 @@ def test_a_second_run_at_the_same_time_builds_in_its_checkout(checkout: Path, tm
 
 def test_the_command_status_is_returned(checkout: Path, tmp_path: Path):
     assert run(checkout, tmp_path / "tree", "sh", "-c", "exit 3").returncode == 3
+
+
+def test_a_directory_without_git_builds_in_place(tmp_path: Path):
+    plain = tmp_path / "export"
+    plain.mkdir()
+    (plain / "Cargo.toml").write_text("[workspace]\n")
+    env = dict(os.environ, ASYA_BUILD_TREE_DIR=str(tmp_path / "tree"), GIT_CEILING_DIRECTORIES=str(tmp_path))
+    r = subprocess.run([sys.executable, str(SCRIPT), "run", "sh", "-c", 'echo "$ASYA_BUILD_TREE"'], cwd=plain,
+                       env=env, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(plain)
+    assert "not a git checkout" in r.stderr
+    assert not (tmp_path / "tree").exists()
