@@ -20,7 +20,12 @@ pub const AMQPS_PORT: u16 = 5671;
 pub const DEFAULT_SIDECAR_IMAGE: &str =
     concat!("ghcr.io/asya-rs/asya-sidecar:", env!("CARGO_PKG_VERSION"));
 
-pub use crate::state_proxy::{DEFAULT_STATE_PROXY_IMAGE, StateProxyConfig};
+/// The state proxy connector image a flavor gets when it names just `asya-state-proxy`
+/// (docs/DESIGN.md §10): the release of this build, like the sidecar's.
+pub const DEFAULT_STATE_PROXY_IMAGE: &str = concat!(
+    "ghcr.io/asya-rs/asya-state-proxy:",
+    env!("CARGO_PKG_VERSION")
+);
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +77,63 @@ pub struct ClusterConfig {
     /// Our state proxy connector image (the chart's `stateProxy.image`, under its registry).
     #[serde(default)]
     pub state_proxy: StateProxyConfig,
+}
+
+/// State proxies (docs/DESIGN.md §9, §10): where our connector image comes from, the
+/// platform's Redis whose per-namespace users the provisioner keeps, and whether connectors
+/// may hold static AWS keys.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StateProxyConfig {
+    /// A `stateProxy` entry whose image is just `asya-state-proxy[:TAG]` takes this
+    /// reference (its tag unless the entry gives one), so flavors need not name the
+    /// platform's registry.
+    #[serde(default = "default_state_proxy_image")]
+    pub image: String,
+    /// The platform's Redis for `redis-*` connectors. Each namespace gets its own ACL user
+    /// there (keys `{namespace}/*` only), its password only in that namespace's Secret;
+    /// without it, a Redis connector must name its own `REDIS_URL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<PlatformRedis>,
+    /// Static AWS keys (`AWS_ACCESS_KEY_ID`, ...) in a connector's env: refused unless true,
+    /// and then a Warning on every actor that has them. Keys given to several namespaces
+    /// are one S3 identity, so S3 would not keep their state apart; the documented way is a
+    /// role per namespace (`serviceAccount.actorRoleArn` with `{namespace}`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_static_credentials: bool,
+}
+
+impl Default for StateProxyConfig {
+    fn default() -> Self {
+        Self {
+            image: default_state_proxy_image(),
+            redis: None,
+            allow_static_credentials: false,
+        }
+    }
+}
+
+fn default_state_proxy_image() -> String {
+    DEFAULT_STATE_PROXY_IMAGE.into()
+}
+
+/// The platform's Redis (`stateProxy.redis`). The URL carries no credentials: a connector
+/// authenticates as its namespace's user, which the provisioner makes with the admin
+/// identity below (kept in the release namespace).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlatformRedis {
+    /// `redis://host[:port][/db]` or `rediss://…` (TLS), as pods reach it.
+    pub url: String,
+    /// The user the provisioner manages ACL users as (needs `+acl` and `+client`).
+    #[serde(default = "default_redis_admin_username")]
+    pub admin_username: String,
+    /// The admin's password, a Secret in the release namespace.
+    pub admin_password_secret_ref: SecretKeySelector,
+}
+
+fn default_redis_admin_username() -> String {
+    "default".into()
 }
 
 /// Bounds on the namespaced flavor ConfigMaps kept in memory. The worst case is
@@ -506,6 +568,25 @@ impl ClusterConfig {
                 "sidecar.image",
                 "the sidecar image must be set",
             ));
+        }
+        if let Some(r) = &self.state_proxy.redis {
+            if let Err(rule) = crate::state_proxy::redis_endpoint(&r.url) {
+                // Never quoted whole: the rule broken may be a password in it.
+                let shown = match r.url.split_once('@') {
+                    Some((_, after)) => format!("***@{after}"),
+                    None => r.url.clone(),
+                };
+                errs.push(FieldError::invalid("stateProxy.redis.url", shown, rule));
+            }
+            if r.admin_password_secret_ref.name.is_empty()
+                || r.admin_password_secret_ref.key.is_empty()
+            {
+                errs.push(FieldError::required(
+                    "stateProxy.redis.adminPasswordSecretRef",
+                    "the name and key of the Secret (in the release namespace) with the password \
+                     of the Redis user that manages the namespaces' ACL users",
+                ));
+            }
         }
         if let Err(e) = self.end_queue_retention.parse() {
             errs.push(FieldError::invalid(

@@ -361,6 +361,10 @@ fn decide(
     out.missing_flavors = missing.clone();
     let (effective, errors) = check_effective(merged, &missing, &origins, &namespace, config);
     out.errors.extend(errors);
+    out.warnings.extend(crate::state_proxy::warnings(
+        &effective.state_proxy,
+        &config.state_proxy,
+    ));
     let namespaced: Vec<&str> = flavors
         .iter()
         .filter(|f| matches!(f.source, flavor::FlavorSource::ConfigMap { .. }))

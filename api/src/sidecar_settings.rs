@@ -91,7 +91,8 @@ impl Sourced {
         }
     }
 
-    fn env(&self, name: &str) -> EnvVar {
+    /// The variable `name` with this value or source.
+    pub fn env(&self, name: &str) -> EnvVar {
         match self {
             Sourced::Value(v) => literal(name, v.clone()),
             Sourced::Secret { name: secret, key } => EnvVar {

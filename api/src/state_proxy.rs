@@ -2,7 +2,6 @@
 //! `stateProxy` entry must meet, as pure functions the validator and the webhook share.
 
 use crate::error::{FieldError, FieldErrors};
-use serde::{Deserialize, Serialize};
 
 use crate::types::StateProxy;
 
@@ -16,6 +15,31 @@ pub const CONTAINER_PREFIX: &str = "asya-state-proxy-";
 pub const ENV_MOUNTS: &str = "ASYA_STATE_PROXY_MOUNTS";
 /// The connector's socket path, set in its container.
 pub const ENV_CONNECTOR_SOCKET: &str = "CONNECTOR_SOCKET";
+/// The namespace the connector serves (the pod's, from a fieldRef): every key it stores is
+/// under `{namespace}/`, whatever else its env says.
+pub const ENV_NAMESPACE: &str = "ASYA_NAMESPACE";
+/// Which connector the image runs (`s3-buffered-lww`, `redis-buffered-cas`, ...).
+pub const ENV_CONNECTOR: &str = "ASYA_CONNECTOR";
+pub const ENV_REDIS_URL: &str = "REDIS_URL";
+/// The namespace's Redis user and password, from its Secret [`TENANT_REDIS_SECRET`].
+pub const ENV_REDIS_USERNAME: &str = "REDIS_USERNAME";
+pub const ENV_REDIS_PASSWORD: &str = "REDIS_PASSWORD";
+/// Variables injection sets in a connector: an entry may not set them.
+pub const INJECTED_ENV: [&str; 4] = [
+    ENV_CONNECTOR_SOCKET,
+    ENV_NAMESPACE,
+    ENV_REDIS_USERNAME,
+    ENV_REDIS_PASSWORD,
+];
+/// Static AWS credentials in a connector's env (`stateProxy.allowStaticCredentials`).
+pub const STATIC_AWS_ENV: [&str; 3] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+];
+/// The Secret in each namespace holding its Redis user (keys `username`, `password`), kept
+/// by the provisioner like the broker identity's.
+pub const TENANT_REDIS_SECRET: &str = "asya-state-redis";
 pub const WRITE_BUFFERED: &str = "buffered";
 pub const WRITE_PASSTHROUGH: &str = "passthrough";
 pub const WRITE_MODES: [&str; 2] = [WRITE_BUFFERED, WRITE_PASSTHROUGH];
@@ -26,34 +50,7 @@ pub const MAX_NAME_LEN: usize = 63 - CONTAINER_PREFIX.len();
 /// route the runtime's own file operations to a connector.
 pub const RESERVED_PATHS: [&str; 3] = ["/opt/asya", "/var/run/asya", "/tmp"];
 
-/// The state proxy connector image a flavor gets when it names just `asya-state-proxy`
-/// (docs/DESIGN.md §10): the release of this build, like the sidecar's.
-pub const DEFAULT_STATE_PROXY_IMAGE: &str = concat!(
-    "ghcr.io/asya-rs/asya-state-proxy:",
-    env!("CARGO_PKG_VERSION")
-);
-
-/// Where our connector image comes from: a `stateProxy` entry whose image is just
-/// `asya-state-proxy[:TAG]` takes this reference (its tag unless the entry gives one), so
-/// flavors need not name the platform's registry.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct StateProxyConfig {
-    #[serde(default = "default_state_proxy_image")]
-    pub image: String,
-}
-
-impl Default for StateProxyConfig {
-    fn default() -> Self {
-        Self {
-            image: default_state_proxy_image(),
-        }
-    }
-}
-
-fn default_state_proxy_image() -> String {
-    DEFAULT_STATE_PROXY_IMAGE.into()
-}
+pub use crate::config::{DEFAULT_STATE_PROXY_IMAGE, PlatformRedis, StateProxyConfig};
 
 /// The repository name of our connector image (any registry, tag or digest).
 pub const OUR_IMAGE: &str = "asya-state-proxy";
@@ -154,7 +151,7 @@ pub fn overlaps(a: &str, b: &str) -> bool {
 }
 
 /// Every refusal of a list of entries (each naming field, value and rule).
-pub fn validate(entries: &[StateProxy]) -> FieldErrors {
+pub fn validate(entries: &[StateProxy], config: &StateProxyConfig) -> FieldErrors {
     let mut e = FieldErrors::default();
     let mut paths: Vec<(usize, &str)> = Vec::new();
     for (i, sp) in entries.iter().enumerate() {
@@ -197,6 +194,7 @@ pub fn validate(entries: &[StateProxy]) -> FieldErrors {
             ));
         }
         validate_connector(sp, &p, &mut e);
+        validate_credentials(sp, &p, config, &mut e);
     }
     e
 }
@@ -248,9 +246,239 @@ fn validate_connector(sp: &StateProxy, p: &str, e: &mut FieldErrors) {
                     socket_path(&sp.name)
                 ),
             ));
+        } else if env.name == ENV_NAMESPACE {
+            e.push(FieldError::forbidden(
+                format!("{p}.connector.env[{k}].name"),
+                format!(
+                    "{ENV_NAMESPACE} is set by injection to the pod's namespace: a connector \
+                     stores only under {{namespace}}/"
+                ),
+            ));
+        } else if env.name == ENV_REDIS_USERNAME || env.name == ENV_REDIS_PASSWORD {
+            e.push(FieldError::forbidden(
+                format!("{p}.connector.env[{k}].name"),
+                format!(
+                    "{} is set by injection from the namespace's own Redis user (Secret \
+                     {TENANT_REDIS_SECRET}) when the connector uses the platform's Redis; \
+                     for another Redis, put its address in REDIS_URL without credentials",
+                    env.name
+                ),
+            ));
         }
     }
 }
 
+/// The literal value of a variable of the entry's connector env (not one from a source).
+fn env_value<'a>(sp: &'a StateProxy, name: &str) -> Option<&'a str> {
+    sp.connector
+        .as_ref()?
+        .env
+        .iter()
+        .rev()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.as_deref())
+}
+
+fn env_set(sp: &StateProxy, name: &str) -> bool {
+    sp.connector
+        .as_ref()
+        .is_some_and(|c| c.env.iter().any(|e| e.name == name))
+}
+
+/// Whether the entry runs one of the Redis connectors (`ASYA_CONNECTOR=redis-…`).
+pub fn is_redis(sp: &StateProxy) -> bool {
+    env_value(sp, ENV_CONNECTOR).is_some_and(|c| c.starts_with("redis-"))
+}
+
+/// Where a Redis URL points: scheme (TLS or not), host, port. Credentials are refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisEndpoint {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+}
+
+/// Parses `redis://host[:port][/db]` or `rediss://…`. The error is the rule broken.
+pub fn redis_endpoint(url: &str) -> Result<RedisEndpoint, &'static str> {
+    let (tls, rest) = if let Some(r) = url.strip_prefix("rediss://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("redis://") {
+        (false, r)
+    } else {
+        return Err("must be redis://HOST[:PORT][/DB] or rediss://… (TLS)");
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') {
+        return Err(
+            "must carry no user or password: a password in a URL is readable by everyone who \
+             can read the object that holds it; connectors on the platform's Redis get their \
+             namespace's own user by injection",
+        );
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        // An IPv6 literal: `[::1]:6379` or `[::1]`.
+        Some((h, p)) if !p.contains(']') => {
+            (h, p.parse().map_err(|_| "has a port that is not a number")?)
+        }
+        _ => (authority, 6379),
+    };
+    if host.is_empty() {
+        return Err("must name a host");
+    }
+    Ok(RedisEndpoint {
+        tls,
+        host: host.to_ascii_lowercase(),
+        port,
+    })
+}
+
+/// Whether the entry's connector runs on the platform's Redis under the namespace's own
+/// user: a Redis connector whose `REDIS_URL` is unset (the platform's URL is injected) or
+/// names the platform's server. The webhook injects the user and the provisioner keeps it
+/// for exactly these entries.
+pub fn uses_platform_redis(sp: &StateProxy, config: &StateProxyConfig) -> bool {
+    let Some(platform) = config.redis.as_ref() else {
+        return false;
+    };
+    if !is_redis(sp) {
+        return false;
+    }
+    if !env_set(sp, ENV_REDIS_URL) {
+        return true;
+    }
+    match (
+        env_value(sp, ENV_REDIS_URL).map(redis_endpoint),
+        redis_endpoint(&platform.url),
+    ) {
+        (Some(Ok(a)), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// Whether any of the entries needs the namespace's Redis user.
+pub fn needs_platform_redis(entries: &[StateProxy], config: &StateProxyConfig) -> bool {
+    entries.iter().any(|sp| uses_platform_redis(sp, config))
+}
+
+/// Credentials in a connector's env: no password in a Redis URL, no Redis connector without
+/// a Redis to go to, and static AWS keys only where the platform allows them.
+fn validate_credentials(sp: &StateProxy, p: &str, config: &StateProxyConfig, e: &mut FieldErrors) {
+    let Some(c) = sp.connector.as_ref() else {
+        return;
+    };
+    for (k, env) in c.env.iter().enumerate() {
+        if env.name == ENV_REDIS_URL {
+            match env.value.as_deref() {
+                Some(url) => {
+                    if let Err(rule) = redis_endpoint(url) {
+                        // The value is quoted without what could be a password.
+                        let shown = match url.split_once('@') {
+                            Some((_, after)) => format!("***@{after}"),
+                            None => url.to_string(),
+                        };
+                        e.push(FieldError::invalid(
+                            format!("{p}.connector.env[{k}].value"),
+                            shown,
+                            format!("{ENV_REDIS_URL} {rule}"),
+                        ));
+                    }
+                }
+                None if env.value_from.is_some() && config.redis.is_some() && is_redis(sp) => {
+                    e.push(FieldError::forbidden(
+                        format!("{p}.connector.env[{k}].valueFrom"),
+                        format!(
+                            "{ENV_REDIS_URL} must be a literal value (or unset, for the platform's \
+                             Redis at {}): a URL from a Secret may carry a shared password",
+                            config.redis.as_ref().map_or("", |r| r.url.as_str())
+                        ),
+                    ));
+                }
+                None => {}
+            }
+        }
+        if STATIC_AWS_ENV.contains(&env.name.as_str()) && !config.allow_static_credentials {
+            e.push(FieldError::forbidden(
+                format!("{p}.connector.env[{k}].name"),
+                format!(
+                    "{} is a static AWS credential: keys given to several namespaces are one S3 \
+                     identity, so S3 would not keep their state apart; use a role per namespace \
+                     (serviceAccount.actorRoleArn with {{namespace}}), or allow static keys \
+                     with stateProxy.allowStaticCredentials: true in the cluster configuration",
+                    env.name
+                ),
+            ));
+        }
+    }
+    if is_redis(sp) && !env_set(sp, ENV_REDIS_URL) && config.redis.is_none() {
+        e.push(FieldError::required(
+            format!("{p}.connector.env"),
+            format!(
+                "{ENV_REDIS_URL}: a Redis connector needs its Redis, and the cluster \
+                 configuration names no platform Redis (stateProxy.redis)"
+            ),
+        ));
+    }
+}
+
+/// The warnings an admitted list of entries gets: static AWS keys where they are allowed.
+pub fn warnings(entries: &[StateProxy], config: &StateProxyConfig) -> Vec<String> {
+    if !config.allow_static_credentials {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (i, sp) in entries.iter().enumerate() {
+        let keys: Vec<&str> = sp
+            .connector
+            .iter()
+            .flat_map(|c| c.env.iter())
+            .map(|e| e.name.as_str())
+            .filter(|n| STATIC_AWS_ENV.contains(n))
+            .collect();
+        if !keys.is_empty() {
+            out.push(format!(
+                "spec.stateProxy[{i}] ({}): the connector holds static AWS keys ({}), allowed by \
+                 stateProxy.allowStaticCredentials: every namespace given these keys shares one S3 \
+                 identity and only the connector's {{namespace}}/ prefix keeps their state apart; \
+                 prefer a role per namespace (serviceAccount.actorRoleArn with {{namespace}})",
+                sp.name,
+                keys.join(", ")
+            ));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests;
+
+/// PROVISIONAL (the state-proxy branch defines the real one): the ACL rules of a namespace's
+/// Redis user.
+pub fn redis_acl_rules(ns: &str) -> Vec<String> {
+    let mut r: Vec<String> = vec![
+        "resetkeys".into(),
+        format!("~{ns}/*"),
+        "resetchannels".into(),
+        "-@all".into(),
+    ];
+    for c in [
+        "ping",
+        "hget",
+        "hmget",
+        "hgetall",
+        "hset",
+        "hdel",
+        "del",
+        "exists",
+        "incr",
+        "time",
+        "zadd",
+        "zrem",
+        "zrangebylex",
+        "eval",
+        "evalsha",
+        "script|load",
+    ] {
+        r.push(format!("+{c}"));
+    }
+    r
+}

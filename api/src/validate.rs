@@ -56,7 +56,7 @@ pub fn validate_spec(spec: &AsyncActorSpec, ctx: &Context<'_>) -> FieldErrors {
     if let Some(r) = &spec.resiliency {
         validate_resiliency(r, &mut e);
     }
-    validate_lists(spec, &mut e);
+    validate_lists(spec, ctx, &mut e);
     e
 }
 
@@ -472,7 +472,7 @@ fn validate_resiliency(r: &Resiliency, e: &mut FieldErrors) {
     }
 }
 
-fn validate_lists(spec: &AsyncActorSpec, e: &mut FieldErrors) {
+fn validate_lists(spec: &AsyncActorSpec, ctx: &Context<'_>, e: &mut FieldErrors) {
     for (i, r) in spec.secret_refs.iter().enumerate() {
         if r.name.as_deref().is_none_or(str::is_empty) {
             e.push(FieldError::required(
@@ -481,5 +481,8 @@ fn validate_lists(spec: &AsyncActorSpec, e: &mut FieldErrors) {
             ));
         }
     }
-    e.extend(crate::state_proxy::validate(&spec.state_proxy));
+    e.extend(crate::state_proxy::validate(
+        &spec.state_proxy,
+        &ctx.config.state_proxy,
+    ));
 }

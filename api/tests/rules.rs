@@ -595,6 +595,7 @@ fn a_bare_connector_image_is_the_platforms_and_policy_checks_that_one() {
         },
         state_proxy: asya_api::config::StateProxyConfig {
             image: "registry.example/asya/asya-state-proxy:0.9.0".into(),
+            ..Default::default()
         },
         ..ClusterConfig::default()
     };

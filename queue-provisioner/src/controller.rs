@@ -417,6 +417,12 @@ pub async fn run(
         own_namespace: own_namespace.clone(),
         keda,
         keda_identity,
+        state_redis: config.state_proxy.redis.clone().map(|r| {
+            Arc::new(crate::state_identity::redis_admin::PlatformRedisAdmin::new(
+                r,
+                Api::namespaced(client.clone(), &own_namespace),
+            ))
+        }),
     };
     let gauges = cluster.metrics.actors.clone();
     let ctx = Arc::new(Reconciler::new(cluster, config).with_gauges(gauges));

@@ -33,6 +33,7 @@ use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object};
 use crate::render::{TransportCredentials, workload};
+use crate::state_identity::StateError;
 use crate::status::{self, WorkloadObs};
 use crate::transports::Transports;
 use crate::watch;
@@ -94,6 +95,8 @@ pub struct KubeCluster {
     pub keda: Option<(ApiResource, ApiResource)>,
     /// What the KEDA identity loop last found, by transport.
     pub keda_identity: crate::keda_identity::IdentityState,
+    /// The platform's Redis (`stateProxy.redis`), for the namespaces' state identities.
+    pub state_redis: Option<Arc<crate::state_identity::redis_admin::PlatformRedisAdmin>>,
 }
 
 /// The management API client of a transport with scoped identity.
@@ -228,6 +231,22 @@ fn stateful_set_obs(s: &StatefulSet) -> WorkloadObs {
 impl KubeCluster {
     fn dynamic(&self, ns: &str, ar: &ApiResource) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), ns, ar)
+    }
+
+    async fn state_admin(
+        &self,
+    ) -> Result<Arc<crate::state_identity::redis_admin::RedisAdmin>, StateError> {
+        match &self.state_redis {
+            Some(p) => p.get().await,
+            None => Err(StateError::Rejected(
+                "the cluster configuration names no platform Redis (stateProxy.redis)".into(),
+            )),
+        }
+    }
+
+    fn state_op<T>(&self, op: &str, res: &Result<T, StateError>) {
+        // The Redis of the state identities counts with the brokers' operations.
+        self.metrics.queue_op("redis", op, res.is_ok());
     }
 
     fn backend_op<T>(&self, kind: &str, op: &str, res: &Result<T, QueueError>) {
@@ -470,6 +489,46 @@ impl Cluster for KubeCluster {
         .await;
         self.backend_op(backend.kind(), "identity", &res);
         res
+    }
+
+    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
+        let meta = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone())
+            .get_metadata_opt(ns)
+            .await?;
+        Ok(meta.and_then(|m| m.metadata.uid))
+    }
+
+    async fn state_user_put(
+        &self,
+        user: &str,
+        password: &str,
+        rules: &[String],
+    ) -> Result<(), StateError> {
+        let res = async {
+            self.state_admin()
+                .await?
+                .put_user(user, password, rules)
+                .await
+        }
+        .await;
+        self.state_op("identity", &res);
+        res
+    }
+
+    async fn state_user_delete(&self, user: &str) -> Result<(), StateError> {
+        let res = async { self.state_admin().await?.delete_user(user).await }.await;
+        self.state_op("identity", &res);
+        res
+    }
+
+    async fn state_owner_claim(&self, ns: &str, uid: &str) -> Result<Option<String>, StateError> {
+        let res = async { self.state_admin().await?.claim_owner(ns, uid).await }.await;
+        self.state_op("owner", &res);
+        res
+    }
+
+    async fn state_default_open(&self) -> Result<bool, StateError> {
+        self.state_admin().await?.default_user_open().await
     }
 
     async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {

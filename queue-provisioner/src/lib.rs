@@ -19,6 +19,7 @@ pub mod queue;
 pub mod reconcile;
 pub mod render;
 pub mod spans;
+pub mod state_identity;
 pub mod status;
 pub mod transports;
 pub mod watch;

@@ -10,10 +10,33 @@ fn one(name: &str, path: &str) -> serde_json::Value {
 }
 
 fn messages(v: serde_json::Value) -> Vec<String> {
-    validate(&entries(v))
+    messages_with(v, &StateProxyConfig::default())
+}
+
+fn messages_with(v: serde_json::Value, cfg: &StateProxyConfig) -> Vec<String> {
+    validate(&entries(v), cfg)
         .iter()
         .map(ToString::to_string)
         .collect()
+}
+
+fn with_redis() -> StateProxyConfig {
+    StateProxyConfig {
+        redis: Some(PlatformRedis {
+            url: "redis://redis.asya.svc:6379".into(),
+            admin_username: "default".into(),
+            admin_password_secret_ref: crate::config::SecretKeySelector {
+                name: "redis-admin".into(),
+                key: "password".into(),
+            },
+        }),
+        ..StateProxyConfig::default()
+    }
+}
+
+fn connector(env: serde_json::Value) -> serde_json::Value {
+    json!([{"name": "s", "mount": {"path": "/state/s"},
+            "connector": {"image": "asya-state-proxy", "env": env}}])
 }
 
 #[test]
@@ -266,4 +289,163 @@ fn our_image_is_recognised_under_any_registry_tag_or_digest() {
     ] {
         assert!(!is_our_image(image), "{image}");
     }
+}
+
+#[test]
+fn what_injection_sets_cannot_be_set_by_an_entry() {
+    for name in [
+        "ASYA_NAMESPACE",
+        "REDIS_USERNAME",
+        "REDIS_PASSWORD",
+        "CONNECTOR_SOCKET",
+    ] {
+        let m = messages(connector(json!([{"name": name, "value": "team-b"}])));
+        assert_eq!(m.len(), 1, "{name}: {m:#?}");
+        assert!(
+            m[0].starts_with("spec.stateProxy[0].connector.env[0].name: Forbidden:")
+                && m[0].contains(name),
+            "{}",
+            m[0]
+        );
+    }
+}
+
+#[test]
+fn a_redis_url_carries_no_credentials_and_is_not_quoted_with_them() {
+    for url in [
+        "redis://:s3cret@r:6379",
+        "redis://u:s3cret@r",
+        "rediss://admin@r/0",
+    ] {
+        let m = messages(connector(json!([
+            {"name": "ASYA_CONNECTOR", "value": "redis-buffered-cas"},
+            {"name": "REDIS_URL", "value": url}])));
+        assert_eq!(m.len(), 1, "{url}: {m:#?}");
+        assert!(
+            m[0].starts_with("spec.stateProxy[0].connector.env[1].value: Invalid value:")
+                && m[0].contains("must carry no user or password"),
+            "{}",
+            m[0]
+        );
+        assert!(
+            !m[0].contains("s3cret") && !m[0].contains("admin@"),
+            "{}",
+            m[0]
+        );
+    }
+    let m = messages(connector(json!([
+        {"name": "ASYA_CONNECTOR", "value": "redis-buffered-cas"},
+        {"name": "REDIS_URL", "value": "http://r:6379"}])));
+    assert!(m[0].contains("must be redis://"), "{m:#?}");
+    // On the platform's Redis, the URL may not come from a Secret (it could hold a password).
+    let from_secret = connector(json!([
+        {"name": "ASYA_CONNECTOR", "value": "redis-buffered-cas"},
+        {"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": "x", "key": "url"}}}]));
+    let m = messages_with(from_secret, &with_redis());
+    assert_eq!(m.len(), 1, "{m:#?}");
+    assert!(
+        m[0].starts_with("spec.stateProxy[0].connector.env[1].valueFrom: Forbidden"),
+        "{}",
+        m[0]
+    );
+}
+
+#[test]
+fn a_redis_connector_needs_a_redis() {
+    let bare = connector(json!([{"name": "ASYA_CONNECTOR", "value": "redis-buffered-cas"}]));
+    let m = messages(bare.clone());
+    assert_eq!(m.len(), 1, "{m:#?}");
+    assert!(
+        m[0].starts_with("spec.stateProxy[0].connector.env: Required value: REDIS_URL")
+            && m[0].contains("stateProxy.redis"),
+        "{}",
+        m[0]
+    );
+    assert_eq!(messages_with(bare, &with_redis()), Vec::<String>::new());
+}
+
+#[test]
+fn which_entries_use_the_platform_redis() {
+    let cfg = with_redis();
+    let entry = |env: serde_json::Value| entries(connector(env)).remove(0);
+    let redis = json!({"name": "ASYA_CONNECTOR", "value": "redis-buffered-cas"});
+    assert!(uses_platform_redis(&entry(json!([redis])), &cfg));
+    assert!(uses_platform_redis(
+        &entry(json!([redis, {"name": "REDIS_URL", "value": "redis://REDIS.asya.svc:6379/2"}])),
+        &cfg
+    ));
+    // Another server, another connector, or no platform Redis: the entry's own business.
+    assert!(!uses_platform_redis(
+        &entry(json!([redis, {"name": "REDIS_URL", "value": "redis://other:6379"}])),
+        &cfg
+    ));
+    assert!(!uses_platform_redis(
+        &entry(json!([redis, {"name": "REDIS_URL", "value": "redis://redis.asya.svc:6380"}])),
+        &cfg
+    ));
+    assert!(!uses_platform_redis(
+        &entry(json!([{"name": "ASYA_CONNECTOR", "value": "s3-buffered-lww"}])),
+        &cfg
+    ));
+    assert!(!uses_platform_redis(
+        &entry(json!([redis])),
+        &StateProxyConfig::default()
+    ));
+}
+
+#[test]
+fn static_aws_keys_are_refused_unless_the_platform_allows_them_with_a_warning() {
+    let keyed = connector(json!([
+        {"name": "ASYA_CONNECTOR", "value": "s3-buffered-lww"},
+        {"name": "AWS_ACCESS_KEY_ID", "value": "AKIA..."},
+        {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "k", "key": "s"}}}]));
+    let m = messages(keyed.clone());
+    assert_eq!(m.len(), 2, "{m:#?}");
+    assert!(
+        m[0].starts_with("spec.stateProxy[0].connector.env[1].name: Forbidden: AWS_ACCESS_KEY_ID is a static AWS credential")
+            && m[0].contains("stateProxy.allowStaticCredentials"),
+        "{}",
+        m[0]
+    );
+    assert!(warnings(&entries(keyed.clone()), &StateProxyConfig::default()).is_empty());
+    let allowed = StateProxyConfig {
+        allow_static_credentials: true,
+        ..StateProxyConfig::default()
+    };
+    assert_eq!(messages_with(keyed.clone(), &allowed), Vec::<String>::new());
+    let w = warnings(&entries(keyed), &allowed);
+    assert_eq!(w.len(), 1, "{w:#?}");
+    assert!(
+        w[0].contains("AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY")
+            && w[0].contains("role per namespace"),
+        "{}",
+        w[0]
+    );
+}
+
+#[test]
+fn redis_endpoints_parse_and_compare_by_server() {
+    assert_eq!(
+        redis_endpoint("redis://Host:6380/1"),
+        Ok(RedisEndpoint {
+            tls: false,
+            host: "host".into(),
+            port: 6380
+        })
+    );
+    assert_eq!(
+        redis_endpoint("rediss://h"),
+        Ok(RedisEndpoint {
+            tls: true,
+            host: "h".into(),
+            port: 6379
+        })
+    );
+    assert_eq!(
+        redis_endpoint("redis://[::1]:7000").map(|e| e.port),
+        Ok(7000)
+    );
+    assert!(redis_endpoint("redis://h:x").is_err());
+    assert!(redis_endpoint("redis:///0").is_err());
+    assert!(redis_endpoint("h:6379").is_err());
 }

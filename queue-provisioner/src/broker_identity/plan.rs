@@ -30,7 +30,14 @@ pub struct SecretView {
 }
 
 impl SecretView {
+    /// The broker identity's Secret.
     pub fn of(s: &Secret) -> SecretView {
+        SecretView::read(s, VERSION_ANNOTATION)
+    }
+
+    /// A namespace credential's Secret whose version is under `version_annotation` (the
+    /// broker's, or the state identity's).
+    pub fn read(s: &Secret, version_annotation: &str) -> SecretView {
         let key = |k: &str| {
             s.data
                 .as_ref()
@@ -43,7 +50,7 @@ impl SecretView {
             username: key(BROKER_SECRET_USERNAME),
             password: key(BROKER_SECRET_PASSWORD),
             version: annotations
-                .and_then(|a| a.get(VERSION_ANNOTATION))
+                .and_then(|a| a.get(version_annotation))
                 .and_then(|v| v.parse().ok()),
             rotate: annotations.is_some_and(|a| a.contains_key(ROTATE_ANNOTATION)),
         }
@@ -87,16 +94,34 @@ pub fn password_step(ns: &str, secret: Option<&SecretView>, now: u64) -> Passwor
 /// The identity Secret of namespace `ns` for `transport`. Not owned by any one actor (it is
 /// shared); removed with the namespace's last actor.
 pub fn identity_secret(ns: &str, transport: &str, password: &str, version: u64) -> Secret {
+    credential_secret(
+        ns,
+        &naming::tenant_broker_secret(transport),
+        VERSION_ANNOTATION,
+        password,
+        version,
+    )
+}
+
+/// A namespace credential's Secret `name` (user `asya-ns-{ns}`), its version under
+/// `version_annotation`: the broker identity's, or the state identity's (Redis).
+pub fn credential_secret(
+    ns: &str,
+    name: &str,
+    version_annotation: &str,
+    password: &str,
+    version: u64,
+) -> Secret {
     Secret {
         metadata: ObjectMeta {
-            name: Some(naming::tenant_broker_secret(transport)),
+            name: Some(name.to_string()),
             namespace: Some(ns.to_string()),
             labels: Some(BTreeMap::from([(
                 MANAGED_BY.0.to_string(),
                 MANAGED_BY.1.to_string(),
             )])),
             annotations: Some(BTreeMap::from([(
-                VERSION_ANNOTATION.to_string(),
+                version_annotation.to_string(),
                 version.to_string(),
             )])),
             ..Default::default()

@@ -11,8 +11,8 @@ use kube::{Resource, ResourceExt};
 use crate::model::ObjectKind;
 use crate::status::{self, TransportObs};
 
-use super::plan::{self, Next, PodStep, Retry};
-use super::{Cluster, Error, Reconciler, actor_key, identity, objects, queues};
+use super::plan::{self, EventSpec, Next, PodStep, Reason, Retry};
+use super::{Cluster, Error, Reconciler, actor_key, identity, objects, queues, state_identity};
 
 pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
@@ -81,6 +81,27 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         }
     };
 
+    // 1c. The namespace's Redis user, when its state proxies use the platform's Redis:
+    // before the workload, whose connectors read its Secret at start.
+    let state_credential_version = match state_identity::ensure(rec, actor, &resolved).await {
+        Ok(v) => v,
+        Err(e) => {
+            let note = format!("state proxies: {e}");
+            c.event(
+                actor,
+                EventSpec::warning(Reason::StateIdentity, note.clone()),
+            )
+            .await;
+            o.workload_error = Some(note);
+            let wait = rec
+                .memory
+                .backoff(&key, true)
+                .max(e.retry_after().min(std::time::Duration::from_secs(5)));
+            write_status(c, actor, status::derive(&prev, &o, now())).await?;
+            return Ok(Next::After(wait));
+        }
+    };
+
     // 2. Kubernetes objects.
     let labels = actor.labels().clone();
     let owner = actor
@@ -100,6 +121,7 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         &objects::FromBroker {
             queue_url,
             credential_version,
+            state_credential_version,
         },
     )
     .await;

@@ -153,6 +153,8 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     // The namespace's broker identity goes with its last actor.
     let actor_name = actor.spec.actor.clone().unwrap_or_else(|| t.name.clone());
     identity::release(rec, &t.ns, &t.transport, &actor_name).await;
+    // And its Redis user (state proxies); the state itself stays the namespace's.
+    super::state_identity::release(rec, &t.ns, &actor_name).await;
     rec.gauges.remove(&t.ns, &actor_name);
     forget(rec, &t);
     c.event(actor, closing).await;

@@ -20,6 +20,7 @@ use crate::model::{ObjectKind, WorkloadKind};
 use crate::queue::owner::Claimant;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::render::TransportCredentials;
+use crate::state_identity::StateError;
 use crate::status::WorkloadObs;
 
 use super::Error;
@@ -192,6 +193,32 @@ pub trait Cluster: Send + Sync {
         ns: &str,
         user: &str,
     ) -> impl Future<Output = Result<(), QueueError>> + Send;
+
+    /// The namespace's uid (`None`: no such namespace): what tells a namespace from an
+    /// earlier one of the same name.
+    fn namespace_uid(
+        &self,
+        ns: &str,
+    ) -> impl Future<Output = Result<Option<String>, kube::Error>> + Send;
+    /// Creates or resets a namespace's user on the platform's Redis (state proxies,
+    /// docs/DESIGN.md §9): exactly `rules`, and `password`.
+    fn state_user_put(
+        &self,
+        user: &str,
+        password: &str,
+        rules: &[String],
+    ) -> impl Future<Output = Result<(), StateError>> + Send;
+    /// Deletes a namespace's Redis user and closes its connections.
+    fn state_user_delete(&self, user: &str) -> impl Future<Output = Result<(), StateError>> + Send;
+    /// Marks namespace `ns`'s state as the namespace `uid`'s unless it is marked: the mark
+    /// before (`None`: this call set it).
+    fn state_owner_claim(
+        &self,
+        ns: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<Option<String>, StateError>> + Send;
+    /// Whether the platform's Redis still lets anyone in as `default` without a password.
+    fn state_default_open(&self) -> impl Future<Output = Result<bool, StateError>> + Send;
 
     /// Server-side apply; `force` only for an object that is ours ([`super::ownership`]): a
     /// create is not forced, so an object someone made meanwhile is not taken over.

@@ -21,6 +21,7 @@ use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, Object};
 use crate::render::TransportCredentials;
 use crate::render::workload::MANAGED_BY;
+use crate::state_identity::StateError;
 use crate::status::WorkloadObs;
 
 /// The provisioner's own namespace in the fake.
@@ -93,6 +94,14 @@ pub struct World {
     pub actors: Vec<Arc<AsyncActor>>,
     /// Broker users: password and permissions.
     pub users: BTreeMap<String, (String, Permissions)>,
+    /// Namespaces' uids (a namespace not listed is `uid-{name}`; `None` here: gone).
+    pub namespace_uids: BTreeMap<String, Option<String>>,
+    /// The platform's Redis: users (password and rules), owner marks, reachable or not,
+    /// and whether `default` is open.
+    pub redis_users: BTreeMap<String, (String, Vec<String>)>,
+    pub redis_owners: BTreeMap<String, String>,
+    pub redis_up: bool,
+    pub redis_default_open: bool,
 }
 
 impl Default for World {
@@ -118,6 +127,11 @@ impl Default for World {
             status: None,
             actors: vec![],
             users: BTreeMap::new(),
+            namespace_uids: BTreeMap::new(),
+            redis_users: BTreeMap::new(),
+            redis_owners: BTreeMap::new(),
+            redis_up: true,
+            redis_default_open: false,
         }
     }
 }
@@ -333,6 +347,63 @@ impl Cluster for Fake {
         w.users
             .insert(user.into(), (password.into(), permissions.clone()));
         Ok(())
+    }
+
+    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
+        let w = self.world();
+        Ok(match w.namespace_uids.get(ns) {
+            Some(uid) => uid.clone(),
+            None => Some(format!("uid-{ns}")),
+        })
+    }
+
+    async fn state_user_put(
+        &self,
+        user: &str,
+        password: &str,
+        rules: &[String],
+    ) -> Result<(), StateError> {
+        let mut w = self.world();
+        if !w.redis_up {
+            return Err(StateError::Unavailable("redis down".into()));
+        }
+        w.log.push(format!("put redis user {user}"));
+        w.redis_users
+            .insert(user.into(), (password.into(), rules.to_vec()));
+        Ok(())
+    }
+
+    async fn state_user_delete(&self, user: &str) -> Result<(), StateError> {
+        let mut w = self.world();
+        if !w.redis_up {
+            return Err(StateError::Unavailable("redis down".into()));
+        }
+        w.log.push(format!("delete redis user {user}"));
+        w.redis_users.remove(user);
+        Ok(())
+    }
+
+    async fn state_owner_claim(&self, ns: &str, uid: &str) -> Result<Option<String>, StateError> {
+        let mut w = self.world();
+        if !w.redis_up {
+            return Err(StateError::Unavailable("redis down".into()));
+        }
+        match w.redis_owners.get(ns) {
+            Some(prev) => Ok(Some(prev.clone())),
+            None => {
+                w.log.push(format!("mark redis state {ns} as {uid}"));
+                w.redis_owners.insert(ns.into(), uid.into());
+                Ok(None)
+            }
+        }
+    }
+
+    async fn state_default_open(&self) -> Result<bool, StateError> {
+        let w = self.world();
+        if !w.redis_up {
+            return Err(StateError::Unavailable("redis down".into()));
+        }
+        Ok(w.redis_default_open)
     }
 
     async fn broker_identity_delete(

@@ -19,6 +19,7 @@ pub mod objects;
 pub mod ownership;
 pub mod plan;
 pub mod queues;
+pub mod state_identity;
 
 #[cfg(test)]
 mod fake;
@@ -26,6 +27,8 @@ mod fake;
 mod gateway_report_tests;
 #[cfg(test)]
 mod identity_tests;
+#[cfg(test)]
+mod state_identity_tests;
 #[cfg(test)]
 mod tests;
 

@@ -137,6 +137,8 @@ pub struct FromBroker {
     pub queue_url: Option<String>,
     /// The namespace's broker credential version, set on the pod template.
     pub credential_version: Option<u64>,
+    /// The namespace's Redis credential version (state proxies), set on the pod template.
+    pub state_credential_version: Option<u64>,
 }
 
 /// Sets an annotation on a workload's pod template: a new value rolls its pods.
@@ -284,6 +286,13 @@ pub async fn apply<C: Cluster>(
     let mut workload_foreign = false;
     if let Some(v) = broker.credential_version {
         set_template_annotation(&mut desired, VERSION_ANNOTATION, &v.to_string());
+    }
+    if let Some(v) = broker.state_credential_version {
+        set_template_annotation(
+            &mut desired,
+            crate::state_identity::plan::VERSION_ANNOTATION,
+            &v.to_string(),
+        );
     }
     match apply_workload(rec, us, wp, ns, desired, seen.workload_live).await {
         Ok(w) => {

@@ -73,6 +73,13 @@ pub enum Reason {
     SharedAdminCredentials,
     /// The namespace's broker identity got a (new) password.
     BrokerCredentialIssued,
+    /// The namespace's Redis user (state proxies) got a (new) password.
+    StateCredentialIssued,
+    /// The namespace's Redis user could not be ensured (its state is an earlier namespace's,
+    /// the Redis refused or is not reachable).
+    StateIdentity,
+    /// The platform's Redis still lets anyone in as `default` without a password.
+    SharedStateCredentials,
     /// The actor entered this phase.
     Phase(Phase),
 }
@@ -100,6 +107,9 @@ impl Reason {
             Reason::QueueNotOurs => "QueueNotOurs",
             Reason::SharedAdminCredentials => "SharedAdminCredentials",
             Reason::BrokerCredentialIssued => "BrokerCredentialIssued",
+            Reason::StateCredentialIssued => "StateCredentialIssued",
+            Reason::StateIdentity => "StateIdentity",
+            Reason::SharedStateCredentials => "SharedStateCredentials",
             Reason::Phase(p) => p.as_str(),
         }
     }

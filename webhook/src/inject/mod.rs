@@ -251,7 +251,7 @@ pub fn inject(
     upsert_env(&mut rt.env, env(sidecar_env::SOCKET_DIR, SOCKET_DIR));
     ensure_mount(rt, SOCKET_VOLUME, SOCKET_DIR, false);
     ensure_mount(rt, RUNTIME_VOLUME, RUNTIME_DIR, true);
-    state_proxy::inject_state_proxies(pod, idx, &a.state_proxy, native);
+    state_proxy::inject_state_proxies(pod, idx, &a.state_proxy, &cfg.state_proxy, native);
 
     let ann = pod.annotations.get_or_insert_with(BTreeMap::new);
     for (k, v) in cfg.monitoring.pod_annotations(cfg.sidecar.metrics_port) {

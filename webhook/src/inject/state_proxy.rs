@@ -2,9 +2,14 @@
 //! the runtime, serving the original Asya's HTTP contract on a Unix socket in the shared
 //! `state-sockets` volume, and the runtime's `ASYA_STATE_PROXY_MOUNTS`.
 
+use asya_api::config::StateProxyConfig;
+use asya_api::naming::{BROKER_SECRET_PASSWORD, BROKER_SECRET_USERNAME};
 use asya_api::restricted;
+use asya_api::sidecar_settings::Sourced;
 use asya_api::state_proxy::{
-    self as sp, CONTAINER_PREFIX, ENV_CONNECTOR_SOCKET, ENV_MOUNTS, SOCKET_DIR, SOCKET_VOLUME,
+    self as sp, CONTAINER_PREFIX, ENV_CONNECTOR_SOCKET, ENV_MOUNTS, ENV_NAMESPACE,
+    ENV_REDIS_PASSWORD, ENV_REDIS_URL, ENV_REDIS_USERNAME, SOCKET_DIR, SOCKET_VOLUME,
+    TENANT_REDIS_SECRET,
 };
 use asya_api::types::StateProxy;
 use k8s_openapi::api::core::v1::{Container, ExecAction, Probe};
@@ -30,14 +35,46 @@ fn exec_probe(period: i32, failures: i32) -> Probe {
 }
 
 /// One connector container, hardened like our other containers.
-pub(super) fn connector_container(entry: &StateProxy, pod_runs_as_root: bool) -> Container {
+pub(super) fn connector_container(
+    entry: &StateProxy,
+    state: &StateProxyConfig,
+    pod_runs_as_root: bool,
+) -> Container {
     let conn = entry.connector.clone().unwrap_or_default();
     let mut env_list = Some(conn.env);
-    // Injection's socket path wins over anything in the entry (validation refuses it there).
+    // What injection sets wins over anything in the entry (validation refuses it there).
     upsert_env(
         &mut env_list,
         env(ENV_CONNECTOR_SOCKET, sp::socket_path(&entry.name)),
     );
+    // The pod's own namespace, which no entry can name otherwise: the connector keeps every
+    // key under it (docs/DESIGN.md §9).
+    upsert_env(
+        &mut env_list,
+        Sourced::PodField("metadata.namespace".into()).env(ENV_NAMESPACE),
+    );
+    if sp::uses_platform_redis(entry, state)
+        && let Some(platform) = state.redis.as_ref()
+    {
+        let has_url = env_list
+            .as_ref()
+            .is_some_and(|l| l.iter().any(|e| e.name == ENV_REDIS_URL));
+        if !has_url {
+            upsert_env(&mut env_list, env(ENV_REDIS_URL, platform.url.clone()));
+        }
+        // The namespace's own Redis user, which the provisioner keeps in this Secret before
+        // it creates the workload.
+        for (name, key) in [
+            (ENV_REDIS_USERNAME, BROKER_SECRET_USERNAME),
+            (ENV_REDIS_PASSWORD, BROKER_SECRET_PASSWORD),
+        ] {
+            let from = Sourced::Secret {
+                name: TENANT_REDIS_SECRET.into(),
+                key: key.into(),
+            };
+            upsert_env(&mut env_list, from.env(name));
+        }
+    }
     let ours = sp::is_our_image(&conn.image);
     let mut c = Container {
         name: sp::container_name(&entry.name),
@@ -72,6 +109,7 @@ pub(super) fn inject_state_proxies(
     pod: &mut InjectedPod,
     rt: usize,
     entries: &[StateProxy],
+    state: &StateProxyConfig,
     native: bool,
 ) {
     // Connectors left in a copied spec are ours by name; the current list replaces them.
@@ -92,7 +130,7 @@ pub(super) fn inject_state_proxies(
     ensure_empty_dir(&mut pod.volumes, SOCKET_VOLUME);
     let connectors = entries
         .iter()
-        .map(|e| connector_container(e, pod.pod_runs_as_root));
+        .map(|e| connector_container(e, state, pod.pod_runs_as_root));
     if native {
         let inits = pod.init_containers.get_or_insert_with(Vec::new);
         let at = inits

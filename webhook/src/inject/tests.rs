@@ -545,7 +545,20 @@ fn state_proxies_are_native_sidecars_after_the_asya_sidecar_and_the_runtime_poin
         .collect();
     assert_eq!(
         env_names,
-        ["ASYA_CONNECTOR", "STATE_BUCKET", "CONNECTOR_SOCKET"]
+        [
+            "ASYA_CONNECTOR",
+            "STATE_BUCKET",
+            "CONNECTOR_SOCKET",
+            "ASYA_NAMESPACE"
+        ]
+    );
+    // The pod's own namespace, which the connector confines every key to.
+    assert_eq!(
+        env_of(ck, "ASYA_NAMESPACE")
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("metadata.namespace")
     );
     assert_eq!(
         env_of(ck, "CONNECTOR_SOCKET").unwrap().value.as_deref(),
@@ -756,4 +769,63 @@ fn prometheus_annotations_name_the_sidecar_metrics_port_when_monitoring_annotati
     run(&mut plain, &settings(), &ClusterConfig::default(), true).unwrap();
     let ann = plain.metadata.annotations.as_ref().unwrap();
     assert!(!ann.contains_key("prometheus.io/scrape"));
+}
+
+#[test]
+fn a_connector_on_the_platform_redis_gets_the_namespace_user_and_no_shared_password() {
+    let mut cfg = ClusterConfig::default();
+    cfg.state_proxy.redis = Some(asya_api::config::PlatformRedis {
+        url: "redis://redis.asya.svc:6379".into(),
+        admin_username: "default".into(),
+        admin_password_secret_ref: asya_api::config::SecretKeySelector {
+            name: "redis-admin".into(),
+            key: "password".into(),
+        },
+    });
+    let mut a = settings();
+    a.state_proxy = serde_json::from_value(json!([
+        {"name": "cache", "mount": {"path": "/state/cache"},
+         "connector": {"image": "asya-state-proxy",
+                       "env": [{"name": "ASYA_CONNECTOR", "value": "redis-buffered-cas"}]}},
+        {"name": "own", "mount": {"path": "/state/own"},
+         "connector": {"image": "asya-state-proxy",
+                       "env": [{"name": "ASYA_CONNECTOR", "value": "redis-buffered-cas"},
+                               {"name": "REDIS_URL", "value": "redis://theirs:6379"}]}}
+    ]))
+    .unwrap();
+    let mut p = pod();
+    run(&mut p, &a, &cfg, true).unwrap();
+    let inits = p.spec.as_ref().unwrap().init_containers.clone().unwrap();
+    let cache = inits
+        .iter()
+        .find(|c| c.name == "asya-state-proxy-cache")
+        .unwrap();
+    assert_eq!(
+        env_of(cache, "REDIS_URL").unwrap().value.as_deref(),
+        Some("redis://redis.asya.svc:6379")
+    );
+    for (var, key) in [
+        ("REDIS_USERNAME", "username"),
+        ("REDIS_PASSWORD", "password"),
+    ] {
+        let r = env_of(cache, var)
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.secret_key_ref.as_ref())
+            .unwrap_or_else(|| panic!("{var} from a Secret"));
+        assert_eq!((r.name.as_str(), r.key.as_str()), ("asya-state-redis", key));
+    }
+    // The admin's Secret reaches no container.
+    let text = serde_json::to_string(&p).unwrap();
+    assert!(!text.contains("redis-admin"), "{text}");
+    // Another Redis: the entry's URL as written, no namespace user.
+    let own = inits
+        .iter()
+        .find(|c| c.name == "asya-state-proxy-own")
+        .unwrap();
+    assert_eq!(
+        env_of(own, "REDIS_URL").unwrap().value.as_deref(),
+        Some("redis://theirs:6379")
+    );
+    assert!(env_of(own, "REDIS_PASSWORD").is_none());
+    assert!(env_of(own, "ASYA_NAMESPACE").is_some());
 }
