@@ -21,6 +21,7 @@ fixture may assume it is the only one (every name a test makes is unique: a fres
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -46,6 +47,41 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "uses_actors(*keys): the actors a test of test_node_failures.py uses")
     # pytest-xdist registers it too; without xdist (ASYA_E2E_WORKERS=1) it is only a label.
     config.addinivalue_line("markers", "xdist_group(name): tests that run on one xdist worker")
+
+
+# Under CI (`make test` sets it, as `make unit` does for the Rust tests) a test that would skip
+# because a server, a module or a component is missing fails instead: CI never passes by
+# skipping. Local runs keep the skips, with their reasons printed (tests/e2e/run passes -rs).
+REQUIRE = os.environ.get("ASYA_REQUIRE_SERVICES") == "1"
+
+
+def skip_reason(longrepr) -> str:
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def as_failure(rep) -> None:
+    rep.outcome = "failed"
+    rep.longrepr = ("skipped under CI (ASYA_REQUIRE_SERVICES=1), where a missing server, module "
+                    f"or component is a failure: {skip_reason(rep.longrepr)}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if REQUIRE and rep.skipped and not hasattr(rep, "wasxfail"):
+        as_failure(rep)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    # A module skipped whole at import (`pytest.importorskip`).
+    outcome = yield
+    rep = outcome.get_result()
+    if REQUIRE and rep.skipped:
+        as_failure(rep)
 
 
 def runs_alone(item) -> bool:

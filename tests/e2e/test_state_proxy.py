@@ -48,10 +48,11 @@ def s3_checkpoints_flavor(name: str, ns: str, bucket: str) -> dict:
             "env": [
                 {"name": "ASYA_CONNECTOR", "value": "s3-buffered-lww"},
                 {"name": "STATE_BUCKET", "value": bucket},
-                {"name": "STATE_PREFIX", "value": ns},
+                # No STATE_PREFIX: the connector keeps every key under the pod's namespace.
                 {"name": "AWS_REGION", "value": "us-east-1"},
                 {"name": "AWS_ENDPOINT_URL", "value": f"http://{HOST_IP}:4566"},
-                # moto takes any key; a real cluster uses the pod's role instead.
+                # moto takes any key (allowed by the test configuration's
+                # stateProxy.allowStaticCredentials); a real cluster uses the pod's role.
                 {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
                 {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
             ],
@@ -126,7 +127,7 @@ def test_checkpoints_land_in_s3_and_survive_the_pods(namespace, bucket, checkpoi
         assert set(out["all"]) <= set(files) and f"run-{run}.json" in out["all"], out
     assert sorted(e["id"] for e in got) == sorted(f"cp-{r}" for r in runs)
 
-    # In S3 itself: one object per checkpoint, under the flavor's prefix, with the handler's JSON.
+    # In S3 itself: one object per checkpoint, under the namespace, with the handler's JSON.
     stored = objects(bucket, f"{ns}/")
     assert stored == {f"{ns}/run-{r}.json": p for r, p in runs.items()}, stored
 

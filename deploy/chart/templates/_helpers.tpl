@@ -98,7 +98,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- $sidecar := include "asya.compact" .Values.sidecar | fromJson -}}
 {{- $_ := set $sidecar "image" (include "asya.image" (dict "root" . "image" .Values.sidecar.image)) -}}
 {{- $_ := set $cfg "sidecar" $sidecar -}}
-{{- $_ := set $cfg "stateProxy" (dict "image" (include "asya.image" (dict "root" . "image" .Values.stateProxy.image))) -}}
+{{- $stateProxy := dict "image" (include "asya.image" (dict "root" . "image" .Values.stateProxy.image)) -}}
+{{- with .Values.stateProxy.redis }}{{ $_ := set $stateProxy "redis" . }}{{ end -}}
+{{- if .Values.stateProxy.allowStaticCredentials }}{{ $_ := set $stateProxy "allowStaticCredentials" true }}{{ end -}}
+{{- $_ := set $cfg "stateProxy" $stateProxy -}}
 {{- $_ := set $cfg "policy" .Values.policy -}}
 {{- $_ := set $cfg "endQueueRetention" (.Values.endQueueRetention | default "168h") -}}
 {{- $_ := set $cfg "flavorLimits" .Values.flavorLimits -}}
@@ -151,6 +154,7 @@ prometheus.io/path: /metrics
 {{- with ($t.config | default dict).credentialsSecretRef }}{{ $names = append $names .name }}{{ end -}}
 {{- end -}}
 {{- end -}}
+{{- with .Values.stateProxy.redis }}{{ $names = append $names .adminPasswordSecretRef.name }}{{ end -}}
 {{- $names | uniq | sortAlpha | toJson -}}
 {{- end -}}
 
@@ -176,6 +180,8 @@ prometheus.io/path: /metrics
 {{- $names = append $names (printf "asya-broker-%s" $name) -}}
 {{- end -}}
 {{- end -}}
+{{- /* Each namespace's own Redis user, for state proxies on the platform's Redis. */ -}}
+{{- if .Values.stateProxy.redis }}{{ $names = append $names "asya-state-redis" }}{{ end -}}
 {{- $names | uniq | sortAlpha | toJson -}}
 {{- end -}}
 
