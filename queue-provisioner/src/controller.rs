@@ -417,6 +417,10 @@ pub async fn run(
         own_namespace: own_namespace.clone(),
         keda,
         keda_identity,
+        exposure: Some(Arc::new(crate::exposure::Ledger::new(Api::namespaced(
+            client.clone(),
+            &own_namespace,
+        )))),
         state_redis: config.state_proxy.redis.clone().map(|r| {
             Arc::new(crate::state_identity::redis_admin::PlatformRedisAdmin::new(
                 r,

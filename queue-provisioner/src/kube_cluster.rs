@@ -97,6 +97,8 @@ pub struct KubeCluster {
     pub keda_identity: crate::keda_identity::IdentityState,
     /// The platform's Redis (`stateProxy.redis`), for the namespaces' state identities.
     pub state_redis: Option<Arc<crate::state_identity::redis_admin::PlatformRedisAdmin>>,
+    /// Platform passwords found copied into actor namespaces (`crate::exposure`).
+    pub exposure: Option<Arc<crate::exposure::Ledger>>,
 }
 
 /// The management API client of a transport with scoped identity.
@@ -529,6 +531,20 @@ impl Cluster for KubeCluster {
 
     async fn state_default_open(&self) -> Result<bool, StateError> {
         self.state_admin().await?.default_user_open().await
+    }
+
+    async fn record_exposed(&self, transport: &str, password: &str) -> Result<(), kube::Error> {
+        match &self.exposure {
+            Some(l) => l.record(transport, password).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn exposed(&self, transport: &str, password: &str) -> Result<bool, kube::Error> {
+        match &self.exposure {
+            Some(l) => l.unrotated(transport, password).await,
+            None => Ok(false),
+        }
     }
 
     async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {

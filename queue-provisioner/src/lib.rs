@@ -8,6 +8,7 @@ pub mod apply_skip;
 pub mod broker_identity;
 pub mod controller;
 pub mod end_queues;
+pub mod exposure;
 pub mod gateway_report;
 pub mod health;
 pub mod keda_identity;

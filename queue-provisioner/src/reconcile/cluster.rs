@@ -220,6 +220,20 @@ pub trait Cluster: Send + Sync {
     /// Whether the platform's Redis still lets anyone in as `default` without a password.
     fn state_default_open(&self) -> impl Future<Output = Result<bool, StateError>> + Send;
 
+    /// Records that the platform's password of `transport` was found copied into an actor
+    /// namespace ([`crate::exposure`]): it stays exposed until it is changed.
+    fn record_exposed(
+        &self,
+        transport: &str,
+        password: &str,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// Whether `password`, the transport's password now, was recorded as exposed.
+    fn exposed(
+        &self,
+        transport: &str,
+        password: &str,
+    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
+
     /// Server-side apply; `force` only for an object that is ours ([`super::ownership`]): a
     /// create is not forced, so an object someone made meanwhile is not taken over.
     fn apply(

@@ -102,6 +102,10 @@ pub struct World {
     pub redis_owners: BTreeMap<String, String>,
     pub redis_up: bool,
     pub redis_default_open: bool,
+    /// Platform passwords recorded as exposed, by transport.
+    pub exposed: BTreeSet<(String, String)>,
+    /// The platform's broker password (the transports' credentials).
+    pub platform_password: String,
 }
 
 impl Default for World {
@@ -132,6 +136,8 @@ impl Default for World {
             redis_owners: BTreeMap::new(),
             redis_up: true,
             redis_default_open: false,
+            exposed: BTreeSet::new(),
+            platform_password: "pw".into(),
         }
     }
 }
@@ -242,7 +248,7 @@ impl Cluster for Fake {
 
     async fn transport(&self, _transport: &str) -> Result<TransportCredentials, QueueError> {
         Ok(TransportCredentials {
-            password: Some("pw".into()),
+            password: Some(self.world().platform_password.clone()),
             aws: Some(("AK".into(), "SK".into())),
         })
     }
@@ -396,6 +402,21 @@ impl Cluster for Fake {
                 Ok(None)
             }
         }
+    }
+
+    async fn record_exposed(&self, transport: &str, password: &str) -> Result<(), kube::Error> {
+        let mut w = self.world();
+        w.log
+            .push(format!("record exposed password of {transport}"));
+        w.exposed.insert((transport.into(), password.into()));
+        Ok(())
+    }
+
+    async fn exposed(&self, transport: &str, password: &str) -> Result<bool, kube::Error> {
+        Ok(self
+            .world()
+            .exposed
+            .contains(&(transport.to_string(), password.to_string())))
     }
 
     async fn state_default_open(&self) -> Result<bool, StateError> {

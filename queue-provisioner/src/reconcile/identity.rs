@@ -87,6 +87,7 @@ pub async fn ensure<C: Cluster>(
         return Ok(None);
     }
     let ns = &r.namespace;
+    announce_unrotated(rec, actor, &r.transport).await;
     let lock = rec.memory.identity_lock(&r.transport, ns);
     let _one_at_a_time = lock.lock().await;
     if let Some(last) = rec.memory.identity(&r.transport, ns)
@@ -171,6 +172,62 @@ pub async fn ensure<C: Cluster>(
     Ok(Some(version))
 }
 
+/// While the transport's password is one that was found copied into actor namespaces
+/// ([`crate::exposure`]), a Warning on each of its actors (once per process) and in the log:
+/// changing it is the upgrade's last step, and whoever read a copy can use it until then.
+/// Looked at once per [`RECHECK`] per transport.
+async fn announce_unrotated<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, transport: &str) {
+    let c = &rec.cluster;
+    // The answer is kept for RECHECK in the identity memory (version 1: unrotated), so the
+    // record is not read on every reconcile.
+    let slot = format!("unrotated/{transport}");
+    let unrotated = match rec.memory.identity(&slot, "") {
+        Some(last) if last.at.elapsed() < RECHECK => last.version == 1,
+        _ => {
+            let Ok(creds) = c.transport(transport).await else {
+                return;
+            };
+            let Some(password) = creds.password else {
+                return;
+            };
+            let unrotated = match c.exposed(transport, &password).await {
+                Ok(u) => u,
+                Err(e) => {
+                    tracing::debug!(transport, error = %e, "could not read the exposure record");
+                    return;
+                }
+            };
+            let set = IdentitySet {
+                actors: BTreeSet::new(),
+                version: u64::from(unrotated),
+                at: Instant::now(),
+            };
+            rec.memory.record_identity(&slot, "", set);
+            unrotated
+        }
+    };
+    if !unrotated {
+        return;
+    }
+    let secret = rec
+        .config
+        .transport(transport)
+        .and_then(|t| t.config.password_secret_ref.as_ref())
+        .map_or(String::new(), |s| s.name.clone());
+    let note = crate::exposure::warning(transport, &secret);
+    if rec.memory.first_time(&format!(
+        "unrotated/{transport}/{}",
+        super::actor_key(actor)
+    )) {
+        tracing::warn!(transport, "{note}");
+        c.event(
+            actor,
+            EventSpec::warning(Reason::UnrotatedPlatformCredentials, note),
+        )
+        .await;
+    }
+}
+
 /// After an upgrade from `shareAdminCredentials`: removes the platform password's copy from
 /// the namespace once no pod there reads it any more (all rolled onto the namespace's own
 /// identity). Only a copy this provisioner made (labelled managed-by), never in its own
@@ -208,6 +265,23 @@ pub async fn remove_platform_copy<C: Cluster>(
         // Not a copy we made: the namespace's own Secret of that name stays.
         rec.memory.first_time(&done);
         return Ok(());
+    }
+    // A tenant could read this password: it stays exposed until it is changed.
+    let key = t
+        .config
+        .password_secret_ref
+        .as_ref()
+        .map_or("password", |s| s.key.as_str());
+    let copied = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    if let Some(p) = copied.filter(|p| !p.is_empty()) {
+        c.record_exposed(&r.transport, &p).await?;
+        // Told from the next reconcile on, not after the cached answer's time.
+        rec.memory
+            .forget_identity(&format!("unrotated/{}", r.transport), "");
     }
     let pods = c.pods_in(ns);
     if id::platform_copy_removable(pods.iter().map(|p| p.as_ref()), &copy) {

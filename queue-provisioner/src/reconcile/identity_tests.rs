@@ -372,6 +372,13 @@ async fn after_an_upgrade_the_platform_copy_goes_once_no_pod_reads_it() {
         !log.iter().any(|l| l == "delete Secret n/rabbitmq-secret"),
         "still read: {log:#?}"
     );
+    // The copy was there: the platform's password is recorded as exposed (its fingerprint,
+    // in the real cluster), and each actor is told until it is changed.
+    assert!(
+        log.iter()
+            .any(|l| l == "record exposed password of rabbitmq"),
+        "{log:#?}"
+    );
     // Rolled: only pods of the namespace's own identity are left.
     up.cluster.world().pods = vec![pod_reading("asya-broker-rabbitmq")];
     step(&up, &mut a).await;
@@ -380,6 +387,20 @@ async fn after_an_upgrade_the_platform_copy_goes_once_no_pod_reads_it() {
         log.iter().any(|l| l == "delete Secret n/rabbitmq-secret"),
         "{log:#?}"
     );
+    let warned = |log: &[String]| {
+        log.iter()
+            .any(|l| l.starts_with("event Warning UnrotatedPlatformCredentials"))
+    };
+    assert!(warned(&log), "{log:#?}");
+    // A second actor is told too; once the password is changed, nobody is.
+    let mut b = actor("b");
+    step(&up, &mut b).await;
+    assert!(warned(&up.cluster.take_log()));
+    up.cluster.world().platform_password = "rotated".into();
+    up.memory.forget_identity("unrotated/rabbitmq", "");
+    let mut c = actor("c");
+    step(&up, &mut c).await;
+    assert!(!warned(&up.cluster.take_log()));
 }
 
 #[tokio::test]

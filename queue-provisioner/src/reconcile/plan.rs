@@ -73,6 +73,9 @@ pub enum Reason {
     SharedAdminCredentials,
     /// The namespace's broker identity got a (new) password.
     BrokerCredentialIssued,
+    /// The platform's broker password was found copied into actor namespaces and has not
+    /// been changed since.
+    UnrotatedPlatformCredentials,
     /// The namespace's Redis user (state proxies) got a (new) password.
     StateCredentialIssued,
     /// The namespace's Redis user could not be ensured (its state is an earlier namespace's,
@@ -107,6 +110,7 @@ impl Reason {
             Reason::QueueNotOurs => "QueueNotOurs",
             Reason::SharedAdminCredentials => "SharedAdminCredentials",
             Reason::BrokerCredentialIssued => "BrokerCredentialIssued",
+            Reason::UnrotatedPlatformCredentials => "UnrotatedPlatformCredentials",
             Reason::StateCredentialIssued => "StateCredentialIssued",
             Reason::StateIdentity => "StateIdentity",
             Reason::SharedStateCredentials => "SharedStateCredentials",
