@@ -10,6 +10,7 @@ use asya_api::config::ClusterConfig;
 use crate::queue::QueueError;
 
 pub mod actor;
+pub mod claims;
 pub mod cleanup;
 pub mod cluster;
 pub mod identity;
@@ -20,6 +21,8 @@ pub mod ownership;
 pub mod plan;
 pub mod queues;
 
+#[cfg(test)]
+mod claims_tests;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
