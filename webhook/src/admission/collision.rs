@@ -12,8 +12,8 @@
 //!   the window before the provisioner has claimed a new actor's queues.
 //!
 //! The caches lag the API server by a watch event: two colliding actors created within that
-//! window both pass here, and the provisioner's claim (`queue-provisioner/src/reconcile/
-//! claims.rs`: creating it is the atomic "first wins") is the second line.
+//! window both pass here, and the provisioner's claim (creating it is the atomic "first
+//! wins": `queue-provisioner/src/reconcile/claims.rs`) is the second line.
 
 use std::collections::BTreeSet;
 
