@@ -2,6 +2,7 @@
 
 use kube::CustomResourceExt;
 
+use crate::queue_claim::QueueClaim;
 use crate::types::{AsyncActor, Flavor};
 
 /// `(file name, YAML)` for every CRD the project installs.
@@ -14,6 +15,10 @@ pub fn crds() -> Result<Vec<(&'static str, String)>, serde_yaml::Error> {
         (
             "asya.sh_flavors.yaml",
             serde_yaml::to_string(&Flavor::crd())?,
+        ),
+        (
+            "asya.sh_queueclaims.yaml",
+            serde_yaml::to_string(&QueueClaim::crd())?,
         ),
     ])
 }

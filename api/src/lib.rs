@@ -16,6 +16,7 @@ pub mod metrics_dump;
 pub mod naming;
 pub mod normalize;
 pub mod percent;
+pub mod queue_claim;
 pub mod report_token;
 pub mod restricted;
 pub mod schema;

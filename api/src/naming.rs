@@ -92,6 +92,29 @@ pub fn tenant_broker_secret(transport: &str) -> String {
 pub const BROKER_SECRET_USERNAME: &str = "username";
 pub const BROKER_SECRET_PASSWORD: &str = "password";
 
+/// Every `(namespace, actor)` whose queue name is `asya-{joined}`: each split of `joined` at
+/// a '-' whose left side is a valid namespace name (a DNS label) and whose right side starts
+/// with a letter or digit. The admission collision check and the provisioner's adoption rule
+/// read a queue name the same way.
+pub fn splits(joined: &str) -> Vec<(&str, &str)> {
+    joined
+        .match_indices('-')
+        .map(|(i, _)| (&joined[..i], &joined[i + 1..]))
+        .filter(|(ns, actor)| {
+            crate::validate::is_dns_label(ns)
+                && actor
+                    .bytes()
+                    .next()
+                    .is_some_and(|b| b.is_ascii_alphanumeric())
+        })
+        .collect()
+}
+
+/// Every `(namespace, actor)` a queue name `asya-…` can be the queue of ([`splits`]).
+pub fn readings(queue: &str) -> Vec<(&str, &str)> {
+    queue.strip_prefix("asya-").map(splits).unwrap_or_default()
+}
+
 /// Characters SQS allows in a queue name.
 pub fn is_sqs_queue_name(name: &str) -> bool {
     !name.is_empty()
@@ -123,6 +146,19 @@ mod tests {
         assert_eq!(tenant_broker_secret("rabbitmq"), "asya-broker-rabbitmq");
         // Never a queue name: actor queues carry no dot.
         assert!(!actor_queue("team", "a").contains('.'));
+    }
+
+    #[test]
+    fn a_queue_name_reads_as_every_namespace_actor_split() {
+        assert_eq!(
+            readings("asya-team-a-x-sink"),
+            vec![
+                ("team", "a-x-sink"),
+                ("team-a", "x-sink"),
+                ("team-a-x", "sink")
+            ]
+        );
+        assert!(readings("other-a-b").is_empty());
     }
 
     #[test]

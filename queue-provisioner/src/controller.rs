@@ -134,6 +134,15 @@ pub async fn run(
     health: Health,
     spans: Arc<asya_telemetry::Recorder>,
 ) {
+    // The record of each queue's owner (docs/DESIGN.md §9): no queue is declared, adopted or
+    // deleted without it, so without its CRD there is nothing to do but say so.
+    let qc_ar = ApiResource::erase::<asya_api::queue_claim::QueueClaim>(&());
+    if !crd_exists(&client, &qc_ar).await {
+        tracing::error!(
+            "the QueueClaim CRD (queueclaims.asya.sh) is not installed: apply deploy/crds/ (kubectl apply --server-side -f deploy/crds/; helm upgrade does not install new CRDs)"
+        );
+        std::process::exit(2);
+    }
     let actors: Api<AsyncActor> = Api::all(client.clone());
     let so_ar = scaled_object_resource();
     // RabbitMQ triggers authenticate through a ClusterTriggerAuthentication: KEDA without that
@@ -279,6 +288,23 @@ pub async fn run(
         )
         .default_backoff()
         .reflect(sa_w),
+    );
+    // Whose each queue name is (a namespace's permissions name only its claimed queues):
+    // name and spec only.
+    let (claims, claims_w) = reflector::store::<asya_api::queue_claim::QueueClaim>();
+    drive(
+        watcher(
+            Api::<asya_api::queue_claim::QueueClaim>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+        )
+        .default_backoff()
+        .modify(|c| {
+            c.metadata = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: c.metadata.name.take(),
+                ..Default::default()
+            }
+        })
+        .reflect(claims_w),
     );
     let mut trigger_auths = None;
     let mut scaled_objects = None;
@@ -427,6 +453,7 @@ pub async fn run(
                 Api::namespaced(client.clone(), &own_namespace),
             ))
         }),
+        claims,
     };
     let gauges = cluster.metrics.actors.clone();
     let ctx = Arc::new(Reconciler::new(cluster, config).with_gauges(gauges));

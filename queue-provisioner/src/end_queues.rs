@@ -3,10 +3,17 @@
 //! deleted; a non-empty one (unread results are data) is kept for the configured
 //! `endQueueRetention`, said in a log line and the `end_queues_retained` metric, then deleted.
 //!
-//! Only namespaces whose actors this provisioner cleaned up are looked at, so a broker shared
-//! with another cluster keeps that cluster's queues. Retained queues are remembered in the
-//! ConfigMap [`RETAINED_CONFIGMAP`] of the provisioner's namespace, so a restart neither loses
-//! them nor restarts their clock.
+//! Only namespaces whose actors this provisioner cleaned up are looked at (or whose successor
+//! of the same name met them, `reconcile/claims.rs`), so a broker shared with another
+//! cluster keeps that cluster's queues. Retained queues are remembered in the ConfigMap
+//! [`RETAINED_CONFIGMAP`] of the provisioner's namespace, so a restart neither loses them nor
+//! restarts their clock.
+//!
+//! The queue's `QueueClaim` (docs/DESIGN.md §9) says whose it is: the namespace it names is
+//! the one judged, by uid, so a namespace deleted and created again under the same name does
+//! not keep (nor take over) its predecessor's end queues; a claim of another owner leaves
+//! the queue alone. The claim is deleted after the queue, once the name exists on no
+//! transport: a queue kept for its messages keeps its claim, and so stays its namespace's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -21,9 +28,10 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
-use crate::queue::QueueError;
 use crate::queue::owner::Claimant;
+use crate::queue::{QueueError, QueueOps};
 use crate::transports::Transports;
+use asya_api::queue_claim::QueueClaim;
 
 /// The ConfigMap (in the provisioner's namespace) of end queues kept after their namespace.
 pub const RETAINED_CONFIGMAP: &str = "asya-end-queues";
@@ -53,6 +61,19 @@ pub enum NamespaceState {
     Active,
     Terminating,
     Gone,
+}
+
+/// The state of the namespace an end queue belongs to: `found` is the namespace of that name
+/// now (its uid, and whether it is being deleted), `claim_uid` the namespace uid its claim
+/// records (`None`: no claim, a queue from before the claims, judged by the name). A
+/// namespace of that name with another uid is a later one: the queue's own is gone.
+pub fn namespace_state(found: Option<(&str, bool)>, claim_uid: Option<&str>) -> NamespaceState {
+    match found {
+        None => NamespaceState::Gone,
+        Some((uid, _)) if claim_uid.is_some_and(|c| c != uid) => NamespaceState::Gone,
+        Some((_, true)) => NamespaceState::Terminating,
+        Some((_, false)) => NamespaceState::Active,
+    }
 }
 
 /// Decides one end queue's fate: `messages` in it now, `since` when it was first found with
@@ -128,6 +149,7 @@ pub async fn run(
 ) {
     let sweeper = Sweeper {
         namespaces: Api::all(client.clone()),
+        claims: Api::all(client.clone()),
         config_maps: Api::namespaced(client, &own_namespace),
         transports,
         retention,
@@ -158,6 +180,7 @@ enum SweepError {
 
 struct Sweeper {
     namespaces: Api<Namespace>,
+    claims: Api<QueueClaim>,
     config_maps: Api<ConfigMap>,
     transports: Arc<Transports>,
     retention: Duration,
@@ -165,12 +188,59 @@ struct Sweeper {
 }
 
 impl Sweeper {
-    async fn namespace(&self, ns: &str) -> Result<NamespaceState, kube::Error> {
-        Ok(match self.namespaces.get_opt(ns).await? {
-            None => NamespaceState::Gone,
-            Some(n) if n.metadata.deletion_timestamp.is_some() => NamespaceState::Terminating,
-            Some(_) => NamespaceState::Active,
-        })
+    /// [`namespace_state`] of `ns` for a queue whose claim records `claim_uid`.
+    async fn namespace(
+        &self,
+        ns: &str,
+        claim_uid: Option<&str>,
+    ) -> Result<NamespaceState, kube::Error> {
+        let n = self.namespaces.get_metadata_opt(ns).await?;
+        let found = n.as_ref().map(|n| {
+            let m = &n.metadata;
+            (
+                m.uid.as_deref().unwrap_or_default(),
+                m.deletion_timestamp.is_some(),
+            )
+        });
+        Ok(namespace_state(found, claim_uid))
+    }
+
+    /// Whether `queue` exists on any enabled transport.
+    async fn exists_anywhere(&self, queue: &str) -> Result<bool, QueueError> {
+        for t in self.transports.enabled() {
+            let (backend, _) = self.transports.get(&t).await?;
+            if backend.exists(queue).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// After the end queue was deleted: its claim, once the name exists on no transport (a
+    /// copy kept elsewhere keeps it), and only the claim just read (uid precondition).
+    async fn release(&self, queue: &str, claim: &QueueClaim) {
+        match self.exists_anywhere(queue).await {
+            Ok(false) => {}
+            Ok(true) => return,
+            Err(e) => {
+                warn!(queue = %queue, error = %e, "cannot tell whether the end queue is kept on another transport; its QueueClaim stays");
+                return;
+            }
+        }
+        let dp = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: claim.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..kube::api::DeleteParams::background()
+        };
+        match self.claims.delete(queue, &dp).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => {
+                warn!(queue = %queue, error = %e, "could not delete the QueueClaim of a deleted end queue; it stays until replaced")
+            }
+        }
     }
 
     /// Looks after the end queues of `pending` namespaces and of the retained ones; leaves in
@@ -199,18 +269,44 @@ impl Sweeper {
         let mut still = BTreeSet::new();
         let now = Timestamp::now();
         for (t, q, ns, since) in work {
-            let state = self.namespace(&ns).await?;
+            let end = if q == naming::sink_queue(&ns) {
+                naming::SINK_ACTOR
+            } else {
+                naming::SUMP_ACTOR
+            };
+            let key = retained_key(&t, &q);
+            let claim = self.claims.get_opt(&q).await?;
+            // Claimed by another owner: not this namespace's end queue (docs/DESIGN.md §9).
+            if let Some(c) = claim
+                .as_ref()
+                .filter(|c| c.spec.namespace != ns || c.spec.actor != end)
+            {
+                warn!(queue = %q, namespace = %ns, transport = %t, owner_namespace = %c.spec.namespace, owner_actor = %c.spec.actor,
+                    "end queue of a deleted namespace not deleted: claimed by another owner");
+                if since.is_some() {
+                    changes.insert(key, None);
+                }
+                continue;
+            }
+            let claim_uid = claim.as_ref().map(|c| c.spec.namespace_uid.as_str());
+            let state = self.namespace(&ns, claim_uid).await?;
             let (backend, _) = self.transports.get(&t).await?;
             let messages = if state == NamespaceState::Gone {
-                let d = backend
-                    .counted_depth(&self.metrics, &q)
-                    .await?
-                    .unwrap_or_default();
+                let Some(d) = backend.counted_depth(&self.metrics, &q).await? else {
+                    // Not on this transport (a claim holds the name on all of them): only
+                    // its claim may be left to release.
+                    if let Some(c) = &claim {
+                        self.release(&q, c).await;
+                    }
+                    if since.is_some() {
+                        changes.insert(key, None);
+                    }
+                    continue;
+                };
                 d.queued.unwrap_or(0) + d.processing.unwrap_or(0)
             } else {
                 0
             };
-            let key = retained_key(&t, &q);
             match decide(state, messages, since, now, self.retention) {
                 Fate::InUse => {
                     if since.is_some() {
@@ -228,16 +324,17 @@ impl Sweeper {
                     }
                 }
                 Fate::Delete { reason } => {
-                    // Only the namespace's own end queue: a queue of that name recorded as
-                    // another actor's is left (docs/DESIGN.md §9).
-                    let end = if q == naming::sink_queue(&ns) {
-                        naming::SINK_ACTOR
-                    } else {
-                        naming::SUMP_ACTOR
+                    // Only the namespace's own end queue: claimed by it (above), or without a
+                    // claim (from before the claims) recorded by the broker as its own; a
+                    // queue of that name recorded as another actor's is left.
+                    let res = match &claim {
+                        Some(_) => backend.delete(&q).await,
+                        None => {
+                            backend
+                                .delete_owned(&q, &Claimant::new(&ns, end, false))
+                                .await
+                        }
                     };
-                    let res = backend
-                        .delete_owned(&q, &Claimant::new(&ns, end, false))
-                        .await;
                     self.metrics.queue_op(backend.kind(), "delete", res.is_ok());
                     if let Err(QueueError::NotOurs(e)) = &res {
                         warn!(queue = %q, namespace = %ns, transport = %t, error = %e,
@@ -248,6 +345,9 @@ impl Sweeper {
                         continue;
                     }
                     res?;
+                    if let Some(c) = &claim {
+                        self.release(&q, c).await;
+                    }
                     info!(queue = %q, namespace = %ns, transport = %t, reason, messages,
                         "end queue of a deleted namespace deleted");
                     self.metrics.end_queue_deleted(&t, reason);
@@ -351,6 +451,22 @@ mod tests {
             ),
             Fate::Delete { reason: "empty" }
         );
+    }
+
+    #[test]
+    fn a_namespace_of_the_same_name_but_another_uid_is_a_later_one() {
+        use NamespaceState::*;
+        // No claim (from before the claims): by the name, as before.
+        assert_eq!(namespace_state(Some(("u2", false)), None), Active);
+        assert_eq!(namespace_state(Some(("u2", true)), None), Terminating);
+        assert_eq!(namespace_state(None, None), Gone);
+        // Claimed by uid u1: its namespace is the one judged.
+        assert_eq!(namespace_state(Some(("u1", false)), Some("u1")), Active);
+        assert_eq!(namespace_state(Some(("u1", true)), Some("u1")), Terminating);
+        // Deleted and created again: the queue's own namespace is gone, so the queue is
+        // deleted (empty) or kept for the retention, not handed to the new one.
+        assert_eq!(namespace_state(Some(("u2", false)), Some("u1")), Gone);
+        assert_eq!(namespace_state(None, Some("u1")), Gone);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::broker_identity::permissions::Permissions;
 use crate::metrics::Metrics;
 use crate::model::{ObjectKind, WorkloadKind};
 use crate::queue::Backend;
-use crate::queue::owner::Claimant;
+use crate::queue::owner::QueueRecord;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object};
@@ -37,6 +37,8 @@ use crate::state_identity::StateError;
 use crate::status::{self, WorkloadObs};
 use crate::transports::Transports;
 use crate::watch;
+use asya_api::queue_claim::{QueueClaim, QueueClaimSpec};
+use k8s_openapi::api::core::v1::Namespace;
 
 /// The label KEDA puts on the HPA it makes for a ScaledObject: the ScaledObject's name.
 pub const KEDA_HPA_LABEL: &str = "scaledobject.keda.sh/name";
@@ -99,6 +101,9 @@ pub struct KubeCluster {
     pub state_redis: Option<Arc<crate::state_identity::redis_admin::PlatformRedisAdmin>>,
     /// Platform passwords found copied into actor namespaces (`crate::exposure`).
     pub exposure: Option<Arc<crate::exposure::Ledger>>,
+    /// The QueueClaims (name and spec): whose each queue name is, for the namespaces'
+    /// permissions. The claim step itself reads the API server.
+    pub claims: Store<QueueClaim>,
 }
 
 /// The management API client of a transport with scoped identity.
@@ -283,6 +288,10 @@ impl Cluster for KubeCluster {
                 .await
                 .map_err(stopped("ScaledObject"))?;
         }
+        self.claims
+            .wait_until_ready()
+            .await
+            .map_err(stopped("QueueClaim"))?;
         Ok(())
     }
 
@@ -392,7 +401,7 @@ impl Cluster for KubeCluster {
         spec: &QueueSpec,
     ) -> Result<QueueInfo, QueueError> {
         let (backend, _) = self.transports.get(transport).await?;
-        let res = backend.ensure_owned(spec).await;
+        let res = backend.ensure(spec).await;
         self.backend_op(backend.kind(), "ensure", &res);
         res
     }
@@ -418,12 +427,72 @@ impl Cluster for KubeCluster {
         transport: &str,
         queue: &str,
         resiliency: Option<&Resiliency>,
-        who: &Claimant,
     ) -> Result<Vec<String>, QueueError> {
         let (backend, _) = self.transports.get(transport).await?;
-        let res = backend.delete_actor_queue(queue, resiliency, who).await;
+        let res = backend.delete_with_retry_queues(queue, resiliency).await;
         self.backend_op(backend.kind(), "delete", &res);
         res
+    }
+
+    async fn queue_record(
+        &self,
+        transport: &str,
+        queue: &str,
+    ) -> Result<Option<QueueRecord>, QueueError> {
+        let (backend, _) = self.transports.get(transport).await?;
+        let res = backend.owner_record(queue).await;
+        self.backend_op(backend.kind(), "owner", &res);
+        res
+    }
+
+    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        Ok(api.get_metadata_opt(ns).await?.and_then(|m| m.metadata.uid))
+    }
+
+    async fn claim_get(&self, name: &str) -> Result<Option<QueueClaim>, kube::Error> {
+        Api::<QueueClaim>::all(self.client.clone())
+            .get_opt(name)
+            .await
+    }
+
+    async fn claim_create(&self, claim: &QueueClaim) -> Result<bool, kube::Error> {
+        let pp = PostParams {
+            dry_run: false,
+            field_manager: Some(MANAGER.into()),
+        };
+        match Api::<QueueClaim>::all(self.client.clone())
+            .create(&pp, claim)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn claim_delete(&self, name: &str, uid: &str) -> Result<bool, kube::Error> {
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match Api::<QueueClaim>::all(self.client.clone())
+            .delete(name, &dp)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn claim_cached(&self, name: &str) -> Option<QueueClaimSpec> {
+        self.claims
+            .get(&ObjectRef::new(name))
+            .map(|c| c.spec.clone())
     }
 
     fn end_queues_candidate(&self, transport: &str, ns: &str) {
@@ -491,13 +560,6 @@ impl Cluster for KubeCluster {
         .await;
         self.backend_op(backend.kind(), "identity", &res);
         res
-    }
-
-    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
-        let meta = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone())
-            .get_metadata_opt(ns)
-            .await?;
-        Ok(meta.and_then(|m| m.metadata.uid))
     }
 
     async fn state_user_put(

@@ -47,6 +47,15 @@ impl Transports {
         }
     }
 
+    /// The enabled transports' names.
+    pub fn enabled(&self) -> Vec<String> {
+        self.config
+            .enabled_transports()
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+
     /// The client and credentials of transport `name`.
     pub async fn get(
         &self,

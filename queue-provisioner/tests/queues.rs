@@ -550,59 +550,58 @@ async fn sqs_a_queue_tagged_for_another_actor_is_not_adopted_or_deleted() {
     assert!(!b.ensure_owned(&adopting).await.unwrap().created);
     // Tagged now: owned without the annotation.
     b.ensure_owned(&hand).await.unwrap();
+    // The annotation never adopts a queue whose name is another namespace's end queue
+    // (`{team}-a`'s results, left untagged, wanted by `{team}`'s actor `a-x-sump`).
+    let team = unique("tn");
+    let end = spec(&team, "a-x-sump");
+    c.create_queue().queue_name(&end.name).send().await.unwrap();
+    let adopt_end = QueueSpec {
+        adopt_untagged: true,
+        ..end.clone()
+    };
+    assert!(matches!(
+        b.ensure_owned(&adopt_end).await,
+        Err(QueueError::NotOurs(
+            OwnershipError::AmbiguousAdoption { .. }
+        ))
+    ));
+    q.delete(&end.name).await.unwrap();
     b.delete_actor_queue(&hand.name, None, &hand.claimant())
         .await
         .unwrap();
     assert!(!q.exists(&hand.name).await.unwrap());
 }
 
-/// The RabbitMQ record: a queue bound to another namespace's exchange `asya.{ns}` is not
-/// adopted or deleted; one bound to no namespace exchange (from before them) is adopted.
+/// The RabbitMQ record of a queue without a claim (docs/DESIGN.md §9): bound to the
+/// claimant's namespace's exchange `asya.{ns}` only, adopted (the upgrade from the release
+/// before the claims); bound to another namespace's, neither adopted nor deleted; bound to
+/// none (the namespace's last actor went, and its exchange with it), adopted only with the
+/// annotation, which never adopts another namespace's end queue name. Without tenant
+/// exchanges the bindings prove nothing: adopted as before.
 #[tokio::test]
-async fn rabbitmq_a_queue_bound_to_another_namespace_is_not_adopted_or_deleted() {
+async fn rabbitmq_the_broker_record_of_a_queue_without_a_claim() {
     if !rabbitmq_up() {
         return;
     }
     let url = env("ASYA_TEST_RABBITMQ_URL");
-    let q = RabbitQueues::new(url.clone(), "asya").with_management(
-        &env("ASYA_TEST_RABBITMQ_MANAGEMENT_URL"),
-        "/",
-        "guest",
-        "guest",
-    );
-    let b = Backend::Rabbit(Box::new(q));
-    let team = unique("tn");
-    let theirs = spec(&format!("{team}-a"), "x-sink");
-    let ours = spec(&team, "a-x-sink");
-    // From before the namespace exchanges: adopted by either.
-    b.ensure_owned(&theirs).await.unwrap();
-    b.ensure_owned(&ours).await.unwrap();
-    // team-a's exchange binds it (as the broker's tenancy does): team's actor is refused.
-    let conn = lapin::Connection::connect(&url, Default::default())
-        .await
+    let mgmt = env("ASYA_TEST_RABBITMQ_MANAGEMENT_URL");
+    let q = RabbitQueues::new(url.clone(), "asya")
+        .with_management(&mgmt, "/", "guest", "guest")
+        .with_tenant_identities(&mgmt, "/", "guest", "guest")
         .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    let exchange = format!("asya.{team}-a");
-    ch.exchange_declare(
-        exchange.as_str().into(),
-        lapin::ExchangeKind::Direct,
-        lapin::options::ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        Default::default(),
-    )
-    .await
-    .unwrap();
-    ch.queue_bind(
-        theirs.name.as_str().into(),
-        exchange.as_str().into(),
-        theirs.name.as_str().into(),
-        Default::default(),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let b = Backend::Rabbit(Box::new(q));
+    let Backend::Rabbit(rabbit) = &b else {
+        unreachable!()
+    };
+    let team = unique("tn");
+    let team_a = format!("{team}-a");
+    // team-a's end queue x-sink as the provisioner declares it (bound to asya.{team}-a), and
+    // team's actor a-x-sink, which shares its name.
+    let theirs = spec(&team_a, "x-sink");
+    let ours = spec(&team, "a-x-sink");
+    assert_eq!(theirs.name, ours.name);
+    b.ensure(&theirs).await.unwrap();
+    b.ensure_owned(&theirs).await.unwrap();
     assert!(matches!(
         b.ensure_owned(&ours).await,
         Err(QueueError::NotOurs(OwnershipError::Foreign { .. }))
@@ -613,12 +612,59 @@ async fn rabbitmq_a_queue_bound_to_another_namespace_is_not_adopted_or_deleted()
         Err(QueueError::NotOurs(_))
     ));
     assert!(b.exists(&theirs.name).await.unwrap(), "not deleted");
+
+    // team-a's last actor is gone, and its exchange with it: the results queue stays, bound
+    // to `asya` only. Before the claims this adopted it for team/a-x-sink.
+    rabbit.delete_tenant_exchange(&team_a).await.unwrap();
+    match b.ensure_owned(&ours).await {
+        Err(QueueError::NotOurs(OwnershipError::Unbound { queue, .. })) => {
+            assert_eq!(queue, ours.name)
+        }
+        other => panic!("adopted a queue bound to no namespace: {other:?}"),
+    }
+    // Asking for it does not help: the name is another namespace's end queue.
+    let adopting = QueueSpec {
+        adopt_untagged: true,
+        ..ours.clone()
+    };
+    match b.ensure_owned(&adopting).await {
+        Err(QueueError::NotOurs(OwnershipError::AmbiguousAdoption { other, end, .. })) => {
+            assert_eq!((other.as_str(), end.as_str()), (team_a.as_str(), "x-sink"))
+        }
+        other => panic!("adopted another namespace's end queue: {other:?}"),
+    }
+    assert!(matches!(
+        b.delete_actor_queue(&ours.name, None, &adopting.claimant())
+            .await,
+        Err(QueueError::NotOurs(_))
+    ));
+    assert!(b.exists(&theirs.name).await.unwrap(), "not deleted");
+    // team-a itself, back with an actor, gets its own end queue once it asks (or by its
+    // claim, which the reconcile keeps from its first actor on).
+    assert!(matches!(
+        b.ensure_owned(&theirs).await,
+        Err(QueueError::NotOurs(OwnershipError::Unbound { .. }))
+    ));
+    let back = QueueSpec {
+        adopt_untagged: true,
+        ..theirs.clone()
+    };
+    assert!(!b.ensure_owned(&back).await.unwrap().created);
+    // Bound again to asya.{team}-a: owned without the annotation.
     b.ensure_owned(&theirs).await.unwrap();
+
+    // Without tenant exchanges (shareAdminCredentials) the bindings record nothing.
+    let shared = Backend::Rabbit(Box::new(
+        RabbitQueues::new(url.clone(), "asya").with_management(&mgmt, "/", "guest", "guest"),
+    ));
+    assert_eq!(
+        shared.owner_record(&ours.name).await.unwrap(),
+        Some(asya_queue_provisioner::queue::owner::QueueRecord::Unknown)
+    );
+
     b.delete_actor_queue(&theirs.name, None, &theirs.claimant())
         .await
         .unwrap();
-    ch.exchange_delete(exchange.as_str().into(), Default::default())
-        .await
-        .unwrap();
-    conn.close(200, "done".into()).await.unwrap();
+    assert!(!b.exists(&theirs.name).await.unwrap());
+    rabbit.delete_tenant_exchange(&team_a).await.unwrap();
 }

@@ -197,6 +197,13 @@ def test_rbac_is_least_privilege():
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["asya-keda-rabbitmq"], "verbs": ["get", "patch"]},
     ], keda_role["rules"]
+    # QueueClaims (docs/DESIGN.md §9): the webhook reads them; the provisioner reads, creates
+    # and deletes them, and never changes one in place. Nothing here gives a tenant access.
+    assert any(r["apiGroups"] == ["asya.sh"] and "queueclaims" in r["resources"]
+               and r["verbs"] == ["list", "watch"] for r in webhook), webhook
+    qc = [r for r in prov if "queueclaims" in r["resources"]]
+    assert qc == [{"apiGroups": ["asya.sh"], "resources": ["queueclaims"],
+                   "verbs": ["get", "list", "watch", "create", "delete"]}], qc
     prov_ns = roles[("Role", "asya-provisioner")]["rules"]
     reads = [r for r in prov_ns if "secrets" in r["resources"]]
     assert reads and all(r["verbs"] == ["get"] and r["resourceNames"] for r in reads), reads
@@ -383,6 +390,8 @@ def test_installed_rbac_grants_exactly_what_each_component_needs(installed_relea
     # reads/updates its own TLS Secret only.
     assert can(webhook, "watch", "asyncactors.asya.sh", "-A")
     assert can(webhook, "list", "flavors.asya.sh")
+    assert can(webhook, "watch", "queueclaims.asya.sh")
+    assert not can(webhook, "create", "queueclaims.asya.sh")
     assert can(webhook, "patch", f"mutatingwebhookconfigurations/{release}-webhook")
     assert not can(webhook, "patch", "mutatingwebhookconfigurations/someone-elses")
     assert can(webhook, "update", f"secrets/{release}-webhook-tls", "-n", ns)
@@ -399,6 +408,8 @@ def test_installed_rbac_grants_exactly_what_each_component_needs(installed_relea
     assert not can(prov, "update", "asyncactors.asya.sh", "-n", "default")
     assert can(prov, "create", "deployments.apps", "-n", "default")
     assert can(prov, "delete", "scaledobjects.keda.sh", "-n", "default")
+    assert can(prov, "create", "queueclaims.asya.sh") and can(prov, "delete", "queueclaims.asya.sh")
+    assert not can(prov, "patch", "queueclaims.asya.sh")
     assert can(prov, "create", "leases.coordination.k8s.io", "-n", ns)
     assert can(prov, "update", "leases.coordination.k8s.io/asya-queue-provisioner", "-n", ns)
     assert not can(prov, "update", "leases.coordination.k8s.io/kube-scheduler", "-n", "kube-system")

@@ -1,6 +1,6 @@
 //! kube-rs reflector caches for what admission reads: AsyncActors, Flavors, flavor
-//! ConfigMaps, and Crossplane EnvironmentConfigs when that CRD exists. Admission reads only
-//! these; it never calls the API server.
+//! ConfigMaps, QueueClaims, and Crossplane EnvironmentConfigs when that CRD exists. Admission
+//! reads only these; it never calls the API server.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -9,6 +9,7 @@ use asya_api::flavor::{
     FlavorCatalog, FlavorDef, FlavorMapGate, FlavorSource, environment_config_resource,
 };
 use asya_api::labels;
+use asya_api::queue_claim::{QueueClaim, QueueClaimSpec};
 use asya_api::types::Flavor;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -101,10 +102,25 @@ impl CachedActor {
 }
 
 /// AsyncActors from the reflector store, and their queue actors per namespace (fed by the
-/// same watch events).
+/// same watch events); the QueueClaims, by queue name.
 pub struct ActorStore {
     pub store: Store<CachedActor>,
     pub holders: Arc<HolderIndex>,
+    pub claims: Store<QueueClaim>,
+}
+
+/// What admission reads of a QueueClaim: its name (the queue's) and its spec (the owner).
+/// Labels, annotations and managedFields are dropped.
+pub fn slim_claim(c: &mut QueueClaim) {
+    c.metadata = ObjectMeta {
+        name: c.metadata.name.clone(),
+        ..Default::default()
+    };
+}
+
+/// An empty claim store (a lookup without claims: tests and the benchmark).
+pub fn no_claims() -> Store<QueueClaim> {
+    reflector::store::Writer::<QueueClaim>::default().as_reader()
 }
 
 impl ActorStore {
@@ -133,6 +149,16 @@ impl ActorLookup for ActorStore {
 
     fn holders_in(&self, namespaces: &BTreeSet<String>) -> Vec<Holder> {
         self.holders.holders_in(namespaces)
+    }
+
+    fn claims_of(&self, queues: &BTreeSet<String>) -> Vec<(String, QueueClaimSpec)> {
+        queues
+            .iter()
+            .filter_map(|q| {
+                let c = self.claims.get(&ObjectRef::new(q))?;
+                Some((q.clone(), c.spec.clone()))
+            })
+            .collect()
     }
 }
 
@@ -204,6 +230,7 @@ pub fn bound_flavor_map(
 pub struct Caches {
     pub actors: Store<CachedActor>,
     pub holders: Arc<HolderIndex>,
+    pub claims: Store<QueueClaim>,
     pub flavors: Store<DynamicObject>,
     pub config_maps: Store<ConfigMap>,
     pub env_configs: Option<Store<DynamicObject>>,
@@ -215,6 +242,7 @@ impl Caches {
         ActorStore {
             store: self.actors.clone(),
             holders: self.holders.clone(),
+            claims: self.claims.clone(),
         }
     }
 
@@ -223,6 +251,7 @@ impl Caches {
             ("AsyncActor", self.actors.state().len() as i64),
             ("Flavor", self.flavors.state().len() as i64),
             ("ConfigMap", self.config_maps.state().len() as i64),
+            ("QueueClaim", self.claims.state().len() as i64),
         ];
         if let Some(e) = &self.env_configs {
             v.push(("EnvironmentConfig", e.state().len() as i64));
@@ -332,6 +361,28 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
         None,
         "AsyncActor",
     );
+    // The provisioner's record of each queue's owner (collision check): name and spec only.
+    // Readiness waits for it; without its CRD that is never, and the log says why.
+    if !served(&client, &ApiResource::erase::<QueueClaim>(&())).await {
+        tracing::error!(
+            "the QueueClaim CRD (queueclaims.asya.sh) is not installed: apply deploy/crds/ (kubectl apply --server-side -f deploy/crds/); not ready until it is"
+        );
+    }
+    let (claims, claim_writer) = reflector::store::<QueueClaim>();
+    drive(
+        reflector::reflector(
+            claim_writer,
+            watcher(
+                Api::<QueueClaim>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .modify(slim_claim),
+        )
+        .default_backoff()
+        .touched_objects(),
+        None,
+        "QueueClaim",
+    );
     let flavors = spawn_dynamic(&client, flavor_resource(), Some(changed.clone()), "Flavor");
     let (cm_reader, cm_writer) = reflector::store::<ConfigMap>();
     // Any namespace can label a ConfigMap: the store keeps only the flavor key, within the
@@ -366,6 +417,7 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
     let caches = Caches {
         actors,
         holders,
+        claims,
         flavors,
         config_maps: cm_reader,
         env_configs,
@@ -373,6 +425,7 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
     let rebuild = Caches {
         actors: caches.actors.clone(),
         holders: caches.holders.clone(),
+        claims: caches.claims.clone(),
         flavors: caches.flavors.clone(),
         config_maps: caches.config_maps.clone(),
         env_configs: caches.env_configs.clone(),
@@ -380,6 +433,8 @@ pub async fn start(client: kube::Client, shared: Arc<Shared>) -> Caches {
     tokio::spawn(async move {
         let waits = async {
             let _ = rebuild.actors.wait_until_ready().await;
+            // Admission refuses by these claims: not ready before they are listed.
+            let _ = rebuild.claims.wait_until_ready().await;
             let _ = rebuild.flavors.wait_until_ready().await;
             let _ = rebuild.config_maps.wait_until_ready().await;
             if let Some(e) = &rebuild.env_configs {
@@ -432,6 +487,7 @@ mod tests {
         let store = ActorStore {
             store: w.as_reader(),
             holders: Default::default(),
+            claims: no_claims(),
         };
         assert!(store.get("ns", "echo").is_some());
         assert!(store.get("other", "echo").is_none());
@@ -512,6 +568,7 @@ mod tests {
         let store = ActorStore {
             store: w.as_reader(),
             holders,
+            claims: no_claims(),
         };
         let mut got = store.holders_in(&BTreeSet::from(["team".to_string(), "none".to_string()]));
         got.sort_by(|a, b| a.name.cmp(&b.name));
@@ -523,6 +580,42 @@ mod tests {
         assert_eq!(
             got,
             vec![h("team", "a-x", "a-x"), h("team", "renamed", "shared")]
+        );
+    }
+
+    #[test]
+    fn claims_are_kept_as_name_and_owner_and_read_by_queue_name() {
+        let mut c: QueueClaim = serde_json::from_value(json!({
+            "apiVersion": "asya.sh/v1alpha1", "kind": "QueueClaim",
+            "metadata": {"name": "asya-team-a-x-sink", "uid": "u", "resourceVersion": "3",
+                         "labels": {"app.kubernetes.io/managed-by": "asya-queue-provisioner"},
+                         "managedFields": [{"manager": "asya-queue-provisioner"}]},
+            "spec": {"namespace": "team-a", "namespaceUid": "u1", "actor": "x-sink",
+                     "transport": "rabbitmq"}
+        }))
+        .unwrap();
+        slim_claim(&mut c);
+        assert_eq!(
+            serde_json::to_value(&c.metadata).unwrap(),
+            json!({"name": "asya-team-a-x-sink"})
+        );
+        let mut w = reflector::store::Writer::<QueueClaim>::default();
+        w.apply_watcher_event(&watcher::Event::Apply(c));
+        let store = ActorStore {
+            store: reflector::store::Writer::<CachedActor>::new(()).as_reader(),
+            holders: Default::default(),
+            claims: w.as_reader(),
+        };
+        let asked = BTreeSet::from([
+            "asya-team-a-x-sink".to_string(),
+            "asya-team-a-x-sump".to_string(),
+        ]);
+        let got = store.claims_of(&asked);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, "asya-team-a-x-sink");
+        assert_eq!(
+            (got[0].1.namespace.as_str(), got[0].1.actor.as_str()),
+            ("team-a", "x-sink")
         );
     }
 

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+pub mod claim;
 mod counts_cache;
 pub mod owner;
 pub mod rabbitmq;
@@ -147,6 +148,15 @@ impl Backend {
         who: &Claimant,
     ) -> Result<Vec<String>, QueueError> {
         self.check_owner(name, who).await?;
+        self.delete_with_retry_queues(name, resiliency).await
+    }
+
+    /// [`Self::delete_actor_queue`] of a queue whose owner was settled before (its claim).
+    pub async fn delete_with_retry_queues(
+        &self,
+        name: &str,
+        resiliency: Option<&asya_api::types::Resiliency>,
+    ) -> Result<Vec<String>, QueueError> {
         match self {
             Backend::Rabbit(b) => b.delete_with_delay_queues(name, resiliency).await,
             Backend::Sqs(b) => b.delete(name).await.map(|()| Vec::new()),

@@ -1,19 +1,30 @@
-//! Whether an existing queue is this actor's, from what the broker records of its owner
-//! (docs/DESIGN.md §9, issue 26 finding 2). `asya-{namespace}-{actor}` is not injective, so a
-//! queue's name does not prove whose it is: before it adopts (ensures an existing queue),
-//! or deletes one, the provisioner reads the broker's record ([`QueueRecord`]) and asks
-//! [`owns`]. Pure; the reads are `owner_record` of [`super::sqs`] and [`super::rabbitmq`].
+//! Whether an existing queue is this actor's (docs/DESIGN.md §9, issue 26 finding 2, issue 34
+//! item 2). `asya-{namespace}-{actor}` is not injective, so a queue's name does not prove
+//! whose it is. The record is the queue's `QueueClaim` (`asya_api::queue_claim`, the claim
+//! step in `reconcile/claims.rs`); what the broker records of a queue's owner
+//! ([`QueueRecord`], asked through [`owns`]) decides only for a queue that exists without a
+//! claim: one from before the claims (the upgrade), or made by hand. Pure; the reads are
+//! `owner_record` of [`super::sqs`] and [`super::rabbitmq`].
 //!
 //! - **SQS**: the tags `asya.sh/namespace` and `asya.sh/actor` (seed 003), set when the
 //!   provisioner creates a queue (every version has). Other tags: not ours. No tags: a queue
 //!   someone else created, adopted only when the AsyncActor says so with the annotation
-//!   [`ADOPT_QUEUE`]`: "true"` (then tagged).
+//!   [`ADOPT_QUEUE`]`: "true"` (then tagged and claimed).
 //! - **RabbitMQ**: the queue's bindings to the namespaces' exchanges `asya.{ns}` (the shared
-//!   tenancy contract binds each queue of namespace N to `asya.N` under its own name; an
-//!   argument such as `x-asya-owner` cannot be added to an existing queue). Bound to another
-//!   namespace's exchange: not ours. Bound to no namespace's exchange: a queue from before
-//!   the namespace exchanges (the upgrade), adopted, and bound from then on. Without the
-//!   management API the bindings cannot be read and the queue is adopted as before.
+//!   tenancy contract binds each queue of namespace N to `asya.N` under its own name while N
+//!   has actors; an argument such as `x-asya-owner` cannot be added to an existing queue).
+//!   Bound to the claimant's namespace's exchange only: ours (the upgrade from the release
+//!   before the claims). Bound to another namespace's: not ours. Bound to none: a queue whose
+//!   namespace has no actors left (its exchange went with the last one: its end queues, a
+//!   `skip-cleanup` leftover) or made by hand; nothing proves whose, so, as an untagged SQS
+//!   queue, adopted only with [`ADOPT_QUEUE`]. Without tenant exchanges (the transport
+//!   shares the platform's credentials, or has no management API) the bindings prove nothing
+//!   and the broker's record is [`QueueRecord::Unknown`]: adopted as before (every tenant
+//!   of such a transport already reads every queue).
+//!
+//! The annotation never adopts a queue whose name also reads as another namespace's end
+//! queue ([`adoption_refused`]): end queues outlive their namespace, so that is the one
+//! leftover a tenant could otherwise claim by naming an actor after it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -76,16 +87,58 @@ pub enum OwnershipError {
         namespace: String,
         actor: String,
     },
+    #[error(
+        "queue {queue} exists bound to no namespace's exchange {TENANT_EXCHANGE_PREFIX}{{namespace}} and has no QueueClaim: nothing proves it is actor {namespace}/{actor}'s (it may be the queue of a namespace whose actors are gone, or made by hand), so it is not adopted or deleted; annotate the AsyncActor {ADOPT_QUEUE}: \"true\" to adopt it (once: it is claimed from then on)"
+    )]
+    Unbound {
+        queue: String,
+        namespace: String,
+        actor: String,
+    },
+    #[error(
+        "queue {queue} is also the name of the end queue {end} of namespace {other}, which outlives that namespace's actors and the namespace itself: {ADOPT_QUEUE} does not adopt it for actor {namespace}/{actor}; the platform team gives it to this actor by creating QueueClaim {queue} with spec.namespace {namespace}, spec.namespaceUid (kubectl get namespace {namespace} -o jsonpath='{{.metadata.uid}}') and spec.actor {actor}"
+    )]
+    AmbiguousAdoption {
+        queue: String,
+        namespace: String,
+        actor: String,
+        other: String,
+        end: String,
+    },
+    /// The queue's `QueueClaim` names another owner (the message says who and how the
+    /// platform team releases it: [`super::claim::refusal`]).
+    #[error("{message}")]
+    Claimed { queue: String, message: String },
 }
 
-/// Whether `record` proves the queue `queue` is `who`'s (or, for a queue from before owner
-/// records, may become it).
+/// Why the adoption annotation cannot adopt `queue` for `who`: its name also reads as the
+/// end queue of another namespace (see the module's documentation). `None`: it may.
+pub fn adoption_refused(queue: &str, who: &Claimant) -> Option<OwnershipError> {
+    let (other, end) = asya_api::naming::readings(queue)
+        .into_iter()
+        .find(|(ns, a)| *ns != who.namespace && asya_api::naming::is_end_actor(a))?;
+    Some(OwnershipError::AmbiguousAdoption {
+        queue: queue.into(),
+        namespace: who.namespace.clone(),
+        actor: who.actor.clone(),
+        other: other.into(),
+        end: end.into(),
+    })
+}
+
+/// Whether `record` proves the queue `queue`, which has no claim, is `who`'s (or may
+/// become it, with the adoption annotation).
 pub fn owns(queue: &str, record: &QueueRecord, who: &Claimant) -> Result<(), OwnershipError> {
     let foreign = |owner: String| OwnershipError::Foreign {
         queue: queue.into(),
         namespace: who.namespace.clone(),
         actor: who.actor.clone(),
         owner,
+    };
+    // An adoption the annotation asks for, if it may.
+    let adopt = || match adoption_refused(queue, who) {
+        Some(e) => Err(e),
+        None => Ok(()),
     };
     match record {
         QueueRecord::Unknown => Ok(()),
@@ -94,7 +147,7 @@ pub fn owns(queue: &str, record: &QueueRecord, who: &Claimant) -> Result<(), Own
             let actor = tags.get(TAG_ACTOR);
             match (ns, actor) {
                 (Some(n), Some(a)) if *n == who.namespace && *a == who.actor => Ok(()),
-                (None, None) if who.adopt_untagged => Ok(()),
+                (None, None) if who.adopt_untagged => adopt(),
                 (None, None) => Err(OwnershipError::Untagged {
                     queue: queue.into(),
                     namespace: who.namespace.clone(),
@@ -116,7 +169,16 @@ pub fn owns(queue: &str, record: &QueueRecord, who: &Claimant) -> Result<(), Own
                 .filter(|n| *n != who.namespace)
                 .collect();
             if others.is_empty() {
-                return Ok(());
+                return match (namespaces.is_empty(), who.adopt_untagged) {
+                    // Bound to the claimant's namespace's exchange (and no other's).
+                    (false, _) => Ok(()),
+                    (true, true) => adopt(),
+                    (true, false) => Err(OwnershipError::Unbound {
+                        queue: queue.into(),
+                        namespace: who.namespace.clone(),
+                        actor: who.actor.clone(),
+                    }),
+                };
             }
             let exchanges: Vec<String> = others
                 .iter()
@@ -236,12 +298,55 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_from_before_owner_records_is_adopted_on_rabbitmq() {
-        // Upgrade: queues declared before the namespace exchanges are bound to `asya` only.
+    fn a_rabbitmq_queue_bound_to_no_namespace_is_adopted_only_on_request() {
+        // team-a's last actor went, and its exchange asya.team-a with it: its end queue is
+        // bound to `asya` only. `team/a-x-sink` must not get it by default.
         let none = QueueRecord::TenantBindings(BTreeSet::new());
-        assert_eq!(owns("asya-n-a", &none, &who("n", "a")), Ok(()));
+        let e = owns("asya-team-a-x-sink", &none, &who("team", "a-x-sink")).unwrap_err();
+        assert!(matches!(e, OwnershipError::Unbound { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "queue asya-team-a-x-sink exists bound to no namespace's exchange asya.{namespace} and has no QueueClaim: nothing proves it is actor team/a-x-sink's (it may be the queue of a namespace whose actors are gone, or made by hand), so it is not adopted or deleted; annotate the AsyncActor asya.sh/adopt-queue: \"true\" to adopt it (once: it is claimed from then on)"
+        );
+        // The namespace's own queue, left unbound (its actors were all gone at the upgrade):
+        // adopted once the actor asks.
+        assert!(owns("asya-n-a", &none, &who("n", "a")).is_err());
+        assert_eq!(
+            owns("asya-n-a", &none, &Claimant::new("n", "a", true)),
+            Ok(())
+        );
+        // Without tenant exchanges nothing is recorded: adopted as before.
         assert_eq!(
             owns("asya-n-a", &QueueRecord::Unknown, &who("n", "a")),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_annotation_never_adopts_another_namespaces_end_queue_name() {
+        let adopting = Claimant::new("team", "a-x-sink", true);
+        let none = QueueRecord::TenantBindings(BTreeSet::new());
+        let e = owns("asya-team-a-x-sink", &none, &adopting).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "queue asya-team-a-x-sink is also the name of the end queue x-sink of namespace team-a, which outlives that namespace's actors and the namespace itself: asya.sh/adopt-queue does not adopt it for actor team/a-x-sink; the platform team gives it to this actor by creating QueueClaim asya-team-a-x-sink with spec.namespace team, spec.namespaceUid (kubectl get namespace team -o jsonpath='{.metadata.uid}') and spec.actor a-x-sink"
+        );
+        // Untagged SQS queues alike.
+        assert!(matches!(
+            owns(
+                "asya-team-a-x-sump",
+                &tags(&[]),
+                &Claimant::new("team", "a-x-sump", true)
+            ),
+            Err(OwnershipError::AmbiguousAdoption { .. })
+        ));
+        // The namespace's own end queue reads as no other namespace's end queue.
+        assert_eq!(
+            owns(
+                "asya-team-x-sink",
+                &none,
+                &Claimant::new("team", "x-sink", true)
+            ),
             Ok(())
         );
     }

@@ -198,13 +198,14 @@ impl Management {
 
 impl RabbitQueues {
     /// The record of the queue's owner: the namespaces whose exchange `asya.{ns}` binds it
-    /// ([`owner`]); [`QueueRecord::Unknown`] without the management API. `None`: no such
-    /// queue.
+    /// ([`owner`]); [`QueueRecord::Unknown`] without the management API or without tenant
+    /// exchanges (`shareAdminCredentials`: no queue is bound to one, so the bindings prove
+    /// nothing). `None`: no such queue.
     pub async fn owner_record(&self, name: &str) -> Result<Option<QueueRecord>, QueueError> {
         if !self.exists(name).await? {
             return Ok(None);
         }
-        let Some(m) = &self.management else {
+        let Some(m) = self.management.as_ref().filter(|_| self.tenant_exchanges) else {
             return Ok(Some(QueueRecord::Unknown));
         };
         let b = m.bindings(name).await.map_err(QueueError::Unavailable)?;

@@ -188,8 +188,7 @@ async fn delete_queue<C: Cluster>(
         Some(r) => r.spec.resiliency.as_ref(),
         None => actor.spec.resiliency.as_ref(),
     };
-    c.queue_delete(&t.transport, &t.queue, resiliency, &t.who)
-        .await
+    super::claims::delete_actor_queue(rec, &t.transport, &t.queue, resiliency, &t.who).await
 }
 
 /// Forgets what this process remembered of the actor's queues and objects.

@@ -17,11 +17,12 @@ use kube::api::DynamicObject;
 use crate::apply_skip::Live;
 use crate::broker_identity::permissions::Permissions;
 use crate::model::{ObjectKind, WorkloadKind};
-use crate::queue::owner::Claimant;
+use crate::queue::owner::QueueRecord;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::render::TransportCredentials;
 use crate::state_identity::StateError;
 use crate::status::WorkloadObs;
+use asya_api::queue_claim::{QueueClaim, QueueClaimSpec};
 
 use super::Error;
 use super::plan::EventSpec;
@@ -145,22 +146,55 @@ pub trait Cluster: Send + Sync {
         transport: &str,
         queue: &str,
     ) -> impl Future<Output = Result<Option<QueueDepth>, QueueError>> + Send;
-    /// Ensures a queue that is missing or proven the spec's actor's
-    /// ([`crate::queue::owner`]); [`QueueError::NotOurs`] otherwise.
+    /// Ensures a queue (declared, bound, tagged): one the claim step
+    /// ([`super::claims`]) settled as the spec's actor's.
     fn queue_ensure(
         &self,
         transport: &str,
         spec: &QueueSpec,
     ) -> impl Future<Output = Result<QueueInfo, QueueError>> + Send;
-    /// Deletes an actor's queue and its retry delay queues once the queue is proven `who`'s
-    /// ([`QueueError::NotOurs`] otherwise); returns those delay queues.
+    /// Deletes an actor's queue and its retry delay queues, which the claim step settled as
+    /// the actor's; returns those delay queues.
     fn queue_delete(
         &self,
         transport: &str,
         queue: &str,
         resiliency: Option<&Resiliency>,
-        who: &Claimant,
     ) -> impl Future<Output = Result<Vec<String>, QueueError>> + Send;
+    /// What the broker records of the queue's owner ([`crate::queue::owner`]), asked of a
+    /// queue without a claim; `None`: no such queue.
+    fn queue_record(
+        &self,
+        transport: &str,
+        queue: &str,
+    ) -> impl Future<Output = Result<Option<QueueRecord>, QueueError>> + Send;
+
+    /// `metadata.uid` of namespace `ns`, read from the API server (a namespace deleted and
+    /// created again has another); `None`: no such namespace.
+    fn namespace_uid(
+        &self,
+        ns: &str,
+    ) -> impl Future<Output = Result<Option<String>, kube::Error>> + Send;
+    /// The QueueClaim `name` as the API server has it now.
+    fn claim_get(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<QueueClaim>, kube::Error>> + Send;
+    /// Creates a claim; `false`: one of that name exists already (the first wins).
+    fn claim_create(
+        &self,
+        claim: &QueueClaim,
+    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
+    /// Deletes claim `name` only if it is still object `uid` (a precondition); `false` when
+    /// it was absent or replaced since it was read.
+    fn claim_delete(
+        &self,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
+    /// The claim `name` from the provisioner's QueueClaim cache (a namespace's permissions
+    /// read its actors' claims at once).
+    fn claim_cached(&self, name: &str) -> Option<QueueClaimSpec>;
     /// The namespace's end queues are to be looked after (its actors were cleaned up).
     fn end_queues_candidate(&self, transport: &str, ns: &str);
 
@@ -194,12 +228,6 @@ pub trait Cluster: Send + Sync {
         user: &str,
     ) -> impl Future<Output = Result<(), QueueError>> + Send;
 
-    /// The namespace's uid (`None`: no such namespace): what tells a namespace from an
-    /// earlier one of the same name.
-    fn namespace_uid(
-        &self,
-        ns: &str,
-    ) -> impl Future<Output = Result<Option<String>, kube::Error>> + Send;
     /// Creates or resets a namespace's user on the platform's Redis (state proxies,
     /// docs/DESIGN.md §9): exactly `rules`, and `password`.
     fn state_user_put(

@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::apply_skip::{self, Live};
 use crate::broker_identity::permissions::Permissions;
 use crate::model::{ObjectKind, WorkloadKind};
-use crate::queue::owner::{self, Claimant, QueueRecord};
+use crate::queue::owner::{self, QueueRecord};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{Answer, Cluster, Error, FINALIZER, Object};
@@ -23,6 +23,7 @@ use crate::render::TransportCredentials;
 use crate::render::workload::MANAGED_BY;
 use crate::state_identity::StateError;
 use crate::status::WorkloadObs;
+use asya_api::queue_claim::{QueueClaim, QueueClaimSpec};
 
 /// The provisioner's own namespace in the fake.
 pub const PLATFORM_NAMESPACE: &str = "asya-system";
@@ -94,8 +95,6 @@ pub struct World {
     pub actors: Vec<Arc<AsyncActor>>,
     /// Broker users: password and permissions.
     pub users: BTreeMap<String, (String, Permissions)>,
-    /// Namespaces' uids (a namespace not listed is `uid-{name}`; `None` here: gone).
-    pub namespace_uids: BTreeMap<String, Option<String>>,
     /// The platform's Redis: users (password and rules), owner marks, reachable or not,
     /// and whether `default` is open.
     pub redis_users: BTreeMap<String, (String, Vec<String>)>,
@@ -106,6 +105,35 @@ pub struct World {
     pub exposed: BTreeSet<(String, String)>,
     /// The platform's broker password (the transports' credentials).
     pub platform_password: String,
+    /// QueueClaims as the API server stores them (the cache sees the same).
+    pub claims: BTreeMap<String, QueueClaim>,
+    /// Namespaces whose uid is not the default `uid-ns-{name}`; `None`: deleted.
+    pub namespaces: BTreeMap<String, Option<String>>,
+    /// A claim another reconcile creates just before this one's creation of a claim of the
+    /// same name (a race).
+    pub claim_before_create: Option<QueueClaim>,
+    /// Uids given to created claims.
+    pub claim_serial: u32,
+}
+
+/// The uid the fake gives namespace `ns` unless [`World::namespaces`] says otherwise.
+pub fn default_namespace_uid(ns: &str) -> String {
+    format!("uid-ns-{ns}")
+}
+
+/// A stored claim of `queue` by (`ns`, `uid`, `actor`), with object uid `uid-qc-{queue}`.
+pub fn stored_claim(queue: &str, ns: &str, uid: &str, actor: &str) -> QueueClaim {
+    let mut c = QueueClaim::new(
+        queue,
+        QueueClaimSpec {
+            namespace: ns.into(),
+            namespace_uid: uid.into(),
+            actor: actor.into(),
+            transport: Some("rabbitmq".into()),
+        },
+    );
+    c.metadata.uid = Some(format!("uid-qc-{queue}"));
+    c
 }
 
 impl Default for World {
@@ -131,13 +159,16 @@ impl Default for World {
             status: None,
             actors: vec![],
             users: BTreeMap::new(),
-            namespace_uids: BTreeMap::new(),
             redis_users: BTreeMap::new(),
             redis_owners: BTreeMap::new(),
             redis_up: true,
             redis_default_open: false,
             exposed: BTreeSet::new(),
             platform_password: "pw".into(),
+            claims: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            claim_before_create: None,
+            claim_serial: 0,
         }
     }
 }
@@ -253,12 +284,18 @@ impl Cluster for Fake {
         })
     }
 
-    async fn queue_ensure(&self, _t: &str, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
+    /// SQS transports (named `sqs…`) tag a queue at creation; RabbitMQ ones bind it to the
+    /// namespace's exchange on every ensure (the binding goes with the exchange,
+    /// [`Self::broker_identity_delete`]).
+    async fn queue_ensure(&self, t: &str, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
         self.broker()?;
         let mut w = self.world();
         let created = !w.queues.contains_key(&spec.name);
         if created {
             w.queues.insert(spec.name.clone(), QueueDepth::default());
+            w.log.push(format!("create queue {}", spec.name));
+        }
+        if t.starts_with("sqs") {
             let tags = [
                 (owner::TAG_NAMESPACE, &spec.namespace),
                 (owner::TAG_ACTOR, &spec.actor),
@@ -266,9 +303,16 @@ impl Cluster for Fake {
             let tags = tags.iter().map(|(k, v)| (k.to_string(), v.to_string()));
             w.queue_records
                 .insert(spec.name.clone(), QueueRecord::Tags(tags.collect()));
-            w.log.push(format!("create queue {}", spec.name));
-        } else if let Some(r) = w.queue_records.get(&spec.name) {
-            owner::owns(&spec.name, r, &spec.claimant())?;
+        } else {
+            let bound = match w.queue_records.remove(&spec.name) {
+                Some(QueueRecord::TenantBindings(mut b)) if !created => {
+                    b.insert(spec.namespace.clone());
+                    b
+                }
+                _ => BTreeSet::from([spec.namespace.clone()]),
+            };
+            w.queue_records
+                .insert(spec.name.clone(), QueueRecord::TenantBindings(bound));
         }
         Ok(QueueInfo {
             url: format!("amqp://rabbitmq:5672/%2F/{}", spec.name),
@@ -292,19 +336,78 @@ impl Cluster for Fake {
         _t: &str,
         queue: &str,
         resiliency: Option<&Resiliency>,
-        who: &Claimant,
     ) -> Result<Vec<String>, QueueError> {
         self.broker()?;
         let mut w = self.world();
-        if let Some(r) = w.queue_records.get(queue)
-            && w.queues.contains_key(queue)
-        {
-            owner::owns(queue, r, who)?;
-        }
         w.deleted_with.push(resiliency.cloned());
         w.queues.remove(queue);
         w.log.push(format!("delete queue {queue}"));
         Ok(w.delay_queues.clone())
+    }
+
+    async fn queue_record(&self, _t: &str, queue: &str) -> Result<Option<QueueRecord>, QueueError> {
+        self.broker()?;
+        let w = self.world();
+        Ok(w.queues.contains_key(queue).then(|| {
+            w.queue_records
+                .get(queue)
+                .cloned()
+                .unwrap_or(QueueRecord::Unknown)
+        }))
+    }
+
+    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
+        let w = self.world();
+        Ok(match w.namespaces.get(ns) {
+            Some(uid) => uid.clone(),
+            None => Some(default_namespace_uid(ns)),
+        })
+    }
+
+    async fn claim_get(&self, name: &str) -> Result<Option<QueueClaim>, kube::Error> {
+        Ok(self.world().claims.get(name).cloned())
+    }
+
+    async fn claim_create(&self, claim: &QueueClaim) -> Result<bool, kube::Error> {
+        let mut w = self.world();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        if w.claim_before_create
+            .as_ref()
+            .is_some_and(|c| c.metadata.name.as_deref() == Some(name.as_str()))
+            && let Some(first) = w.claim_before_create.take()
+        {
+            w.log.push(format!("create QueueClaim {name} (by another)"));
+            w.claims.insert(name.clone(), first);
+        }
+        if w.claims.contains_key(&name) {
+            return Ok(false);
+        }
+        w.claim_serial += 1;
+        let mut stored = claim.clone();
+        stored.metadata.uid = Some(format!("uid-qc-{name}-{}", w.claim_serial));
+        w.log.push(format!(
+            "create QueueClaim {name} for {}/{}",
+            claim.spec.namespace, claim.spec.actor
+        ));
+        w.claims.insert(name, stored);
+        Ok(true)
+    }
+
+    async fn claim_delete(&self, name: &str, uid: &str) -> Result<bool, kube::Error> {
+        let mut w = self.world();
+        let same = w
+            .claims
+            .get(name)
+            .is_some_and(|c| c.metadata.uid.as_deref() == Some(uid));
+        if !same {
+            return Ok(false);
+        }
+        w.log.push(format!("delete QueueClaim {name}"));
+        Ok(w.claims.remove(name).is_some())
+    }
+
+    fn claim_cached(&self, name: &str) -> Option<QueueClaimSpec> {
+        self.world().claims.get(name).map(|c| c.spec.clone())
     }
 
     fn end_queues_candidate(&self, transport: &str, ns: &str) {
@@ -353,14 +456,6 @@ impl Cluster for Fake {
         w.users
             .insert(user.into(), (password.into(), permissions.clone()));
         Ok(())
-    }
-
-    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
-        let w = self.world();
-        Ok(match w.namespace_uids.get(ns) {
-            Some(uid) => uid.clone(),
-            None => Some(format!("uid-{ns}")),
-        })
     }
 
     async fn state_user_put(
@@ -438,6 +533,12 @@ impl Cluster for Fake {
         w.log
             .push(format!("delete broker user {user} and exchange asya.{ns}"));
         w.users.remove(user);
+        // The exchange's bindings go with it.
+        for r in w.queue_records.values_mut() {
+            if let QueueRecord::TenantBindings(b) = r {
+                b.remove(ns);
+            }
+        }
         Ok(())
     }
 

@@ -96,8 +96,16 @@ pub async fn ensure<C: Cluster>(
         return Ok(Some(last.version));
     }
     // Read under the lock: the actors that arrived while this reconcile waited are covered
-    // by the same write.
-    let actors = live_actors(c, ns, Some(&r.actor));
+    // by the same write. Only those holding their queue's claim (this one's was just
+    // settled by the queue step): an actor refused its queue (another's, or an earlier
+    // namespace's of this name) must not get read access to it by its name.
+    let uid = c
+        .namespace_uid(ns)
+        .await
+        .map_err(|e| kube_err(&format!("reading namespace {ns}"), e))?
+        .unwrap_or_default();
+    let mut actors = live_actors(c, ns, Some(&r.actor));
+    actors.retain(|a| *a == r.actor || super::claims::holds(c, ns, &uid, a));
     let perms = permissions::for_namespace(ns, &actors);
     permissions::check_size(ns, actors.len(), &perms).map_err(QueueError::Rejected)?;
     let secret_name = naming::tenant_broker_secret(&r.transport);

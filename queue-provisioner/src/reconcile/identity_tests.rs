@@ -210,6 +210,14 @@ fn broker_user_writes(log: &[String]) -> usize {
 async fn actors_arriving_together_share_one_write_of_the_permissions() {
     let r = reconciler(ClusterConfig::default());
     let mut actors = cached(&r, &["a", "b", "c"]);
+    // Those waiting for the namespace's identity step have passed their queue step: their
+    // queues are claimed (only actors holding their claim are named, docs/DESIGN.md §9).
+    for name in ["b", "c"] {
+        let q = format!("asya-n-{name}");
+        let claim =
+            super::fake::stored_claim(&q, "n", &super::fake::default_namespace_uid("n"), name);
+        r.cluster.world().claims.insert(q, claim);
+    }
     for a in &mut actors {
         step(&r, a).await;
     }

@@ -78,6 +78,26 @@ pub struct Memory {
     identity_locks: Mutex<HashMap<(String, String), IdentityLock>>,
     /// Actors already told they share the platform's credentials (one event each).
     announced: Mutex<std::collections::HashSet<String>>,
+    /// One claim step at a time per queue name ([`super::claims`]).
+    claim_locks: ClaimLocks,
+}
+
+/// Locks of the claim step, by queue name: a fixed set of stripes (a name always takes the
+/// same one), so they cost the same however many names come and go. Two names sharing a
+/// stripe only wait for each other; no step holds two.
+pub struct ClaimLocks(Vec<IdentityLock>);
+
+/// Stripes of [`ClaimLocks`].
+const CLAIM_STRIPES: usize = 64;
+
+impl Default for ClaimLocks {
+    fn default() -> Self {
+        ClaimLocks(
+            (0..CLAIM_STRIPES)
+                .map(|_| IdentityLock::default())
+                .collect(),
+        )
+    }
 }
 
 /// Held during one namespace's identity step.
@@ -175,6 +195,15 @@ impl Memory {
             .entry((transport.to_string(), ns.to_string()))
             .or_default()
             .clone()
+    }
+
+    /// The lock of queue `name`'s claim step.
+    pub fn claim_lock(&self, name: &str) -> IdentityLock {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut h);
+        let i = (h.finish() % self.claim_locks.0.len() as u64) as usize;
+        self.claim_locks.0[i].clone()
     }
 
     pub fn forget_identity(&self, transport: &str, ns: &str) {

@@ -10,6 +10,7 @@ use asya_api::config::ClusterConfig;
 use crate::queue::QueueError;
 
 pub mod actor;
+pub mod claims;
 pub mod cleanup;
 pub mod cluster;
 pub mod identity;
@@ -21,6 +22,8 @@ pub mod plan;
 pub mod queues;
 pub mod state_identity;
 
+#[cfg(test)]
+mod claims_tests;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]

@@ -47,7 +47,8 @@ async fn ensure_cached<C: Cluster>(
             return Ok(info);
         }
     }
-    let info = r.cluster.queue_ensure(transport, &spec).await?;
+    // Declared or adopted only once its claim says it is the actor's.
+    let info = super::claims::ensure(r, transport, &spec).await?;
     r.memory.ensured_now(key, spec, info.clone());
     Ok(info)
 }

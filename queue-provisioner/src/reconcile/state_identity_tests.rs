@@ -102,7 +102,7 @@ async fn a_redis_actor_gets_its_namespace_user_and_secret_before_its_workload() 
     step(&r, &mut a).await;
     let log = r.cluster.take_log();
     let order = [
-        "mark redis state n as uid-n",
+        "mark redis state n as uid-ns-n",
         "put redis user asya-ns-n",
         "apply Secret n/asya-state-redis",
         "apply Deployment n/a",
@@ -271,7 +271,7 @@ async fn the_last_actor_takes_the_redis_user_and_secret_with_it() {
     );
     assert!(r.cluster.world().redis_users.is_empty());
     // The state stays marked as this namespace's.
-    assert_eq!(r.cluster.world().redis_owners["n"], "uid-n");
+    assert_eq!(r.cluster.world().redis_owners["n"], "uid-ns-n");
 }
 
 #[tokio::test]

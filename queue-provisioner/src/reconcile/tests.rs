@@ -1183,8 +1183,14 @@ async fn a_deleted_actor_leaves_a_queue_recorded_as_another_actors() {
     let r = reconciler();
     let mut a = actor(plain());
     step(&r, &mut a).await;
-    // Recorded as another's since (a collision from before admission refused them).
+    // Claimed by another since (the platform team gave the name to namespace `n-a`'s actor
+    // `x`, whose queue has the same name): the claim, not the broker's tags, decides.
     foreign_queue(&r);
+    {
+        let mut w = r.cluster.world();
+        let c = super::fake::stored_claim("asya-n-a", "n-a", "uid-ns-n-a", "x");
+        w.claims.insert("asya-n-a".into(), c);
+    }
     r.cluster.take_log();
     a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
     assert_eq!(
@@ -1194,10 +1200,17 @@ async fn a_deleted_actor_leaves_a_queue_recorded_as_another_actors() {
     );
     let log = r.cluster.take_log();
     assert!(!has(&log, "delete queue"), "{log:#?}");
-    assert!(has(
-        &log,
-        "event Warning QueueNotOurs: queue asya-n-a belongs to actor n-a/x"
-    ));
+    assert!(
+        has(
+            &log,
+            "event Warning QueueNotOurs: queue asya-n-a is claimed by the queue of actor \"x\" of namespace \"n-a\""
+        ),
+        "{log:#?}"
+    );
+    assert!(
+        r.cluster.world().claims.contains_key("asya-n-a"),
+        "another's claim stays"
+    );
     assert!(has(&log, "delete Deployment n/a") && has(&log, "remove finalizer"));
     assert!(r.cluster.world().queues.contains_key("asya-n-a"));
     let w = r.cluster.world();

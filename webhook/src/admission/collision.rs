@@ -3,19 +3,28 @@
 //! namespace `team` actor `a-x-sink` and namespace `team-a`'s end queue `x-sink` are both
 //! `asya-team-a-x-sink`. Admission refuses the second of two such actors, in either order.
 //!
-//! Pure decisions ([`namespaces_to_read`], [`find_collision`]) over the AsyncActors of a few
-//! namespaces, which the caller reads from the webhook's AsyncActor cache ([`Holder`]). The
-//! cache lags the API server by a watch event: two colliding actors created within that
-//! window both pass here, and the provisioner's ownership record of each queue
-//! (`queue-provisioner/src/queue/owner.rs`) is the second line.
+//! Two records decide, both read from the webhook's caches (no API call):
+//! - the `QueueClaim`s (`asya_api::queue_claim`), the provisioner's record of each queue's
+//!   owner, kept as long as the queue exists: after its actor is deleted
+//!   (`asya.sh/skip-cleanup`, a cleanup that gave up) or its namespace (end queues kept for
+//!   their messages), so a leftover queue stays its namespace's ([`find_claim_collision`]);
+//! - the AsyncActors of a few namespaces ([`namespaces_to_read`], [`find_collision`]), for
+//!   the window before the provisioner has claimed a new actor's queues.
+//!
+//! The caches lag the API server by a watch event: two colliding actors created within that
+//! window both pass here, and the provisioner's claim (creating it is the atomic "first
+//! wins": `queue-provisioner/src/reconcile/claims.rs`) is the second line.
 
 use std::collections::BTreeSet;
 
 use asya_api::error::FieldError;
 use asya_api::naming;
+use asya_api::queue_claim::{QueueClaimSpec, held_by_another, owner_text};
 use asya_api::review::ActorReview;
 
 use super::ActorLookup;
+
+pub use asya_api::naming::splits;
 
 /// An existing AsyncActor as the collision check needs it: where it is and the actor its
 /// queue is named after (`spec.actor`, defaulting to `metadata.name`).
@@ -37,6 +46,9 @@ pub enum Owner {
     },
     /// A namespace's end queue (`x-sink` or `x-sump`), which exists while it has actors.
     EndQueue { namespace: String, end: String },
+    /// The owner a `QueueClaim` records (its actor, or its namespace, may be gone: the queue
+    /// is kept, and stays theirs).
+    Claim(QueueClaimSpec),
 }
 
 /// A queue name wanted by the new actor and already owned by someone else.
@@ -46,27 +58,6 @@ pub struct Collision {
     /// Which queue of the new actor: its own (`None`) or its namespace's end queue.
     pub ours_end: Option<String>,
     pub other: Owner,
-}
-
-/// Every `(namespace, actor)` whose queue name is `asya-{joined}`: each split of `joined` at
-/// a '-' whose left side is a valid namespace name and whose right side starts with a
-/// letter or digit (what a DNS label allows).
-pub fn splits(joined: &str) -> Vec<(&str, &str)> {
-    joined
-        .match_indices('-')
-        .map(|(i, _)| (&joined[..i], &joined[i + 1..]))
-        .filter(|(ns, actor)| {
-            is_namespace(ns)
-                && actor
-                    .bytes()
-                    .next()
-                    .is_some_and(|b| b.is_ascii_alphanumeric())
-        })
-        .collect()
-}
-
-fn is_namespace(s: &str) -> bool {
-    asya_api::validate::is_dns_label(s)
 }
 
 /// The namespaces whose AsyncActors decide whether `(ns, actor)` collides: its own, and every
@@ -139,14 +130,57 @@ pub fn find_collision(ns: &str, name: &str, actor: &str, holders: &[Holder]) -> 
     None
 }
 
+/// The queue names creating actor `actor` in `ns` needs: its own, and its namespace's end
+/// queues, each with the (namespace, actor) that would own it.
+pub fn wanted_queues(ns: &str, actor: &str) -> [(String, String); 3] {
+    [
+        (naming::actor_queue(ns, actor), actor.to_string()),
+        (naming::sink_queue(ns), naming::SINK_ACTOR.to_string()),
+        (naming::sump_queue(ns), naming::SUMP_ACTOR.to_string()),
+    ]
+}
+
+/// The first queue creating actor `actor` in `ns` needs that a `QueueClaim` records as
+/// another (namespace, actor)'s. `claims`: the claims of [`wanted_queues`] that exist, by
+/// queue name. Judged by the names only: a claim of an earlier namespace of the same name
+/// (another uid) is admitted here and refused by the provisioner, which reads the
+/// namespace's uid (admission has only the name).
+pub fn find_claim_collision(
+    ns: &str,
+    actor: &str,
+    claims: &[(String, QueueClaimSpec)],
+) -> Option<Collision> {
+    for (queue, owner) in wanted_queues(ns, actor) {
+        let Some((_, c)) = claims.iter().find(|(q, _)| *q == queue) else {
+            continue;
+        };
+        if held_by_another(c, ns, &owner) {
+            let ours_end = naming::is_end_actor(&owner)
+                .then(|| owner.clone())
+                .filter(|_| owner != actor);
+            return Some(Collision {
+                queue,
+                ours_end,
+                other: Owner::Claim(c.clone()),
+            });
+        }
+    }
+    None
+}
+
 /// The refusal: field `metadata.name`, its value, the rule, and both owners.
 pub fn refusal(ns: &str, name: &str, actor: &str, c: &Collision) -> FieldError {
-    let ours = match &c.ours_end {
-        None => format!(
+    let ours = match (&c.ours_end, &c.other) {
+        (None, _) => format!(
             "the queue {:?} of AsyncActor {ns}/{name} (actor {actor:?})",
             c.queue
         ),
-        Some(end) => format!(
+        // A claim holds the name whether or not the namespace has actors now.
+        (Some(end), Owner::Claim(_)) => format!(
+            "the end queue {:?} ({end}) of namespace {ns:?}, which AsyncActor {ns}/{name} needs,",
+            c.queue
+        ),
+        (Some(end), _) => format!(
             "the end queue {:?} ({end}) that namespace {ns:?} gets with its first actor, AsyncActor {ns}/{name},",
             c.queue
         ),
@@ -160,6 +194,11 @@ pub fn refusal(ns: &str, name: &str, actor: &str, c: &Collision) -> FieldError {
         Owner::EndQueue { namespace, end } => {
             format!("the end queue {end} of namespace {namespace:?}, which has actors")
         }
+        Owner::Claim(claim) => format!(
+            "{} (QueueClaim {}: a queue keeps its owner while it exists, after its actor or namespace is deleted)",
+            owner_text(claim),
+            asya_api::queue_claim::claim_name(&c.queue)
+        ),
     };
     FieldError::invalid(
         "metadata.name",
@@ -195,7 +234,14 @@ pub fn check_create(review: &mut ActorReview, actors: &dyn ActorLookup) {
         return;
     };
     let holders = actors.holders_in(&namespaces_to_read(&r.namespace, &r.actor));
-    if let Some(c) = find_collision(&r.namespace, &r.name, &r.actor, &holders) {
+    let found = find_collision(&r.namespace, &r.name, &r.actor, &holders).or_else(|| {
+        let names = wanted_queues(&r.namespace, &r.actor)
+            .into_iter()
+            .map(|(q, _)| q)
+            .collect();
+        find_claim_collision(&r.namespace, &r.actor, &actors.claims_of(&names))
+    });
+    if let Some(c) = found {
         let e = refusal(&r.namespace, &r.name, &r.actor, &c);
         review.errors.push(e);
     }
@@ -344,5 +390,147 @@ mod tests {
             e.contains("end queue x-sink of namespace \"team-a\""),
             "{e}"
         );
+    }
+
+    fn claim(ns: &str, actor: &str) -> QueueClaimSpec {
+        QueueClaimSpec {
+            namespace: ns.into(),
+            namespace_uid: format!("uid-{ns}"),
+            actor: actor.into(),
+            transport: Some("rabbitmq".into()),
+        }
+    }
+
+    fn claims(list: &[(&str, &str)]) -> Vec<(String, QueueClaimSpec)> {
+        list.iter()
+            .map(|(ns, actor)| (naming::actor_queue(ns, actor), claim(ns, actor)))
+            .collect()
+    }
+
+    #[test]
+    fn a_claimed_end_queue_of_a_namespace_without_actors_is_refused() {
+        // team-a's last actor is gone; its end queue (results) stays, and so does its claim.
+        // The AsyncActor check alone lets `team/a-x-sink` through.
+        assert_eq!(find_collision("team", "a-x-sink", "a-x-sink", &[]), None);
+        let c = find_claim_collision("team", "a-x-sink", &claims(&[("team-a", "x-sink")]))
+            .expect("claimed");
+        assert_eq!(c.queue, "asya-team-a-x-sink");
+        assert_eq!(c.ours_end, None);
+        assert_eq!(c.other, Owner::Claim(claim("team-a", "x-sink")));
+        let e = refusal("team", "a-x-sink", "a-x-sink", &c).to_string();
+        assert!(
+            e.starts_with("metadata.name: Invalid value: \"a-x-sink\": "),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "the queue \"asya-team-a-x-sink\" of AsyncActor team/a-x-sink (actor \"a-x-sink\")"
+            ),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "the end queue x-sink of namespace \"team-a\" (QueueClaim asya-team-a-x-sink"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("must not be shared"), "{e}");
+    }
+
+    #[test]
+    fn a_claimed_actor_queue_left_after_its_actor_is_refused() {
+        // `team/a-x` was deleted with asya.sh/skip-cleanup: its queue and claim stay.
+        let c = find_claim_collision("team-a", "x", &claims(&[("team", "a-x")])).expect("c");
+        assert_eq!(c.queue, "asya-team-a-x");
+        let e = refusal("team-a", "x", "x", &c).to_string();
+        assert!(
+            e.contains(
+                "the queue of actor \"a-x\" of namespace \"team\" (QueueClaim asya-team-a-x"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_actor_of_a_namespace_whose_end_queue_is_claimed_by_another_is_refused() {
+        // Not only the first: the claim holds the name whether or not team-a has actors.
+        let c =
+            find_claim_collision("team-a", "y", &claims(&[("team", "a-x-sump")])).expect("claimed");
+        assert_eq!(c.queue, "asya-team-a-x-sump");
+        assert_eq!(c.ours_end.as_deref(), Some("x-sump"));
+        let e = refusal("team-a", "y", "y", &c).to_string();
+        assert!(
+            e.contains("the end queue \"asya-team-a-x-sump\" (x-sump) of namespace \"team-a\", which AsyncActor team-a/y needs,"),
+            "{e}"
+        );
+        assert!(
+            e.contains("the queue of actor \"a-x-sump\" of namespace \"team\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_claimants_own_claims_pass_whatever_the_uid() {
+        // Its own queue and end queues, claimed by itself (or by an earlier namespace of the
+        // same name: the provisioner, which knows the uid, refuses that one).
+        let own = claims(&[("team-a", "y"), ("team-a", "x-sink"), ("team-a", "x-sump")]);
+        assert_eq!(find_claim_collision("team-a", "y", &own), None);
+        // An end actor deployed as an AsyncActor in its own namespace.
+        assert_eq!(
+            find_claim_collision("team", "x-sink", &claims(&[("team", "x-sink")])),
+            None
+        );
+        // Claims of unrelated names are not looked at.
+        assert_eq!(
+            find_claim_collision("team", "b", &claims(&[("team", "a")])),
+            None
+        );
+    }
+
+    /// A lookup with claims and no actors.
+    struct Claims(Vec<(String, QueueClaimSpec)>);
+
+    impl ActorLookup for Claims {
+        fn get(&self, _ns: &str, _name: &str) -> Option<serde_json::Value> {
+            None
+        }
+        fn claims_of(&self, queues: &BTreeSet<String>) -> Vec<(String, QueueClaimSpec)> {
+            self.0
+                .iter()
+                .filter(|(q, _)| queues.contains(q))
+                .cloned()
+                .collect()
+        }
+    }
+
+    #[test]
+    fn check_create_refuses_by_the_claims() {
+        let catalog = asya_api::flavor::FlavorCatalog::new();
+        let config = asya_api::ClusterConfig::default();
+        let review_of = |ns: &str, name: &str| {
+            let obj = serde_json::json!({
+                "apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"image": "py:3.12", "handler": "m.f"}
+            });
+            asya_api::review_actor(&asya_api::ReviewRequest {
+                object: &obj,
+                old_object: None,
+                namespace: Some(ns),
+                catalog: &catalog,
+                config: &config,
+            })
+        };
+        let lookup = Claims(claims(&[("team-a", "x-sink")]));
+        let mut r = review_of("team", "a-x-sink");
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        check_create(&mut r, &lookup);
+        assert_eq!(r.errors.0.len(), 1, "{:?}", r.errors);
+        let e = r.errors.to_string();
+        assert!(e.contains("QueueClaim asya-team-a-x-sink"), "{e}");
+        // Without the claim (or by another name), admitted.
+        let mut r = review_of("team", "b");
+        check_create(&mut r, &lookup);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
     }
 }

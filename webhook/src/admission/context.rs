@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use asya_api::config::ClusterConfig;
 use asya_api::flavor::FlavorCatalog;
+use asya_api::queue_claim::QueueClaimSpec;
 use serde_json::Value;
 
 use super::collision::Holder;
@@ -29,6 +30,12 @@ pub trait ActorLookup: Send + Sync {
     /// the queue collision check ([`super::collision`]). A lookup that cannot list answers
     /// none (nothing is refused).
     fn holders_in(&self, _namespaces: &BTreeSet<String>) -> Vec<Holder> {
+        Vec::new()
+    }
+
+    /// The `QueueClaim`s of these queue names that exist, by queue name, for the same check
+    /// ([`super::collision::find_claim_collision`]). A lookup without claims answers none.
+    fn claims_of(&self, _queues: &BTreeSet<String>) -> Vec<(String, QueueClaimSpec)> {
         Vec::new()
     }
 }

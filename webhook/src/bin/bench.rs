@@ -291,7 +291,11 @@ async fn run() -> anyhow::Result<()> {
     let shared = Arc::new(Shared::fixed(
         ClusterConfig::default(),
         catalog(),
-        Arc::new(ActorStore { store, holders }),
+        Arc::new(ActorStore {
+            store,
+            holders,
+            claims: asya_webhook::cache::no_claims(),
+        }),
         resolver.clone(),
     ));
     let l1 = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -275,6 +275,16 @@ impl crate::admission::ActorLookup for LazyActors {
             None => Vec::new(),
         }
     }
+
+    fn claims_of(
+        &self,
+        queues: &std::collections::BTreeSet<String>,
+    ) -> Vec<(String, asya_api::queue_claim::QueueClaimSpec)> {
+        match self.0.get() {
+            Some(c) => c.actor_store().claims_of(queues),
+            None => Vec::new(),
+        }
+    }
 }
 
 #[cfg(test)]
