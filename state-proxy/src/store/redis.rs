@@ -215,8 +215,11 @@ impl RedisStore {
                     }
                 }
                 Err(ProxyError::Unavailable(_)) if reused && !replaced_stale => {
-                    // The server closed an idle connection (a restart, a timeout): once,
-                    // on a new one.
+                    // The server closed an idle connection (a restart, a timeout), and so
+                    // likely every idle one: once more, on a new connection.
+                    if let Ok(mut idle) = self.idle.lock() {
+                        idle.clear();
+                    }
                     replaced_stale = true;
                 }
                 Err(e) => return Err(e),
