@@ -5,6 +5,8 @@ use crate::error::{FieldError, FieldErrors};
 
 use crate::types::StateProxy;
 
+pub mod redis_acl;
+
 /// The pod volume that holds the connectors' sockets.
 pub const SOCKET_VOLUME: &str = "state-sockets";
 /// Where that volume is mounted, in the connectors and in the runtime.
@@ -451,34 +453,13 @@ pub fn warnings(entries: &[StateProxy], config: &StateProxyConfig) -> Vec<String
 #[cfg(test)]
 mod tests;
 
-/// PROVISIONAL (the state-proxy branch defines the real one): the ACL rules of a namespace's
-/// Redis user.
+/// The ACL rules of namespace `ns`'s Redis user, after `reset` (the password is added
+/// apart): [`redis_acl::rules`]. A name that is not a DNS label (no Kubernetes namespace) gets
+/// rules that grant nothing, rather than a key pattern that could be a wider glob.
 pub fn redis_acl_rules(ns: &str) -> Vec<String> {
-    let mut r: Vec<String> = vec![
-        "resetkeys".into(),
-        format!("~{ns}/*"),
-        "resetchannels".into(),
-        "-@all".into(),
-    ];
-    for c in [
-        "ping",
-        "hget",
-        "hmget",
-        "hgetall",
-        "hset",
-        "hdel",
-        "del",
-        "exists",
-        "incr",
-        "time",
-        "zadd",
-        "zrem",
-        "zrangebylex",
-        "eval",
-        "evalsha",
-        "script|load",
-    ] {
-        r.push(format!("+{c}"));
-    }
-    r
+    redis_acl::rules(ns).unwrap_or_else(|_| {
+        ["resetkeys", "resetchannels", "-@all"]
+            .map(String::from)
+            .to_vec()
+    })
 }

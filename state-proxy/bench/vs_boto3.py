@@ -39,7 +39,7 @@ def load_runtime():
 
 
 def start_connector(binary, sock, connector, bucket, prefix, endpoint):
-    env = dict(os.environ, CONNECTOR_SOCKET=sock, STATE_BUCKET=bucket, STATE_PREFIX=prefix,
+    env = dict(os.environ, CONNECTOR_SOCKET=sock, ASYA_NAMESPACE="bench", STATE_BUCKET=bucket, STATE_PREFIX=prefix,
                AWS_ENDPOINT_URL=endpoint, AWS_REGION="us-east-1", ASYA_LOG_LEVEL="warn")
     env.pop("ASYA_METRICS_ADDR", None)
     proc = subprocess.Popen([binary, connector], env=env)

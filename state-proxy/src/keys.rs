@@ -4,7 +4,8 @@
 
 use crate::error::ProxyError;
 
-/// S3's limit on an object key, in bytes, checked on `{STATE_PREFIX}/{key}`.
+/// S3's limit on an object key, in bytes, checked on the whole backend key
+/// `{ASYA_NAMESPACE}/{STATE_PREFIX}/{key}` (see `scope`).
 pub const MAX_KEY_BYTES: usize = 1024;
 
 /// Decodes `%XX` escapes (a runtime may URL-encode keys; the original's never does, and a
@@ -36,8 +37,9 @@ pub fn percent_decode(field: &'static str, raw: &str) -> Result<String, ProxyErr
 }
 
 /// A key names one object: non-empty, relative, `/`-separated segments that are neither
-/// empty nor `.`/`..`, no control characters, and the full key within S3's limit.
-pub fn validate_key(key: &str, state_prefix: &str) -> Result<(), ProxyError> {
+/// empty nor `.`/`..`, and no control characters. Its length with the namespace and prefix
+/// is checked where they are added (`scope`).
+pub fn validate_key(key: &str) -> Result<(), ProxyError> {
     let bad = |rule| ProxyError::BadKey {
         key: key.to_string(),
         rule,
@@ -58,45 +60,22 @@ pub fn validate_key(key: &str, state_prefix: &str) -> Result<(), ProxyError> {
             _ => {}
         }
     }
-    if full_key(state_prefix, key).len() > MAX_KEY_BYTES {
-        return Err(bad("with STATE_PREFIX must be at most 1024 bytes"));
-    }
     Ok(())
 }
 
 /// A listing prefix: empty (the mount's root) or a key followed by `/`.
-pub fn validate_list_prefix(prefix: &str, state_prefix: &str) -> Result<(), ProxyError> {
+pub fn validate_list_prefix(prefix: &str) -> Result<(), ProxyError> {
     if prefix.is_empty() {
         return Ok(());
     }
     match prefix.strip_suffix('/') {
-        Some(dir) => validate_key(dir, state_prefix),
+        Some(dir) => validate_key(dir),
         // `listdir` always sends a trailing /; a bare name prefix would match siblings.
         None => Err(ProxyError::BadRequest {
             field: "prefix",
             value: prefix.to_string(),
             rule: "must be empty or end with /",
         }),
-    }
-}
-
-/// The backend's key: `{STATE_PREFIX}/{key}`, or the key alone without a prefix.
-pub fn full_key(state_prefix: &str, key: &str) -> String {
-    let p = state_prefix.trim_end_matches('/');
-    if p.is_empty() {
-        key.to_string()
-    } else {
-        format!("{p}/{key}")
-    }
-}
-
-/// The mount-relative key of a backend key, or None for one outside the prefix.
-pub fn strip_state_prefix<'a>(state_prefix: &str, full: &'a str) -> Option<&'a str> {
-    let p = state_prefix.trim_end_matches('/');
-    if p.is_empty() {
-        Some(full)
-    } else {
-        full.strip_prefix(p)?.strip_prefix('/')
     }
 }
 
@@ -177,31 +156,6 @@ pub struct Listing {
     pub prefixes: Vec<String>,
 }
 
-/// Groups mount-relative keys under `prefix` by the delimiter, as S3's ListObjectsV2 does;
-/// used where the backend has no such listing (Redis).
-pub fn group_listing<I: IntoIterator<Item = String>>(
-    prefix: &str,
-    delimiter: Option<&str>,
-    keys: I,
-) -> Listing {
-    let mut out = Listing::default();
-    let mut prefixes = std::collections::BTreeSet::new();
-    for key in keys {
-        let Some(rest) = key.strip_prefix(prefix) else {
-            continue;
-        };
-        match delimiter.and_then(|d| rest.find(d).map(|i| i + d.len())) {
-            Some(end) => {
-                prefixes.insert(format!("{prefix}{}", &rest[..end]));
-            }
-            None => out.keys.push(key),
-        }
-    }
-    out.keys.sort();
-    out.prefixes = prefixes.into_iter().collect();
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,7 +163,7 @@ mod tests {
     #[test]
     fn good_keys_pass() {
         for k in ["a", "checkpoints/run-42.json", "a b/ü.txt", "x/.hidden"] {
-            assert_eq!(validate_key(k, "p"), Ok(()), "{k}");
+            assert_eq!(validate_key(k), Ok(()), "{k}");
         }
     }
 
@@ -224,15 +178,12 @@ mod tests {
             ("./a", ".."),
             ("a\nb", "control"),
         ] {
-            let err = validate_key(k, "").expect_err(k).to_string();
+            let err = validate_key(k).expect_err(k).to_string();
             assert!(
                 err.contains(rule) && err.contains(&format!("{k:?}")),
                 "{err}"
             );
         }
-        let long = "k".repeat(1020);
-        assert!(validate_key(&long, "").is_ok());
-        assert!(validate_key(&long, "prefix").is_err(), "the prefix counts");
     }
 
     #[test]
@@ -242,15 +193,6 @@ mod tests {
         assert!(percent_decode("key", "100%").is_err());
         assert!(percent_decode("key", "%zz").is_err());
         assert!(percent_decode("key", "%ff").is_err(), "not UTF-8");
-    }
-
-    #[test]
-    fn full_and_stripped_keys() {
-        assert_eq!(full_key("", "a/b"), "a/b");
-        assert_eq!(full_key("team/x/", "a"), "team/x/a");
-        assert_eq!(strip_state_prefix("team/x", "team/x/a/b"), Some("a/b"));
-        assert_eq!(strip_state_prefix("team/x", "team/xy/a"), None);
-        assert_eq!(strip_state_prefix("", "a"), Some("a"));
     }
 
     #[test]
@@ -265,9 +207,9 @@ mod tests {
         assert_eq!(parse_list_query(None), Ok(ListQuery::default()));
         assert!(parse_list_query(Some("delimiter=,")).is_err());
         assert!(parse_list_query(Some("max=3")).is_err());
-        assert!(validate_list_prefix("runs", "").is_err());
-        assert!(validate_list_prefix("runs/../", "").is_err());
-        assert!(validate_list_prefix("runs/", "").is_ok());
+        assert!(validate_list_prefix("runs").is_err());
+        assert!(validate_list_prefix("runs/../").is_err());
+        assert!(validate_list_prefix("runs/").is_ok());
     }
 
     #[test]
@@ -277,16 +219,5 @@ mod tests {
         assert!(parse_attr(Some("attr=a b")).is_err());
         assert!(parse_attr(Some("attr=")).is_err());
         assert!(parse_attr(Some("x=1")).is_err());
-    }
-
-    #[test]
-    fn grouping_like_list_objects() {
-        let keys = ["r/a", "r/b/1", "r/b/2", "r/c/x/y", "s/z"].map(String::from);
-        let l = group_listing("r/", Some("/"), keys.clone());
-        assert_eq!(l.keys, vec!["r/a"]);
-        assert_eq!(l.prefixes, vec!["r/b/", "r/c/"]);
-        let flat = group_listing("r/", None, keys);
-        assert_eq!(flat.keys.len(), 4);
-        assert!(flat.prefixes.is_empty());
     }
 }

@@ -51,12 +51,13 @@ async fn store(c: &Config) -> Result<Store, String> {
         Connector::RedisBufferedCas => {
             let r = RedisStore::new(
                 &c.redis_url,
-                c.prefix.clone(),
+                c.redis_auth.as_ref(),
+                c.scope.clone(),
                 c.backend_timeout,
                 c.max_buffer_bytes,
             )
             .map_err(|e| e.to_string())?;
-            return Ok(Store::Redis(r));
+            return Ok(Store::Redis(Box::new(r)));
         }
     };
     let client = s3_client(c).await;
@@ -64,7 +65,7 @@ async fn store(c: &Config) -> Result<Store, String> {
         client,
         S3Settings {
             bucket: c.bucket.clone(),
-            prefix: c.prefix.clone(),
+            scope: c.scope.clone(),
             mode,
             timeout: c.backend_timeout,
             max_buffer: c.max_buffer_bytes,
@@ -80,8 +81,9 @@ Serves one state mount's connector on the Unix socket CONNECTOR_SOCKET (HTTP/1.1
 original Asya's contract). CONNECTOR (or ASYA_CONNECTOR): s3-buffered-lww, s3-buffered-cas,
 s3-passthrough, redis-buffered-cas.
 
-Environment: CONNECTOR_SOCKET, STATE_BUCKET and STATE_PREFIX (S3; keys are PREFIX/KEY),
-AWS_REGION, AWS_ENDPOINT_URL, REDIS_URL (Redis), ASYA_METRICS_ADDR (host:port of /metrics),
+Environment: CONNECTOR_SOCKET, ASYA_NAMESPACE (required: keys are NAMESPACE/PREFIX/KEY),
+STATE_PREFIX, STATE_BUCKET, AWS_REGION, AWS_ENDPOINT_URL (S3), REDIS_URL, REDIS_USERNAME,
+REDIS_PASSWORD (Redis), ASYA_METRICS_ADDR (host:port of /metrics),
 ASYA_STATE_MAX_BUFFER_BYTES, ASYA_STATE_PART_BYTES, ASYA_STATE_MAX_UPLOADS,
 ASYA_STATE_BACKEND_TIMEOUT_SECONDS, ASYA_STATE_SHUTDOWN_TIMEOUT_SECONDS,
 ASYA_STATE_SOCKET_MODE (see README.md).
@@ -138,7 +140,7 @@ async fn run(config: Config) -> Result<(), String> {
     }
     let app = Arc::new(App {
         store: store(&config).await?,
-        prefix: config.prefix.clone(),
+        scope: config.scope.clone(),
         metrics,
     });
     // A socket left by a previous run of this container would make bind fail.
@@ -159,7 +161,12 @@ async fn run(config: Config) -> Result<(), String> {
             )
         })?;
     }
-    tracing::info!(connector = config.connector.name(), socket = %config.socket.display(), "serving");
+    tracing::info!(
+        connector = config.connector.name(),
+        socket = %config.socket.display(),
+        keys_under = config.scope.root(),
+        "serving"
+    );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;

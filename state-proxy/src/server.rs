@@ -15,11 +15,13 @@ use axum::routing::{any, get};
 use crate::error::ProxyError;
 use crate::keys;
 use crate::metrics::Metrics;
+use crate::scope::Scope;
 use crate::store::Store;
 
 pub struct App {
     pub store: Store,
-    pub prefix: String,
+    /// Checks keys here, before the store; the store puts them under the same scope.
+    pub scope: Scope,
     pub metrics: Arc<Metrics>,
 }
 
@@ -36,11 +38,11 @@ async fn healthz() -> Response {
     axum::Json(serde_json::json!({"status": "ready"})).into_response()
 }
 
-/// The decoded, checked key of `/keys/{key}` or `/meta/{key}`.
-fn key_of(uri: &Uri, route: &str, prefix: &str) -> Result<String, ProxyError> {
+/// The decoded, checked (mount-relative) key of `/keys/{key}` or `/meta/{key}`.
+fn key_of(uri: &Uri, route: &str, scope: &Scope) -> Result<String, ProxyError> {
     let raw = uri.path().strip_prefix(route).unwrap_or_default();
     let key = keys::percent_decode("key", raw)?;
-    keys::validate_key(&key, prefix)?;
+    scope.key(&key)?;
     Ok(key)
 }
 
@@ -60,7 +62,7 @@ async fn list(State(app): State<Arc<App>>, uri: Uri) -> Response {
     let started = Instant::now();
     let r = async {
         let q = keys::parse_list_query(uri.query())?;
-        keys::validate_list_prefix(&q.prefix, &app.prefix)?;
+        app.scope.list_prefix(&q.prefix)?;
         let listing = app.store.list(&q.prefix, q.delimiter.as_deref()).await?;
         Ok(axum::Json(listing).into_response())
     }
@@ -84,7 +86,7 @@ async fn keys_op(
         _ => return StatusCode::METHOD_NOT_ALLOWED.into_response(),
     };
     let r = async {
-        let key = key_of(&uri, "/keys/", &app.prefix)?;
+        let key = key_of(&uri, "/keys/", &app.scope)?;
         match method {
             Method::GET => {
                 let object = app.store.get(&key).await?;
@@ -146,7 +148,7 @@ async fn meta_op(State(app): State<Arc<App>>, method: Method, uri: Uri, body: Bo
         _ => return StatusCode::METHOD_NOT_ALLOWED.into_response(),
     };
     let r = async {
-        let key = key_of(&uri, "/meta/", &app.prefix)?;
+        let key = key_of(&uri, "/meta/", &app.scope)?;
         let attr = keys::parse_attr(uri.query())?;
         if method == Method::GET {
             let meta = app.store.meta_get(&key, attr.as_deref()).await?;

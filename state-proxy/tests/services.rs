@@ -1,6 +1,8 @@
 //! The connectors against real servers: the S3-compatible server of tests/services (moto)
 //! and Debian's redis-server. Each test starts the connector binary on a Unix socket of its
-//! own, with a STATE_PREFIX of its own, and speaks the contract over it with hyper.
+//! own, with a STATE_PREFIX (or a namespace) of its own, and speaks the contract over it with
+//! hyper. The tenancy tests run two namespaces side by side, Redis under the ACL users of
+//! `asya_api::state_proxy::redis_acl`, and play a tenant that tries to reach the other.
 //! Skips without the servers (`source tests/services/env`).
 
 #[path = "../../tests/services/require.rs"]
@@ -17,6 +19,8 @@ use hyper::{HeaderMap, Request};
 use hyper_util::rt::TokioIo;
 
 const BUCKET: &str = "asya-state-proxy-test";
+/// The namespace of the tests that are not about namespaces.
+const NS: &str = "state-proxy-test";
 
 fn s3() -> bool {
     require::servers("the S3-compatible server", &["ASYA_TEST_S3_ENDPOINT"])
@@ -49,16 +53,19 @@ impl Drop for Connector {
 }
 
 impl Connector {
-    async fn start(connector: &str, prefix: &str, extra: &[(&str, &str)]) -> Connector {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let socket = dir.path().join("c.sock");
+    /// The connector's command: namespace [`NS`] and the test servers unless `extra` says
+    /// otherwise (later variables win).
+    fn command(connector: &str, socket: &Path, prefix: &str, extra: &[(&str, &str)]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_asya-state-proxy"));
         cmd.arg(connector)
-            .env("CONNECTOR_SOCKET", &socket)
+            .env("CONNECTOR_SOCKET", socket)
+            .env("ASYA_NAMESPACE", NS)
             .env("STATE_BUCKET", BUCKET)
             .env("STATE_PREFIX", prefix)
             .env("ASYA_LOG_FORMAT", "text")
             .env("ASYA_LOG_LEVEL", "warn")
+            .env_remove("REDIS_USERNAME")
+            .env_remove("REDIS_PASSWORD")
             .stdout(Stdio::null());
         if let Ok(ep) = std::env::var("ASYA_TEST_S3_ENDPOINT") {
             cmd.env("AWS_ENDPOINT_URL", ep);
@@ -69,7 +76,25 @@ impl Connector {
         for (k, v) in extra {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("start the connector");
+        cmd
+    }
+
+    async fn start(connector: &str, prefix: &str, extra: &[(&str, &str)]) -> Connector {
+        Connector::start_logging(connector, prefix, extra, Stdio::inherit()).await
+    }
+
+    async fn start_logging(
+        connector: &str,
+        prefix: &str,
+        extra: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Connector {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("c.sock");
+        let child = Connector::command(connector, &socket, prefix, extra)
+            .stderr(stderr)
+            .spawn()
+            .expect("start the connector");
         let c = Connector {
             child,
             socket,
@@ -174,11 +199,16 @@ async fn s3_client() -> aws_sdk_s3::Client {
 /// CRUD, exclusive create, HEAD of files and directories, listing, attributes: what every
 /// connector answers alike.
 async fn contract(connector: &str) {
+    contract_with(connector, &[]).await;
+}
+
+/// The contract with `extra` settings (a namespace, a Redis user).
+async fn contract_with(connector: &str, extra: &[(&str, &str)]) {
     if connector.starts_with("s3") {
         s3_client().await;
     }
     let prefix = unique(connector);
-    let c = Connector::start(connector, &prefix, &[]).await;
+    let c = Connector::start(connector, &prefix, extra).await;
 
     let (s, _, b) = c.call("GET", "/keys/runs/missing.json", b"").await;
     assert_eq!(s, 404, "{b:?}");
@@ -312,12 +342,9 @@ async fn contract(connector: &str) {
 
     // A buffered connector refuses bodies over its bound.
     if connector != "s3-passthrough" {
-        let big = Connector::start(
-            connector,
-            &prefix,
-            &[("ASYA_STATE_MAX_BUFFER_BYTES", "1024")],
-        )
-        .await;
+        let mut small: Vec<(&str, &str)> = extra.to_vec();
+        small.push(("ASYA_STATE_MAX_BUFFER_BYTES", "1024"));
+        let big = Connector::start(connector, &prefix, &small).await;
         let (s, _, b) = big.call("PUT", "/keys/big", &[7u8; 2048]).await;
         assert_eq!(s, 413, "{b:?}");
     }
@@ -354,12 +381,16 @@ async fn redis_buffered_cas_contract() {
 /// Two pods (two connector processes) read the same key, both write: the second write is
 /// refused with 409 (FileExistsError in the runtime), and the first one's bytes stay.
 async fn cas_conflict(connector: &str) {
+    cas_conflict_with(connector, &[]).await;
+}
+
+async fn cas_conflict_with(connector: &str, extra: &[(&str, &str)]) {
     if connector.starts_with("s3") {
         s3_client().await;
     }
     let prefix = unique(connector);
-    let a = Connector::start(connector, &prefix, &[]).await;
-    let b = Connector::start(connector, &prefix, &[]).await;
+    let a = Connector::start(connector, &prefix, extra).await;
+    let b = Connector::start(connector, &prefix, extra).await;
     a.call("PUT", "/keys/counter", b"0").await;
     assert_eq!(a.call("GET", "/keys/counter", b"").await.0, 200);
     assert_eq!(b.call("GET", "/keys/counter", b"").await.0, 200);
@@ -463,7 +494,7 @@ async fn s3_passthrough_streams_large_objects_in_bounded_memory() {
     let head = s3
         .head_object()
         .bucket(BUCKET)
-        .key(format!("{prefix}/big.bin"))
+        .key(format!("{NS}/{prefix}/big.bin"))
         .send()
         .await
         .expect("the object is in S3");
@@ -551,7 +582,7 @@ async fn s3_passthrough_killed_mid_upload_leaves_no_object() {
     let listed = s3
         .list_objects_v2()
         .bucket(BUCKET)
-        .prefix(&prefix)
+        .prefix(format!("{NS}/{prefix}"))
         .send()
         .await
         .expect("list");
@@ -561,7 +592,7 @@ async fn s3_passthrough_killed_mid_upload_leaves_no_object() {
     let uploads = s3
         .list_multipart_uploads()
         .bucket(BUCKET)
-        .prefix(&prefix)
+        .prefix(format!("{NS}/{prefix}"))
         .send()
         .await
         .expect("list uploads");
@@ -610,7 +641,7 @@ async fn s3_passthrough_sigterm_finishes_the_upload_in_flight() {
     let head = s3
         .head_object()
         .bucket(BUCKET)
-        .key(format!("{prefix}/whole.bin"))
+        .key(format!("{NS}/{prefix}/whole.bin"))
         .send()
         .await
         .expect("the object is in S3");
@@ -645,6 +676,9 @@ async fn refusals_come_before_the_backend() {
     .await;
     for (method, path, status, says) in [
         ("GET", "/keys/a/../b", 400, ".."),
+        ("GET", "/keys/%2e%2e/other-ns/x", 400, ".."),
+        ("GET", "/keys/%2Fother-ns/x", 400, "relative"),
+        ("GET", "/keys/?prefix=%2e%2e/", 400, ".."),
         ("PUT", "/keys/a//b", 400, "empty segments"),
         ("GET", "/keys/100%", 400, "%25"),
         ("GET", "/keys/?prefix=runs", 400, "end with /"),
@@ -745,5 +779,485 @@ async fn redis_concurrent_writers_exactly_one_wins() {
         let winner = if ra.0 == 200 { "a" } else { "b" };
         let (_, _, body) = a.call("GET", "/keys/n", b"").await;
         assert_eq!(body, format!("{winner}{round}").as_bytes(), "round {round}");
+    }
+}
+
+// ---- Tenancy: one namespace's connector, or its Redis user, cannot reach another's state ----
+
+/// A namespace name of this run (a DNS label), so concurrent runs do not share users or keys.
+fn unique_ns(tag: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("sp-{tag}-{}-{n}", std::process::id())
+}
+
+/// A password nobody else knows (a per-process random hasher key, mixed with the name).
+fn password(ns: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write(ns.as_bytes());
+    let a = h.finish();
+    h.write_u64(a);
+    format!("{a:016x}{:016x}", h.finish())
+}
+
+/// The test Redis' URL without its user-info (the admin's password): the shared URL a
+/// namespace's connector gets, its own user and password coming apart.
+fn redis_url_bare() -> String {
+    let url = std::env::var("ASYA_TEST_REDIS_URL").expect("ASYA_TEST_REDIS_URL");
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://{}", &url[at + 1..]),
+        _ => url,
+    }
+}
+
+async fn redis_admin() -> redis::aio::MultiplexedConnection {
+    let url = std::env::var("ASYA_TEST_REDIS_URL").expect("ASYA_TEST_REDIS_URL");
+    redis::Client::open(url)
+        .expect("the Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to Redis as its admin (the default user)")
+}
+
+/// A namespace's ACL user, made from the api's rule as the provisioner makes it; the user
+/// and the namespace's keys are removed when dropped.
+struct TenantUser {
+    ns: String,
+    username: String,
+    password: String,
+    /// The shared URL, without credentials.
+    url: String,
+}
+
+impl TenantUser {
+    async fn create(tag: &str) -> TenantUser {
+        use asya_api::state_proxy::redis_acl;
+        let ns = unique_ns(tag);
+        let password = password(&ns);
+        let args = redis_acl::setuser_args(&ns, &password).expect("a valid namespace");
+        let mut admin = redis_admin().await;
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(&args)
+            .query_async(&mut admin)
+            .await
+            .unwrap_or_else(|e| panic!("ACL SETUSER {}: {e}", redis_acl::Redacted(&args)));
+        TenantUser {
+            username: redis_acl::username(&ns),
+            ns,
+            password,
+            url: redis_url_bare(),
+        }
+    }
+
+    /// The connector's settings for this namespace and user, as injection gives them.
+    fn env(&self) -> Vec<(&str, &str)> {
+        vec![
+            ("ASYA_NAMESPACE", self.ns.as_str()),
+            ("REDIS_URL", self.url.as_str()),
+            ("REDIS_USERNAME", self.username.as_str()),
+            ("REDIS_PASSWORD", self.password.as_str()),
+        ]
+    }
+
+    /// A raw connection as this user: what a handler holding the namespace's Secret has.
+    async fn raw(&self) -> redis::aio::MultiplexedConnection {
+        let url = self.url.replacen(
+            "redis://",
+            &format!("redis://{}:{}@", self.username, self.password),
+            1,
+        );
+        redis::Client::open(url)
+            .expect("the Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect as the namespace's user")
+    }
+}
+
+impl Drop for TenantUser {
+    fn drop(&mut self) {
+        let Ok(url) = std::env::var("ASYA_TEST_REDIS_URL") else {
+            return;
+        };
+        let Ok(mut admin) = redis::Client::open(url).and_then(|c| c.get_connection()) else {
+            return;
+        };
+        let _: redis::RedisResult<()> = redis::cmd("ACL")
+            .arg("DELUSER")
+            .arg(&self.username)
+            .query(&mut admin);
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg(format!("{}/*", self.ns))
+            .query(&mut admin)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut admin);
+        }
+    }
+}
+
+/// The ACL LOG entries (denials) of `username`: a connector that needed a command or key
+/// its user lacks leaves one.
+async fn acl_denials(username: &str) -> Vec<String> {
+    let mut admin = redis_admin().await;
+    let log: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut admin)
+        .await
+        .expect("ACL LOG");
+    log.into_iter()
+        .filter(|e| {
+            matches!(e.get("username"), Some(redis::Value::BulkString(u)) if u == username.as_bytes())
+        })
+        .map(|e| format!("{e:?}"))
+        .collect()
+}
+
+/// The refusal of one raw command: its error code, or "OK" if it ran.
+async fn refusal(conn: &mut redis::aio::MultiplexedConnection, cmd: &redis::Cmd) -> String {
+    match cmd.query_async::<redis::Value>(conn).await {
+        Ok(v) => format!("OK {v:?}"),
+        Err(e) => e.code().unwrap_or("no code").to_string(),
+    }
+}
+
+/// Two namespaces on one Redis, each connector under its namespace's ACL user: the whole
+/// contract works for each (so the allowlist holds every command the connector sends, and
+/// no denial is logged), and neither the other namespace's connector nor its user with raw
+/// commands reaches the first one's keys.
+#[tokio::test]
+async fn redis_namespaces_are_isolated_under_acl_users() {
+    if !redis() {
+        return;
+    }
+    let a = TenantUser::create("a").await;
+    let b = TenantUser::create("b").await;
+    contract_with("redis-buffered-cas", &a.env()).await;
+    cas_conflict_with("redis-buffered-cas", &b.env()).await;
+    assert_eq!(acl_denials(&a.username).await, Vec::<String>::new());
+    assert_eq!(acl_denials(&b.username).await, Vec::<String>::new());
+
+    // A's data, as A's handler would write it (a prefix of its own: the contract above wrote
+    // under other prefixes of the same namespace).
+    let ca = Connector::start("redis-buffered-cas", "app", &a.env()).await;
+    assert_eq!(
+        ca.call("PUT", "/keys/secret/plan.json", b"A's plan")
+            .await
+            .0,
+        200
+    );
+    ca.call("PUT", "/meta/secret/plan.json?attr=owner", b"a")
+        .await;
+    let a_key = format!("{}/app/secret/plan.json", a.ns);
+    let a_index = format!("{}/\u{1}asya-state-proxy-index", a.ns);
+    let a_counter = format!("{}/\u{1}asya-state-proxy-version", a.ns);
+
+    // B's connector: no request names A's keys.
+    let cb = Connector::start("redis-buffered-cas", "app", &b.env()).await;
+    assert_eq!(cb.call("PUT", "/keys/mine.txt", b"B").await.0, 200);
+    let (_, _, l) = cb.call("GET", "/keys/?prefix=&delimiter=/", b"").await;
+    assert_eq!(
+        json(&l),
+        serde_json::json!({"keys": ["mine.txt"], "prefixes": []})
+    );
+    let (_, _, l) = cb.call("GET", "/keys/?prefix=", b"").await;
+    assert_eq!(json(&l)["keys"], serde_json::json!(["mine.txt"]));
+    for path in [
+        "/keys/secret/plan.json",
+        "/meta/secret/plan.json",
+        "/keys/secret",
+    ] {
+        assert_eq!(cb.call("GET", path, b"").await.0, 404, "{path}");
+    }
+    let up = format!("/keys/../../{}/app/secret/plan.json", a.ns);
+    let up_encoded = format!("/keys/%2e%2e/%2E%2E%2F{}%2Fapp%2Fsecret%2Fplan.json", a.ns);
+    let rooted = format!("/keys/%2F{}/app/secret/plan.json", a.ns);
+    let listing_up = format!("/keys/?prefix=..%2F..%2F{}%2F", a.ns);
+    for path in [&up, &up_encoded, &rooted] {
+        for method in ["GET", "PUT", "DELETE", "HEAD"] {
+            let (s, _, body) = cb.call(method, path, b"B was here").await;
+            assert_eq!(s, 400, "{method} {path}: {body:?}");
+        }
+        let meta = path.replacen("/keys/", "/meta/", 1);
+        assert_eq!(cb.call("GET", &meta, b"").await.0, 400, "{meta}");
+        let meta_put = format!("{meta}?attr=owner");
+        assert_eq!(cb.call("PUT", &meta_put, b"b").await.0, 400, "{meta_put}");
+    }
+    assert_eq!(cb.call("GET", &listing_up, b"").await.0, 400);
+    let (s, _, _) = cb.call("HEAD", "/keys/secret", b"").await;
+    assert_eq!(s, 404, "A's directory is not B's");
+
+    // B's user, raw: every command that would touch A's keys, or every key, is NOPERM. (DEBUG
+    // is not tried: Redis 7 refuses it before the ACL unless enable-debug-command is set.)
+    let mut raw = b.raw().await;
+    let mut own = redis::cmd("HGET");
+    own.arg(format!("{}/app/mine.txt", b.ns)).arg("d");
+    let mine: Option<Vec<u8>> = own
+        .query_async(&mut raw)
+        .await
+        .expect("B's user reads B's key");
+    assert_eq!(mine.as_deref(), Some(&b"B"[..]));
+    let mut attempts: Vec<redis::Cmd> = Vec::new();
+    for (name, args) in [
+        ("GET", vec![a_key.as_str()]),
+        ("HGET", vec![a_key.as_str(), "d"]),
+        ("HMGET", vec![a_key.as_str(), "d", "v"]),
+        ("HGETALL", vec![a_key.as_str()]),
+        ("HSET", vec![a_key.as_str(), "d", "B's plan"]),
+        ("DEL", vec![a_key.as_str()]),
+        ("EXISTS", vec![a_key.as_str()]),
+        ("WATCH", vec![a_key.as_str()]),
+        ("ZRANGEBYLEX", vec![a_index.as_str(), "-", "+"]),
+        ("ZREM", vec![a_index.as_str(), a_key.as_str()]),
+        ("INCR", vec![a_counter.as_str()]),
+        ("SCAN", vec!["0"]),
+        ("KEYS", vec!["*"]),
+        ("FLUSHALL", vec![]),
+        ("FLUSHDB", vec![]),
+        ("CONFIG", vec!["GET", "*"]),
+        ("ACL", vec!["LIST"]),
+        ("ACL", vec!["SETUSER", b.username.as_str(), "~*", "+@all"]),
+        (
+            "EVAL",
+            vec!["return redis.call('GET', KEYS[1])", "1", a_key.as_str()],
+        ),
+        ("EVAL", vec!["return redis.call('KEYS', '*')", "0"]),
+        ("EVAL", vec!["while true do end", "0"]),
+        ("FUNCTION", vec!["LIST"]),
+        ("RENAME", vec![a_key.as_str(), "x"]),
+        ("COPY", vec![a_key.as_str(), "x"]),
+        ("SELECT", vec!["1"]),
+    ] {
+        let mut c = redis::cmd(name);
+        for arg in args {
+            c.arg(arg);
+        }
+        attempts.push(c);
+    }
+    for c in &attempts {
+        assert_eq!(
+            refusal(&mut raw, c).await,
+            "NOPERM",
+            "{:?}",
+            String::from_utf8_lossy(&c.get_packed_command())
+        );
+    }
+    // A's state is untouched, and A's connector still reads it.
+    let (s, _, body) = ca.call("GET", "/keys/secret/plan.json", b"").await;
+    assert_eq!((s, &body[..]), (200, &b"A's plan"[..]));
+    let (_, _, l) = ca.call("GET", "/keys/?prefix=&delimiter=/", b"").await;
+    assert_eq!(
+        json(&l),
+        serde_json::json!({"keys": [], "prefixes": ["secret/"]})
+    );
+}
+
+/// The connector runs and fails without ever showing the password: refused settings name the
+/// variable, a wrong password is a 502 that does not repeat it.
+#[tokio::test]
+async fn redis_passwords_never_show() {
+    if !redis() {
+        return;
+    }
+    let a = TenantUser::create("pw").await;
+    // A URL with a password beside REDIS_USERNAME/PASSWORD: refused at start.
+    let with_password = a.url.replacen("redis://", "redis://:url-secret-77@", 1);
+    let mut env = a.env();
+    env.push(("REDIS_URL", &with_password));
+    let out = Connector::command(
+        "redis-buffered-cas",
+        Path::new("/nonexistent/s.sock"),
+        "",
+        &env,
+    )
+    .stderr(Stdio::piped())
+    .output()
+    .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("REDIS_URL") && err.contains("REDIS_USERNAME"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("url-secret-77") && !err.contains(&a.password),
+        "{err}"
+    );
+
+    // A wrong password: the connector serves, each request is a 502 without the password.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("stderr");
+    let wrong = format!("{}-wrong", a.password);
+    let env = [
+        ("ASYA_NAMESPACE", a.ns.as_str()),
+        ("REDIS_URL", a.url.as_str()),
+        ("REDIS_USERNAME", a.username.as_str()),
+        ("REDIS_PASSWORD", wrong.as_str()),
+        ("ASYA_LOG_LEVEL", "debug"),
+    ];
+    let stderr = std::fs::File::create(&log).expect("log file");
+    let c = Connector::start_logging("redis-buffered-cas", "", &env, stderr.into()).await;
+    let (s, _, body) = c.call("GET", "/keys/a", b"").await;
+    assert_eq!(s, 502, "{body:?}");
+    let (s, _, body2) = c.call("PUT", "/keys/a", b"x").await;
+    assert_eq!(s, 502, "{body2:?}");
+    drop(c);
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    for text in [
+        String::from_utf8_lossy(&body),
+        String::from_utf8_lossy(&body2),
+        logged.as_str().into(),
+    ] {
+        assert!(
+            !text.contains(&wrong) && !text.contains(&a.password),
+            "{text}"
+        );
+    }
+    assert!(
+        logged.contains("request failed"),
+        "the failure is logged: {logged}"
+    );
+}
+
+/// STATE_PREFIX nests inside the namespace: `../A` is refused at start; `A` under namespace B
+/// stores under `B/A/`, nowhere near A's keys.
+#[tokio::test]
+async fn redis_state_prefix_stays_inside_the_namespace() {
+    if !redis() {
+        return;
+    }
+    let a = TenantUser::create("pa").await;
+    let b = TenantUser::create("pb").await;
+    for bad in [
+        format!("../{}", a.ns),
+        format!("/{}", a.ns),
+        "x/../..".into(),
+    ] {
+        let out = Connector::command(
+            "redis-buffered-cas",
+            Path::new("/nonexistent/s.sock"),
+            &bad,
+            &b.env(),
+        )
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("STATE_PREFIX") && err.contains(&bad), "{err}");
+    }
+    let cb = Connector::start("redis-buffered-cas", &a.ns, &b.env()).await;
+    assert_eq!(cb.call("PUT", "/keys/x", b"from b").await.0, 200);
+    let mut admin = redis_admin().await;
+    let stored: Option<Vec<u8>> = redis::cmd("HGET")
+        .arg(format!("{}/{}/x", b.ns, a.ns))
+        .arg("d")
+        .query_async(&mut admin)
+        .await
+        .expect("HGET");
+    assert_eq!(stored.as_deref(), Some(&b"from b"[..]));
+    let at_a: bool = redis::cmd("EXISTS")
+        .arg(format!("{}/x", a.ns))
+        .query_async(&mut admin)
+        .await
+        .expect("EXISTS");
+    assert!(!at_a);
+}
+
+/// Without ASYA_NAMESPACE, or with one that is no DNS label, no connector starts.
+#[tokio::test]
+async fn a_connector_without_its_namespace_refuses_to_start() {
+    for (connector, ns) in [
+        ("s3-buffered-lww", ""),
+        ("redis-buffered-cas", ""),
+        ("redis-buffered-cas", "team*"),
+        ("s3-passthrough", "../team-a"),
+    ] {
+        let out = Connector::command(
+            connector,
+            Path::new("/nonexistent/s.sock"),
+            "",
+            &[("ASYA_NAMESPACE", ns), ("REDIS_URL", "redis://127.0.0.1:1")],
+        )
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{connector} {ns:?}: {err}");
+        assert!(
+            err.contains("ASYA_NAMESPACE") && err.contains("DNS label"),
+            "{connector} {ns:?}: {err}"
+        );
+    }
+}
+
+/// S3: keys land under `{namespace}/{STATE_PREFIX}/`; another namespace's connector on the
+/// same bucket, whatever its STATE_PREFIX, sees nothing of them.
+#[tokio::test]
+async fn s3_namespaces_are_isolated() {
+    if !s3() {
+        return;
+    }
+    let s3 = s3_client().await;
+    let (a, b) = (unique_ns("s3a"), unique_ns("s3b"));
+    let ca = Connector::start("s3-buffered-cas", "ckpt", &[("ASYA_NAMESPACE", &a)]).await;
+    assert_eq!(ca.call("PUT", "/keys/runs/r1.json", b"A").await.0, 200);
+    s3.head_object()
+        .bucket(BUCKET)
+        .key(format!("{a}/ckpt/runs/r1.json"))
+        .send()
+        .await
+        .expect("the object is under {namespace}/{STATE_PREFIX}/");
+
+    for prefix in ["", "ckpt", a.as_str()] {
+        let cb = Connector::start("s3-buffered-cas", prefix, &[("ASYA_NAMESPACE", &b)]).await;
+        for query in [
+            "/keys/?prefix=",
+            "/keys/?prefix=&delimiter=/",
+            "/keys/?prefix=runs/",
+        ] {
+            let (s, _, l) = cb.call("GET", query, b"").await;
+            assert_eq!(s, 200, "{l:?}");
+            assert_eq!(
+                json(&l),
+                serde_json::json!({"keys": [], "prefixes": []}),
+                "prefix {prefix:?}, {query}"
+            );
+        }
+        assert_eq!(cb.call("GET", "/keys/runs/r1.json", b"").await.0, 404);
+        assert_eq!(cb.call("GET", "/keys/ckpt/runs/r1.json", b"").await.0, 404);
+        let up = format!("/keys/%2e%2e/{a}/ckpt/runs/r1.json");
+        assert_eq!(cb.call("GET", &up, b"").await.0, 400);
+        assert_eq!(cb.call("DELETE", &up, b"").await.0, 400);
+    }
+    // B's own write lands under B.
+    let cb = Connector::start("s3-buffered-lww", "ckpt", &[("ASYA_NAMESPACE", &b)]).await;
+    assert_eq!(cb.call("PUT", "/keys/runs/r1.json", b"B").await.0, 200);
+    let got = s3
+        .get_object()
+        .bucket(BUCKET)
+        .key(format!("{a}/ckpt/runs/r1.json"))
+        .send()
+        .await
+        .expect("A's object")
+        .body
+        .collect()
+        .await
+        .expect("body")
+        .into_bytes();
+    assert_eq!(&got[..], b"A", "A's object is untouched");
+    let (_, _, l) = ca.call("GET", "/keys/?prefix=runs/", b"").await;
+    assert_eq!(json(&l)["keys"], serde_json::json!(["runs/r1.json"]));
+    for (ns, key) in [(&a, "r1.json"), (&b, "r1.json")] {
+        let _ = s3
+            .delete_object()
+            .bucket(BUCKET)
+            .key(format!("{ns}/ckpt/runs/{key}"))
+            .send()
+            .await;
     }
 }

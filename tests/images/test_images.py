@@ -644,7 +644,8 @@ def test_state_proxy_stores_a_file_in_s3_as_nonroot_on_a_read_only_root(imported
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
         s3.create_bucket(Bucket=bucket)
     prefix = f"image-test-{uuid.uuid4().hex[:8]}"
-    env = ("CONNECTOR_SOCKET=/var/run/asya/state/ckpt.sock", f"STATE_BUCKET={bucket}", f"STATE_PREFIX={prefix}",
+    env = ("CONNECTOR_SOCKET=/var/run/asya/state/ckpt.sock", "ASYA_NAMESPACE=image-test", f"STATE_BUCKET={bucket}",
+           f"STATE_PREFIX={prefix}",
            f"AWS_ENDPOINT_URL={S3_ENDPOINT}", "AWS_REGION=us-east-1", "AWS_ACCESS_KEY_ID=test",
            "AWS_SECRET_ACCESS_KEY=test")
     with running(imported["asya-state-proxy"], "/usr/local/bin/asya-state-proxy", "s3-buffered-cas", env=env,
@@ -657,5 +658,6 @@ def test_state_proxy_stores_a_file_in_s3_as_nonroot_on_a_read_only_root(imported
         status, body = state_call(sock_path, "PUT", "/keys/runs/run-42.json", b'{"step": 7}')
         assert status == 200, body
         assert state_call(sock_path, "GET", "/keys/runs/run-42.json") == (200, b'{"step": 7}')
-        got = s3.get_object(Bucket=bucket, Key=f"{prefix}/runs/run-42.json")["Body"].read()
+        # Under the namespace it serves, then its prefix.
+        got = s3.get_object(Bucket=bucket, Key=f"image-test/{prefix}/runs/run-42.json")["Body"].read()
         assert got == b'{"step": 7}'

@@ -77,9 +77,15 @@ def require_rust_backend():
 RUST_MAX_BUFFER = 16 * 1024 * 1024
 
 
+# The namespace the Rust connectors serve (on a pod, the webhook sets it from the pod's
+# namespace): every object is under `{namespace}/{STATE_PREFIX}/`.
+RUST_NAMESPACE = "runtime-test"
+
+
 def start_rust_connector(sock_dir, name, connector, bucket):
     sock = os.path.join(str(sock_dir), name + ".sock")
-    env = dict(os.environ, CONNECTOR_SOCKET=sock, STATE_BUCKET=bucket, STATE_PREFIX=name,
+    env = dict(os.environ, CONNECTOR_SOCKET=sock, ASYA_NAMESPACE=RUST_NAMESPACE, STATE_BUCKET=bucket,
+               STATE_PREFIX=name,
                AWS_ENDPOINT_URL=os.environ["ASYA_TEST_S3_ENDPOINT"], AWS_REGION="us-east-1",
                ASYA_LOG_LEVEL="warn", ASYA_STATE_MAX_BUFFER_BYTES=str(RUST_MAX_BUFFER))
     env.pop("ASYA_METRICS_ADDR", None)
@@ -131,7 +137,8 @@ def file_state(tmp_path):
 @pytest.fixture
 def rust_state(tmp_path):
     """The same two mounts served by the Rust connector: `ckpt` by s3-buffered-cas, `media` by
-    s3-passthrough, in a fresh bucket (keys `{mount}/{key}`); readers get objects from S3."""
+    s3-passthrough, in a fresh bucket (keys `{namespace}/{mount}/{key}`); readers get objects
+    from S3."""
     require_rust_backend()
     sock_dir = tmp_path / "sockets"
     sock_dir.mkdir()
@@ -142,7 +149,8 @@ def rust_state(tmp_path):
              start_rust_connector(sock_dir, "media", "s3-passthrough", bucket)]
 
     def s3_reader(name):
-        return lambda key: client.get_object(Bucket=bucket, Key="%s/%s" % (name, key))["Body"].read()
+        return lambda key: client.get_object(Bucket=bucket, Key="%s/%s/%s" % (RUST_NAMESPACE, name, key))[
+            "Body"].read()
 
     try:
         readers = {n: s3_reader(n) for n in ("ckpt", "media")}

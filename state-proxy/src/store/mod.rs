@@ -32,7 +32,8 @@ pub type Meta = serde_json::Value;
 
 pub enum Store {
     S3(s3::S3Store),
-    Redis(redis::RedisStore),
+    // Boxed: it holds its connection pool and is much larger than the S3 store.
+    Redis(Box<redis::RedisStore>),
 }
 
 impl Store {

@@ -20,7 +20,8 @@ use tokio_util::io::ReaderStream;
 use super::{Head, Meta, Object, body_error, meta, read_bounded};
 use crate::cas::{self, Condition, Seen, SeenVersions};
 use crate::error::{Failure, ProxyError, classify};
-use crate::keys::{self, Listing};
+use crate::keys::Listing;
+use crate::scope::Scope;
 
 /// Attributes S3 itself keeps; `setxattr` on them is 403.
 const READ_ONLY_ATTRS: [&str; 2] = ["size", "etag"];
@@ -37,7 +38,7 @@ pub enum Mode {
 pub struct S3Store {
     client: Client,
     bucket: String,
-    prefix: String,
+    scope: Scope,
     mode: Mode,
     timeout: Duration,
     max_buffer: u64,
@@ -48,7 +49,8 @@ pub struct S3Store {
 
 pub struct S3Settings {
     pub bucket: String,
-    pub prefix: String,
+    /// Every object is under `{namespace}/{STATE_PREFIX}/`.
+    pub scope: Scope,
     pub mode: Mode,
     pub timeout: Duration,
     pub max_buffer: u64,
@@ -87,7 +89,7 @@ impl S3Store {
         S3Store {
             client,
             bucket: s.bucket,
-            prefix: s.prefix,
+            scope: s.scope,
             mode: s.mode,
             timeout: s.timeout,
             max_buffer: s.max_buffer,
@@ -97,8 +99,9 @@ impl S3Store {
         }
     }
 
-    fn full(&self, key: &str) -> String {
-        keys::full_key(&self.prefix, key)
+    /// The object key: only ever made by the scope, from a checked key.
+    fn full(&self, key: &str) -> Result<String, ProxyError> {
+        self.scope.key(key)
     }
 
     /// One backend call, bounded by the connector's timeout (504 past it).
@@ -127,7 +130,7 @@ impl S3Store {
     }
 
     pub async fn get(&self, key: &str) -> Result<Object, ProxyError> {
-        let full = self.full(key);
+        let full = self.full(key)?;
         let req = self
             .client
             .get_object()
@@ -191,7 +194,7 @@ impl S3Store {
             .client
             .put_object()
             .bucket(&self.bucket)
-            .key(self.full(key))
+            .key(self.full(key)?)
             .body(ByteStream::from(bytes));
         req = match condition {
             Condition::None => req,
@@ -277,7 +280,7 @@ impl S3Store {
                 Err(e) => return Err(e),
             }
         }
-        let full = self.full(key);
+        let full = self.full(key)?;
         let create = self
             .client
             .create_multipart_upload()
@@ -382,7 +385,7 @@ impl S3Store {
             .client
             .head_object()
             .bucket(&self.bucket)
-            .key(self.full(key))
+            .key(self.full(key)?)
             .send();
         match self.call(key, req).await? {
             Ok(out) => Ok(Head {
@@ -394,7 +397,7 @@ impl S3Store {
             }),
             Err((Failure::Status(404), _)) => {
                 // A "directory": some key below it exists.
-                let below = self.full(&format!("{key}/"));
+                let below = format!("{}/", self.full(key)?);
                 let req = self
                     .client
                     .list_objects_v2()
@@ -430,7 +433,7 @@ impl S3Store {
             .client
             .delete_object()
             .bucket(&self.bucket)
-            .key(self.full(key))
+            .key(self.full(key)?)
             .send();
         match self.call(key, req).await? {
             Ok(_) => {
@@ -442,12 +445,8 @@ impl S3Store {
     }
 
     pub async fn list(&self, prefix: &str, delimiter: Option<&str>) -> Result<Listing, ProxyError> {
-        // The mount's root is `{STATE_PREFIX}/`, or the whole bucket without a prefix.
-        let full_prefix = match (prefix.is_empty(), self.prefix.is_empty()) {
-            (true, true) => String::new(),
-            (true, false) => format!("{}/", self.prefix),
-            (false, _) => self.full(prefix),
-        };
+        // The mount's root is `{namespace}/` or `{namespace}/{STATE_PREFIX}/`, never the bucket.
+        let full_prefix = self.scope.list_prefix(prefix)?;
         let mut listing = Listing::default();
         let mut token: Option<String> = None;
         loop {
@@ -465,18 +464,12 @@ impl S3Store {
                 Err(f) => return Err(self.fail(prefix, f)),
             };
             for o in out.contents() {
-                if let Some(k) = o
-                    .key()
-                    .and_then(|k| keys::strip_state_prefix(&self.prefix, k))
-                {
+                if let Some(k) = o.key().and_then(|k| self.scope.relative(k)) {
                     listing.keys.push(k.to_string());
                 }
             }
             for p in out.common_prefixes() {
-                if let Some(k) = p
-                    .prefix()
-                    .and_then(|k| keys::strip_state_prefix(&self.prefix, k))
-                {
+                if let Some(k) = p.prefix().and_then(|k| self.scope.relative(k)) {
                     listing.prefixes.push(k.to_string());
                 }
             }
@@ -498,7 +491,7 @@ impl S3Store {
             .client
             .head_object()
             .bucket(&self.bucket)
-            .key(self.full(key))
+            .key(self.full(key)?)
             .send();
         self.call(key, req).await?.map_err(|f| self.fail(key, f))
     }
@@ -523,12 +516,13 @@ impl S3Store {
         let out = self.head_object(key).await?;
         let mut user: HashMap<String, String> = out.metadata().cloned().unwrap_or_default();
         user.insert(attr.to_string(), value.to_string());
-        let source = format!("{}/{}", self.bucket, encode_copy_source(&self.full(key)));
+        let full = self.full(key)?;
+        let source = format!("{}/{}", self.bucket, encode_copy_source(&full));
         let mut req = self
             .client
             .copy_object()
             .bucket(&self.bucket)
-            .key(self.full(key))
+            .key(&full)
             .copy_source(source)
             .metadata_directive(MetadataDirective::Replace)
             .set_metadata(Some(user));
