@@ -452,14 +452,3 @@ pub fn warnings(entries: &[StateProxy], config: &StateProxyConfig) -> Vec<String
 
 #[cfg(test)]
 mod tests;
-
-/// The ACL rules of namespace `ns`'s Redis user, after `reset` (the password is added
-/// apart): [`redis_acl::rules`]. A name that is not a DNS label (no Kubernetes namespace) gets
-/// rules that grant nothing, rather than a key pattern that could be a wider glob.
-pub fn redis_acl_rules(ns: &str) -> Vec<String> {
-    redis_acl::rules(ns).unwrap_or_else(|_| {
-        ["resetkeys", "resetchannels", "-@all"]
-            .map(String::from)
-            .to_vec()
-    })
-}

@@ -562,19 +562,8 @@ impl Cluster for KubeCluster {
         res
     }
 
-    async fn state_user_put(
-        &self,
-        user: &str,
-        password: &str,
-        rules: &[String],
-    ) -> Result<(), StateError> {
-        let res = async {
-            self.state_admin()
-                .await?
-                .put_user(user, password, rules)
-                .await
-        }
-        .await;
+    async fn state_user_put(&self, ns: &str, password: &str) -> Result<(), StateError> {
+        let res = async { self.state_admin().await?.put_user(ns, password).await }.await;
         self.state_op("identity", &res);
         res
     }

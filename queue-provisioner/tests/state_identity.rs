@@ -1,6 +1,6 @@
 //! A namespace's state identity on the real Redis of tests/services (docs/DESIGN.md §9): the
 //! provisioner's admin client makes the namespace's user with the rules of
-//! `state_identity::plan::acl_rules`; connected as that user, a client reaches its own
+//! `asya_api::state_proxy::redis_acl`; connected as that user, a client reaches its own
 //! namespace's keys and nothing else (Redis itself refuses); a rotated password replaces the
 //! old; a deleted user's connections are closed; the owner mark is set once and kept. Run
 //! `tests/services/up` and `source tests/services/env` first; without them the test skips
@@ -74,14 +74,8 @@ async fn a_namespace_user_reaches_its_own_keys_and_nothing_else() {
     let admin = admin();
     let (a, b) = (unique("a"), unique("b"));
     let (ua, ub) = (plan::user(&a), plan::user(&b));
-    admin
-        .put_user(&ua, "pw-a-0123456789", &plan::acl_rules(&a))
-        .await
-        .unwrap();
-    admin
-        .put_user(&ub, "pw-b-0123456789", &plan::acl_rules(&b))
-        .await
-        .unwrap();
+    admin.put_user(&a, "pw-a-0123456789").await.unwrap();
+    admin.put_user(&b, "pw-b-0123456789").await.unwrap();
 
     let mut ca = connect_as(&ua, "pw-a-0123456789").await.unwrap();
     let mut cb = connect_as(&ub, "pw-b-0123456789").await.unwrap();
@@ -120,10 +114,7 @@ async fn a_namespace_user_reaches_its_own_keys_and_nothing_else() {
     assert_eq!(still, redis::Value::BulkString(b"A's".to_vec()));
 
     // Rotation: the new password only.
-    admin
-        .put_user(&ub, "pw-b-rotated-0123", &plan::acl_rules(&b))
-        .await
-        .unwrap();
+    admin.put_user(&b, "pw-b-rotated-0123").await.unwrap();
     let e = connect_as(&ub, "pw-b-0123456789")
         .await
         .expect_err("old password");

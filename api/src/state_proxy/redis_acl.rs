@@ -224,14 +224,4 @@ mod tests {
         );
         assert!(setuser_args("n*", "pw").is_err());
     }
-
-    #[test]
-    fn the_provisioners_rules_are_these_and_grant_nothing_to_a_bad_name() {
-        use crate::state_proxy::redis_acl_rules;
-        assert_eq!(redis_acl_rules("team"), rules("team").unwrap());
-        assert_eq!(
-            redis_acl_rules("a*"),
-            vec!["resetkeys", "resetchannels", "-@all"]
-        );
-    }
 }

@@ -228,13 +228,12 @@ pub trait Cluster: Send + Sync {
         user: &str,
     ) -> impl Future<Output = Result<(), QueueError>> + Send;
 
-    /// Creates or resets a namespace's user on the platform's Redis (state proxies,
-    /// docs/DESIGN.md §9): exactly `rules`, and `password`.
+    /// Creates or resets namespace `ns`'s user on the platform's Redis (state proxies,
+    /// docs/DESIGN.md §9): `password`, and exactly the connector's rules.
     fn state_user_put(
         &self,
-        user: &str,
+        ns: &str,
         password: &str,
-        rules: &[String],
     ) -> impl Future<Output = Result<(), StateError>> + Send;
     /// Deletes a namespace's Redis user and closes its connections.
     fn state_user_delete(&self, user: &str) -> impl Future<Output = Result<(), StateError>> + Send;

@@ -458,19 +458,16 @@ impl Cluster for Fake {
         Ok(())
     }
 
-    async fn state_user_put(
-        &self,
-        user: &str,
-        password: &str,
-        rules: &[String],
-    ) -> Result<(), StateError> {
+    async fn state_user_put(&self, ns: &str, password: &str) -> Result<(), StateError> {
         let mut w = self.world();
         if !w.redis_up {
             return Err(StateError::Unavailable("redis down".into()));
         }
+        let user = asya_api::state_proxy::redis_acl::username(ns);
+        let rules = asya_api::state_proxy::redis_acl::rules(ns)
+            .map_err(|e| StateError::Rejected(e.to_string()))?;
         w.log.push(format!("put redis user {user}"));
-        w.redis_users
-            .insert(user.into(), (password.into(), rules.to_vec()));
+        w.redis_users.insert(user, (password.into(), rules));
         Ok(())
     }
 

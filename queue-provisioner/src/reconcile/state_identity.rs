@@ -90,12 +90,11 @@ pub async fn ensure<C: Cluster>(
         .map_or(0, |l| l.version.saturating_add(1));
     let now = (k8s_openapi::jiff::Timestamp::now().as_second().max(0) as u64).max(floor);
     let user = state::user(ns);
-    let rules = state::acl_rules(ns);
     let version = match id::password_step(ns, view.as_ref(), now) {
         PasswordStep::Keep { password, version } => {
             // Re-asserted at every look: a Redis restarted without its ACL file has
             // forgotten the user.
-            c.state_user_put(&user, &password, &rules).await?;
+            c.state_user_put(ns, &password).await?;
             version
         }
         PasswordStep::Generate { version, replace } => {
@@ -103,7 +102,7 @@ pub async fn ensure<C: Cluster>(
                 .map_err(|e| StateError::Unavailable(format!("generating a password: {e}")))?;
             // Redis first: a Secret naming a password Redis does not know would start
             // connectors that are refused.
-            c.state_user_put(&user, &password, &rules).await?;
+            c.state_user_put(ns, &password).await?;
             if replace {
                 c.delete(
                     ObjectKind::Secret,

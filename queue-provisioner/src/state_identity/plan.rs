@@ -2,7 +2,7 @@
 //! the ACL rules of the namespace's Redis user. The password and its Secret follow the broker
 //! identity's rules ([`crate::broker_identity::plan`]), with their own Secret and version.
 
-use asya_api::naming;
+use asya_api::state_proxy::redis_acl;
 
 /// On the state Secret, and on the pod template of every workload that uses it, so that a
 /// new password rolls the pods holding the old one.
@@ -15,9 +15,10 @@ pub fn owner_key(ns: &str) -> String {
     format!("asya:owner:{ns}")
 }
 
-/// The Redis user of namespace `ns` (the same name as its broker user).
+/// The Redis user of namespace `ns` (the same name as its broker user, so the Secret's
+/// `username` is checked by the broker identity's rule).
 pub fn user(ns: &str) -> String {
-    naming::tenant_broker_user(ns)
+    redis_acl::username(ns)
 }
 
 /// What the owner mark says, against the namespace as it is now.
@@ -36,12 +37,6 @@ pub fn owner(previous: Option<&str>, uid: &str) -> Owner {
         Some(p) if p == uid => Owner::Ours,
         Some(p) => Owner::Earlier(p.to_string()),
     }
-}
-
-/// The ACL rules of namespace `ns`'s user after `reset` (the password is added apart):
-/// enabled, its own keys only, no channels, and exactly the commands the connector issues.
-pub fn acl_rules(ns: &str) -> Vec<String> {
-    asya_api::state_proxy::redis_acl_rules(ns)
 }
 
 #[cfg(test)]
@@ -67,15 +62,7 @@ mod tests {
     }
 
     #[test]
-    fn the_rules_confine_the_user_to_its_namespace() {
-        let rules = acl_rules("team");
-        assert!(rules.iter().any(|r| r == "~team/*"), "{rules:?}");
-        assert!(!rules.iter().any(|r| r.starts_with('~') && r != "~team/*"));
-        assert!(rules.iter().any(|r| r == "-@all"), "{rules:?}");
-        assert!(
-            !rules
-                .iter()
-                .any(|r| r == "+@all" || r == "allkeys" || r == "allcommands")
-        );
+    fn the_user_is_the_broker_users_name() {
+        assert_eq!(user("team"), asya_api::naming::tenant_broker_user("team"));
     }
 }

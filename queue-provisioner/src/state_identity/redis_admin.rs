@@ -8,6 +8,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
+use asya_api::state_proxy::redis_acl;
+
 use super::StateError;
 use super::plan::owner_key;
 
@@ -76,20 +78,16 @@ impl RedisAdmin {
         }
     }
 
-    /// Creates or resets user `user`: `reset` first, so the rules are exactly `rules` and the
-    /// password exactly `password` (a rotated one replaces the old; connections already
-    /// authenticated stay, as on the broker).
-    pub async fn put_user(
-        &self,
-        user: &str,
-        password: &str,
-        rules: &[String],
-    ) -> Result<(), StateError> {
+    /// Creates or resets namespace `ns`'s user with `password` and exactly the connector's
+    /// rules (`asya_api::state_proxy::redis_acl::setuser_args`: `reset` first, so a rotated
+    /// password replaces the old; connections already authenticated stay, as on the broker).
+    pub async fn put_user(&self, ns: &str, password: &str) -> Result<(), StateError> {
+        let args = redis_acl::setuser_args(ns, password)
+            .map_err(|e| StateError::Rejected(e.to_string()))?;
         let mut cmd = redis::cmd("ACL");
-        cmd.arg("SETUSER").arg(user).arg("reset").arg("on");
-        cmd.arg(format!(">{password}"));
-        for r in rules {
-            cmd.arg(r);
+        cmd.arg("SETUSER");
+        for a in &args {
+            cmd.arg(a);
         }
         self.run::<()>(cmd).await
     }
