@@ -435,6 +435,13 @@ impl Cluster for KubeCluster {
             .await
     }
 
+    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
+        let meta = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone())
+            .get_metadata_opt(ns)
+            .await?;
+        Ok(meta.and_then(|m| m.metadata.uid))
+    }
+
     async fn broker_user_put(
         &self,
         transport: &str,

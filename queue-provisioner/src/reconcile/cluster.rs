@@ -176,6 +176,12 @@ pub trait Cluster: Send + Sync {
         ns: &str,
         name: &str,
     ) -> impl Future<Output = Result<Option<Secret>, kube::Error>> + Send;
+    /// The namespace's `metadata.uid` (the gateway report token is bound to it); `None` when
+    /// the namespace does not exist.
+    fn namespace_uid(
+        &self,
+        ns: &str,
+    ) -> impl Future<Output = Result<Option<String>, kube::Error>> + Send;
     /// Creates or updates a namespace's broker user: password and permissions (scoped
     /// identity, docs/DESIGN.md §9).
     fn broker_user_put(

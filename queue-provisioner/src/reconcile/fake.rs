@@ -93,6 +93,14 @@ pub struct World {
     pub actors: Vec<Arc<AsyncActor>>,
     /// Broker users: password and permissions.
     pub users: BTreeMap<String, (String, Permissions)>,
+    /// Namespaces' uids: `None` for a namespace that does not exist; one not listed has
+    /// [`default_namespace_uid`].
+    pub namespace_uids: BTreeMap<String, Option<String>>,
+}
+
+/// The uid of a namespace the fake was told nothing about.
+pub fn default_namespace_uid(ns: &str) -> String {
+    format!("uid-namespace-{ns}")
 }
 
 impl Default for World {
@@ -118,6 +126,7 @@ impl Default for World {
             status: None,
             actors: vec![],
             users: BTreeMap::new(),
+            namespace_uids: BTreeMap::new(),
         }
     }
 }
@@ -318,6 +327,15 @@ impl Cluster for Fake {
             .get(&key(ObjectKind::Secret, ns, name))
             .map(|s| serde_json::from_value(s.body.clone()).map_err(kube::Error::SerdeError))
             .transpose()
+    }
+
+    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
+        let mut w = self.world();
+        w.log.push(format!("read Namespace {ns}"));
+        Ok(w.namespace_uids
+            .get(ns)
+            .cloned()
+            .unwrap_or_else(|| Some(default_namespace_uid(ns))))
     }
 
     async fn broker_user_put(
