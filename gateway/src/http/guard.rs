@@ -118,7 +118,7 @@ pub fn for_callers(s: &Arc<Server>, r: Router) -> Router {
 
 /// Sidecar reports: auth, report tokens only, then the rate limit and the bound in flight
 /// per report namespace (its sidecars together: one namespace cannot take the gateway from
-/// the others; a sidecar retries a 429 with backoff), then the size limit.
+/// the others; a sidecar retries a 429 a few times, then drops the report), then the size limit.
 pub fn for_reporters(s: &Arc<Server>, r: Router) -> Router {
     r.layer(from_fn_with_state(s.clone(), limit_body))
         .layer(from_fn_with_state(s.clone(), reporters_in_flight))
