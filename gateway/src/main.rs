@@ -3,7 +3,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use asya_gateway::serve::{Settings, run};
+use asya_gateway::http::Limits;
+use asya_gateway::serve::{Settings, UidSource, run};
+use asya_gateway::store::retention::Policy;
 use asya_gateway::tools::Tools;
 use clap::{Parser, Subcommand};
 
@@ -25,11 +27,15 @@ enum Command {
         tools: PathBuf,
     },
     /// Print the report token of an actor namespace (for its sidecars' Secret), derived from
-    /// the report key.
+    /// the report key and bound to the namespace's uid.
     ReportToken {
         /// The actor namespace.
         #[arg(long)]
         namespace: String,
+        /// The namespace's metadata.uid; without it, read from the cluster (in the pod, or
+        /// kubectl's kubeconfig).
+        #[arg(long)]
+        namespace_uid: Option<String>,
         /// The report key the gateway serves with.
         #[arg(long, env = "ASYA_GATEWAY_REPORT_KEY_FILE")]
         key_file: PathBuf,
@@ -72,14 +78,48 @@ struct ServeArgs {
     sqs_region: Option<String>,
     #[arg(long, env = "ASYA_SQS_ENDPOINT")]
     sqs_endpoint: Option<String>,
-    /// Requests per second per client (0: no limit); sidecar reports are not limited.
-    #[arg(long, env = "ASYA_GATEWAY_RATE_LIMIT", default_value_t = 50.0)]
+    /// Requests per second per client token (or address without auth); 0: no limit.
+    #[arg(long, env = "ASYA_GATEWAY_RATE_LIMIT", default_value_t = Limits::default().rate)]
     rate_limit: f64,
-    #[arg(long, env = "ASYA_GATEWAY_RATE_BURST", default_value_t = 100.0)]
+    #[arg(long, env = "ASYA_GATEWAY_RATE_BURST", default_value_t = Limits::default().burst)]
     rate_burst: f64,
+    /// Sidecar reports per second per report namespace (all its sidecars); 0: no limit.
+    #[arg(long, env = "ASYA_GATEWAY_REPORT_RATE_LIMIT", default_value_t = Limits::default().report_rate)]
+    report_rate_limit: f64,
+    #[arg(long, env = "ASYA_GATEWAY_REPORT_RATE_BURST", default_value_t = Limits::default().report_burst)]
+    report_rate_burst: f64,
+    /// Requests in flight per client token, an open stream counting until it ends; 0: no
+    /// bound.
+    #[arg(long, env = "ASYA_GATEWAY_MAX_IN_FLIGHT_PER_TOKEN", default_value_t = Limits::default().client_in_flight)]
+    max_in_flight_per_token: usize,
+    /// Reports in flight per report namespace; 0: no bound.
+    #[arg(long, env = "ASYA_GATEWAY_MAX_IN_FLIGHT_PER_REPORT_NAMESPACE", default_value_t = Limits::default().report_in_flight)]
+    max_in_flight_per_report_namespace: usize,
     /// Largest request body accepted.
-    #[arg(long, env = "ASYA_GATEWAY_MAX_BODY_BYTES", default_value_t = 1_048_576)]
+    #[arg(long, env = "ASYA_GATEWAY_MAX_BODY_BYTES", default_value_t = Limits::default().max_body_bytes)]
     max_body_bytes: usize,
+    /// Report tokens are bound to their namespace's uid: `kube` watches the namespaces (a
+    /// token of a namespace deleted since is refused), `off` checks signatures only (no
+    /// cluster; said at start).
+    #[arg(
+        long,
+        env = "ASYA_GATEWAY_NAMESPACE_UIDS",
+        value_enum,
+        default_value = "kube"
+    )]
+    namespace_uids: UidSource,
+    /// Stored envelopes are deleted this long after their final status (e.g. 168h); 0: kept.
+    #[arg(long, env = "ASYA_GATEWAY_RETENTION_FINISHED", default_value = "168h", value_parser = duration)]
+    retention_finished: Duration,
+    /// ... and this long after creation when they never finish; 0: kept.
+    #[arg(long, env = "ASYA_GATEWAY_RETENTION_UNFINISHED", default_value = "720h", value_parser = duration)]
+    retention_unfinished: Duration,
+    /// How often the retention pass runs.
+    #[arg(long, env = "ASYA_GATEWAY_RETENTION_INTERVAL", default_value = "5m", value_parser = duration)]
+    retention_interval: Duration,
+    /// Envelopes of each kind one retention statement deletes at most.
+    #[arg(long, env = "ASYA_GATEWAY_RETENTION_BATCH", default_value_t = Policy::default().batch)]
+    retention_batch: u32,
     /// Host names MCP clients may use (DNS-rebinding protection); empty allows any.
     #[arg(
         long,
@@ -94,6 +134,34 @@ struct ServeArgs {
     /// How often the tools file is checked for changes, in seconds.
     #[arg(long, default_value_t = 2)]
     reload_interval: u64,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    asya_api::duration::parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// The namespace's `metadata.uid` from the cluster (in the pod, or kubectl's kubeconfig).
+fn namespace_uid(namespace: &str) -> Result<String, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let client = kube::Client::try_default().await.map_err(|e| {
+            format!(
+                "no cluster to read namespace {namespace}'s uid from ({e}); pass --namespace-uid"
+            )
+        })?;
+        let api = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client);
+        let meta = api
+            .get_metadata_opt(namespace)
+            .await
+            .map_err(|e| format!("reading namespace {namespace}: {e}"))?
+            .ok_or_else(|| format!("namespace {namespace} does not exist"))?;
+        meta.metadata
+            .uid
+            .ok_or_else(|| format!("namespace {namespace} has no uid"))
+    })
 }
 
 fn init_logs() {
@@ -133,11 +201,18 @@ fn main() -> ExitCode {
         },
         Command::ReportToken {
             namespace,
+            namespace_uid: uid,
             key_file,
         } => {
             let token = asya_gateway::serve::read_report_key(&key_file)
                 .map_err(|e| e.to_string())
-                .and_then(|k| k.token(&namespace).map_err(|e| e.to_string()));
+                .and_then(|k| {
+                    let uid = match uid {
+                        Some(u) => u,
+                        None => namespace_uid(&namespace)?,
+                    };
+                    k.token(&namespace, &uid).map_err(|e| e.to_string())
+                });
             match token {
                 Ok(t) => {
                     println!("{t}");
@@ -166,9 +241,22 @@ fn main() -> ExitCode {
                 rabbitmq_url: a.rabbitmq_url,
                 sqs_region: a.sqs_region,
                 sqs_endpoint: a.sqs_endpoint,
-                rate_limit: a.rate_limit,
-                rate_burst: a.rate_burst,
-                max_body_bytes: a.max_body_bytes,
+                limits: Limits {
+                    rate: a.rate_limit,
+                    burst: a.rate_burst,
+                    report_rate: a.report_rate_limit,
+                    report_burst: a.report_rate_burst,
+                    client_in_flight: a.max_in_flight_per_token,
+                    report_in_flight: a.max_in_flight_per_report_namespace,
+                    max_body_bytes: a.max_body_bytes,
+                },
+                namespace_uids: a.namespace_uids,
+                retention: Policy {
+                    finished: Policy::duration(a.retention_finished),
+                    unfinished: Policy::duration(a.retention_unfinished),
+                    every: a.retention_interval.max(Duration::from_secs(1)),
+                    batch: a.retention_batch.max(1),
+                },
                 allowed_hosts: a
                     .allowed_hosts
                     .into_iter()

@@ -1,5 +1,8 @@
 //! Prometheus metrics of the gateway (`asya_gateway_*`): tool calls by tool and outcome, time
-//! from call to final status, sidecar reports, rejected requests.
+//! from call to final status, sidecar reports, rejected requests, open event streams, and the
+//! retention of stored envelopes.
+
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -35,6 +38,25 @@ pub struct Metrics {
     to_final: Family<ToolOutcome, Histogram, fn() -> Histogram>,
     reports: Family<Kind, Counter>,
     refused: Family<Kind, Counter>,
+    open_streams: Gauge,
+    /// The open streams' count, for whoever waits for it to change (tests).
+    streams: tokio::sync::watch::Sender<i64>,
+    retention_deleted: Counter,
+    oldest_age: Gauge<f64, AtomicU64>,
+}
+
+/// An open event stream, counted until dropped (with the stream: at its end, or when the
+/// client goes away).
+pub struct OpenStream {
+    gauge: Gauge,
+    streams: tokio::sync::watch::Sender<i64>,
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.gauge.dec();
+        self.streams.send_modify(|n| *n -= 1);
+    }
 }
 
 impl Default for Metrics {
@@ -51,6 +73,10 @@ impl Metrics {
             to_final: Family::new_with_constructor(final_histogram),
             reports: Family::default(),
             refused: Family::default(),
+            open_streams: Gauge::default(),
+            streams: tokio::sync::watch::Sender::new(0),
+            retention_deleted: Counter::default(),
+            oldest_age: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -70,8 +96,24 @@ impl Metrics {
         );
         registry.register(
             "requests_refused",
-            "Requests refused before reaching a handler, by reason (auth, rate_limit, too_large)",
+            "Requests refused, by reason (auth, token_kind, access, rate_limit, \
+             report_rate_limit, too_many_concurrent, too_large)",
             m.refused.clone(),
+        );
+        registry.register(
+            "open_streams",
+            "Server-sent event streams open now (GET /envelopes/{id}/stream)",
+            m.open_streams.clone(),
+        );
+        registry.register(
+            "retention_deleted_envelopes",
+            "Stored envelopes deleted by the retention policy (their events go with them)",
+            m.retention_deleted.clone(),
+        );
+        registry.register(
+            "oldest_envelope_age_seconds",
+            "Age of the oldest stored envelope at the last retention pass (0 when none)",
+            m.oldest_age.clone(),
         );
         let build_info = Family::<Version, Gauge>::default();
         registry.register(
@@ -121,6 +163,27 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a stream as open until the guard is dropped.
+    pub fn stream_opened(&self) -> OpenStream {
+        self.open_streams.inc();
+        // Counted under the channel's lock, so concurrent opens and closes add up.
+        self.streams.send_modify(|n| *n += 1);
+        OpenStream {
+            gauge: self.open_streams.clone(),
+            streams: self.streams.clone(),
+        }
+    }
+
+    /// The number of open streams, as it changes.
+    pub fn open_streams(&self) -> tokio::sync::watch::Receiver<i64> {
+        self.streams.subscribe()
+    }
+
+    pub fn retention(&self, deleted: u64, oldest_age_seconds: f64) {
+        self.retention_deleted.inc_by(deleted);
+        self.oldest_age.set(oldest_age_seconds);
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
@@ -143,10 +206,17 @@ mod tests {
         m.finished("t", "succeeded", 1.0);
         m.report("final");
         m.refused("auth");
+        drop(m.stream_opened());
+        m.retention(3, 60.0);
         let text = m.encode();
         assert!(text.contains("asya_gateway_build_info{version="), "{text}");
         assert!(
             text.contains("# TYPE asya_gateway_requests_refused counter"),
+            "{text}"
+        );
+        assert!(text.contains("asya_gateway_open_streams 0"), "{text}");
+        assert!(
+            text.contains("asya_gateway_retention_deleted_envelopes_total 3"),
             "{text}"
         );
         asya_api::metrics_dump::write("asya-gateway", &text).unwrap();

@@ -6,11 +6,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::access::{ClientTokens, Credentials, ReportKey};
+use crate::access::namespaces::Watched;
+use crate::access::{ClientTokens, Credentials, NamespaceUids, ReportKey};
 use crate::app::App;
-use crate::http::{Guard, Server};
+use crate::http::{Guard, Limits, Server};
 use crate::send::{SendConfig, Senders};
 use crate::store::postgres::Postgres;
+use crate::store::retention::{self, Policy};
 use crate::store::{Store, StoreError};
 use crate::tools::{LoadError, Tools};
 
@@ -30,12 +32,25 @@ pub struct Settings {
     pub rabbitmq_url: Option<String>,
     pub sqs_region: Option<String>,
     pub sqs_endpoint: Option<String>,
-    pub rate_limit: f64,
-    pub rate_burst: f64,
-    pub max_body_bytes: usize,
+    /// Rate limits, bounds in flight and the body size limit (`crate::http::Limits`).
+    pub limits: Limits,
+    /// How report tokens' namespace uids are checked.
+    pub namespace_uids: UidSource,
+    /// When stored envelopes are deleted (`crate::store::retention`).
+    pub retention: Policy,
     pub allowed_hosts: Vec<String>,
     pub send_timeout: Duration,
     pub reload_interval: Duration,
+}
+
+/// Where the namespaces' uids come from (`--namespace-uids`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UidSource {
+    /// A metadata-only watch of Namespaces through the cluster's API (in the pod, or the
+    /// kubeconfig): a report token of a namespace deleted since is refused.
+    Kube,
+    /// Signatures only, for runs without a cluster; said at start.
+    Off,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +67,12 @@ pub enum ServeError {
     AuthTokens { path: String, message: String },
     #[error("--report-key-file {path}: {message}")]
     ReportKey { path: String, message: String },
+    #[error(
+        "--namespace-uids=kube: no Kubernetes API to watch namespaces in ({0}); run in the \
+         cluster or with a kubeconfig, or pass --namespace-uids=off to check report tokens' \
+         signatures only"
+    )]
+    NamespaceUids(String),
     #[error("{0}")]
     Transport(String),
     #[error("{0}")]
@@ -96,8 +117,10 @@ pub fn read_report_key(path: &Path) -> Result<ReportKey, ServeError> {
     ReportKey::new(&bytes).map_err(|e| err(e.to_string()))
 }
 
-/// The credentials of `s`: `None` when authentication is off.
-pub fn credentials(s: &Settings) -> Result<Option<Credentials>, ServeError> {
+/// The credentials of `s`: `None` when authentication is off. With a report key and
+/// `--namespace-uids=kube`, the namespace watch starts here (its first list completes in the
+/// background; until then reports are answered 503).
+pub async fn credentials(s: &Settings) -> Result<Option<Credentials>, ServeError> {
     let clients = match (&s.auth_tokens, s.no_auth) {
         (Some(p), _) => read_tokens(p)?,
         (None, true) => {
@@ -117,14 +140,31 @@ pub fn credentials(s: &Settings) -> Result<Option<Credentials>, ServeError> {
             None
         }
     };
+    let namespaces = match (report_key.is_some(), s.namespace_uids) {
+        (false, _) => NamespaceUids::Off,
+        (true, UidSource::Off) => {
+            tracing::warn!(
+                "--namespace-uids=off: report tokens are checked by signature only, so the token of a namespace deleted and made again (perhaps by another team) is still accepted; use --namespace-uids=kube in a cluster"
+            );
+            NamespaceUids::Off
+        }
+        (true, UidSource::Kube) => {
+            let client = kube::Client::try_default()
+                .await
+                .map_err(|e| ServeError::NamespaceUids(e.to_string()))?;
+            NamespaceUids::Watched(Watched::start(client))
+        }
+    };
     tracing::info!(
         client_tokens = clients.len(),
         report_tokens = report_key.is_some(),
+        namespace_uids = ?s.namespace_uids,
         "authentication on"
     );
     Ok(Some(Credentials {
         clients,
         report_key,
+        namespaces,
     }))
 }
 
@@ -219,7 +259,7 @@ pub async fn start(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Running, ServeError> {
     let tools = Tools::load(&s.tools)?;
-    let tokens = credentials(&s)?;
+    let tokens = credentials(&s).await?;
     let send = send_config(&s)?;
     let store = match &s.database_url {
         Some(url) => Store::postgres(Postgres::connect(url).await.map_err(ServeError::Database)?),
@@ -247,17 +287,16 @@ pub async fn start(
             .with_trace(trace)
             .with_recorder(recorder),
     );
-    let guard = Arc::new(Guard::new(
-        tokens,
-        s.rate_limit,
-        s.rate_burst,
-        s.max_body_bytes,
-    ));
+    let guard = Arc::new(Guard::new(tokens, s.limits.clone()));
     let server = Arc::new(Server {
         app: app.clone(),
         guard,
     });
-    let mcp = crate::mcp::router(app.clone(), s.allowed_hosts.clone(), s.max_body_bytes);
+    let mcp = crate::mcp::router(
+        app.clone(),
+        s.allowed_hosts.clone(),
+        s.limits.max_body_bytes,
+    );
     let router = crate::http::router(server, mcp);
     let listener = tokio::net::TcpListener::bind(s.addr)
         .await
@@ -267,6 +306,7 @@ pub async fn start(
         })?;
     let addr = listener.local_addr().unwrap_or(s.addr);
     let reload = spawn_reload(app.clone(), s.tools.clone(), s.reload_interval);
+    let retention = retention::spawn(app.clone(), s.retention.clone());
     tracing::info!(%addr, "listening: /mcp, /tools/call, /envelopes, /health, /metrics");
     let traces_app = app.clone();
     let task = tokio::spawn(async move {
@@ -278,6 +318,9 @@ pub async fn start(
         .await
         .map_err(|source| ServeError::Listen { addr, source });
         reload.abort();
+        if let Some(r) = retention {
+            r.abort();
+        }
         // The last calls' spans, before the process goes; the flush blocks, and its posts
         // need this runtime.
         let flush =

@@ -1,8 +1,9 @@
-//! Issue 26 against the real binary over HTTP: `asya-gateway report-token` makes a
-//! namespace's report token, and `asya-gateway serve` refuses it a tool call, an envelope
-//! read and another namespace's envelope, and refuses client tokens the report routes. No
-//! broker or database is needed: status is kept in memory and no call gets as far as a send
-//! that must succeed.
+//! Issues 26 and 34 against the real binary over HTTP: `asya-gateway report-token` makes a
+//! namespace's report token (bound to the namespace's uid), and `asya-gateway serve` refuses
+//! it a tool call, an envelope read and another namespace's envelope, refuses client tokens
+//! the report routes, and records a fan-out child only under a known parent. No broker,
+//! database or cluster is needed: status is kept in memory, no call gets as far as a send
+//! that must succeed, and namespace uids are not watched (`--namespace-uids=off`).
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
@@ -15,6 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const BIN: &str = env!("CARGO_BIN_EXE_asya-gateway");
 const CLIENT: &str = "client-token-0123456789";
 const KEY: &str = "integration-report-key-0123456789abcdef";
+const UID: &str = "3c1d0a52-0000-4000-8000-000000000001";
 
 struct Gateway {
     child: Child,
@@ -38,7 +40,8 @@ fn free_port() -> u16 {
 
 fn report_token(key_file: &Path, namespace: &str) -> String {
     let out = Command::new(BIN)
-        .args(["report-token", "--namespace", namespace, "--key-file"])
+        .args(["report-token", "--namespace", namespace])
+        .args(["--namespace-uid", UID, "--key-file"])
         .arg(key_file)
         .output()
         .unwrap();
@@ -92,6 +95,7 @@ async fn start(dir: &Path) -> Gateway {
         .arg(dir.join("tokens"))
         .arg("--report-key-file")
         .arg(dir.join("key"))
+        .args(["--namespace-uids", "off"])
         // A transport is required at start; nothing is sent to it here.
         .args([
             "--sqs-region",
@@ -124,7 +128,10 @@ async fn the_report_token_is_refused_a_tool_call_and_another_namespaces_envelope
     std::fs::write(dir.path().join("key"), KEY).unwrap();
     let team = report_token(&dir.path().join("key"), "team");
     let other = report_token(&dir.path().join("key"), "team-a");
-    assert!(team.starts_with("asya-report.team."), "{team}");
+    assert!(
+        team.starts_with(&format!("asya-report.team.{UID}.")),
+        "{team}"
+    );
     let gw = start(dir.path()).await;
 
     // A report token calls no tool and reads no envelope.
@@ -134,12 +141,40 @@ async fn the_report_token_is_refused_a_tool_call_and_another_namespaces_envelope
         (403, Some("report_token_not_allowed")),
         "{body}"
     );
-    // Team's sidecars report a fan-out child (parent unknown): it is team's.
+    // A fan-out child under an envelope the gateway does not know is not recorded.
     let child = r#"{"id":"k","parent_id":"p"}"#;
     let (status, body) = request(gw.addr, "POST", "/envelopes", &team, child).await;
     assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("unknown_parent")),
+        "{body}"
+    );
+    // A call of team's tool stores its envelope before the send, which fails here (no
+    // broker); team's sidecars record a child under it.
+    let (status, body) = request(gw.addr, "POST", "/tools/call", CLIENT, r#"{"name":"t"}"#).await;
+    assert_eq!(
+        body["error"].as_str(),
+        Some("send_failed"),
+        "{status} {body}"
+    );
+    let message = body["message"].as_str().unwrap_or_default();
+    let parent = message
+        .strip_prefix("envelope ")
+        .and_then(|m| m.split_once(' '))
+        .map(|(id, _)| id)
+        .unwrap_or_else(|| panic!("no envelope id in {message:?}"));
+    let child = format!(r#"{{"id":"k","parent_id":"{parent}"}}"#);
+    let (status, body) = request(gw.addr, "POST", "/envelopes", &team, &child).await;
+    assert_eq!(
         (status, body["namespace"].as_str()),
         (201, Some("team")),
+        "{body}"
+    );
+    // Another namespace's sidecars are told of it as of an unknown parent.
+    let (status, body) = request(gw.addr, "POST", "/envelopes", &other, &child).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("unknown_parent")),
         "{body}"
     );
     let (status, body) = request(gw.addr, "GET", "/envelopes/k", &team, "").await;
@@ -190,13 +225,88 @@ async fn the_report_token_is_refused_a_tool_call_and_another_namespaces_envelope
     assert_eq!(status, 401);
 }
 
+/// Without a cluster, `report-token` needs the uid given and `serve` with report tokens needs
+/// `--namespace-uids=off` said explicitly: each refuses to guess, saying what to pass.
+#[test]
+fn without_a_cluster_the_uid_must_be_given_and_the_check_turned_off_explicitly() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, KEY).unwrap();
+    let no_cluster = |c: &mut Command| {
+        c.env("KUBECONFIG", dir.path().join("no-kubeconfig"))
+            .env("HOME", dir.path())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT");
+    };
+    let mut c = Command::new(BIN);
+    c.args(["report-token", "--namespace", "team", "--key-file"])
+        .arg(&key);
+    no_cluster(&mut c);
+    let out = c.output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no cluster to read namespace team's uid from")
+            && err.contains("--namespace-uid"),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .args([
+            "report-token",
+            "--namespace",
+            "team",
+            "--namespace-uid",
+            "A.B",
+            "--key-file",
+        ])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("namespace uid \"A.B\""));
+
+    std::fs::write(dir.path().join("tools.yaml"), "tools: []\n").unwrap();
+    std::fs::write(dir.path().join("tokens"), format!("{CLIENT}\n")).unwrap();
+    let mut c = Command::new(BIN);
+    c.args([
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--sqs-region",
+        "us-east-1",
+    ])
+    .arg("--tools")
+    .arg(dir.path().join("tools.yaml"))
+    .arg("--auth-tokens")
+    .arg(dir.path().join("tokens"))
+    .arg("--report-key-file")
+    .arg(&key)
+    .env("ASYA_LOG_FORMAT", "text");
+    no_cluster(&mut c);
+    let out = c.output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--namespace-uids=kube: no Kubernetes API to watch namespaces in")
+            && err.contains("--namespace-uids=off"),
+        "{err}"
+    );
+}
+
 #[test]
 fn report_token_refuses_a_short_key_and_a_bad_namespace() {
     let dir = tempfile::tempdir().unwrap();
     let short = dir.path().join("short");
     std::fs::write(&short, "too short").unwrap();
     let out = Command::new(BIN)
-        .args(["report-token", "--namespace", "team", "--key-file"])
+        .args([
+            "report-token",
+            "--namespace",
+            "team",
+            "--namespace-uid",
+            UID,
+        ])
+        .arg("--key-file")
         .arg(&short)
         .output()
         .unwrap();
@@ -206,7 +316,14 @@ fn report_token_refuses_a_short_key_and_a_bad_namespace() {
     let key = dir.path().join("key");
     std::fs::write(&key, KEY).unwrap();
     let out = Command::new(BIN)
-        .args(["report-token", "--namespace", "Team_A", "--key-file"])
+        .args([
+            "report-token",
+            "--namespace",
+            "Team_A",
+            "--namespace-uid",
+            UID,
+        ])
+        .arg("--key-file")
         .arg(&key)
         .output()
         .unwrap();

@@ -2,15 +2,17 @@
 //! `gateway.reportKeySecretRef` and `gateway.tokenSecretRef` in the cluster configuration,
 //! the provisioner reads the report key in its own namespace and applies, in every namespace
 //! that has actors, the Secret `tokenSecretRef` names with that namespace's token
-//! ([`asya_api::report_token`], the gateway's own derivation), labelled managed-by. The
-//! Secret goes with the namespace's last actor.
+//! ([`asya_api::report_token`], the gateway's own derivation), bound to the namespace's
+//! `metadata.uid` and labelled managed-by. The Secret goes with the namespace's last actor.
 //!
 //! A Secret of that name the provisioner did not create is never overwritten nor deleted: a
 //! Warning event says so instead. The key and the tokens are never logged nor put in an
-//! event. A new key reaches the namespaces within [`RECHECK`] plus a periodic reconcile;
-//! sidecars read the token at start, so they report with the new one once restarted.
+//! event. Sidecars read the token at start, so the token's fingerprint is set on the pod
+//! template of every workload of the namespace ([`VERSION_ANNOTATION`], as the broker
+//! credential's version is): a new token (a new key within [`RECHECK`] plus a periodic
+//! reconcile, the upgrade from the first token format) rolls the pods onto it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -32,6 +34,29 @@ use crate::render::workload::MANAGED_BY;
 
 /// Says what the Secret is, for whoever lists a namespace's Secrets.
 pub const COMPONENT: (&str, &str) = ("app.kubernetes.io/component", "gateway-report-token");
+
+/// On the pod template of the namespace's workloads: the fingerprint of the report token
+/// its sidecars read ([`asya_api::report_token::fingerprint`]); a new token rolls the pods.
+pub const VERSION_ANNOTATION: &str = "asya.sh/gateway-report-token-version";
+
+/// What the workloads' pod templates carry of the namespace's report token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Issued {
+    /// The fingerprint of the token in the namespace's Secret: set as [`VERSION_ANNOTATION`].
+    Version(String),
+    /// No token of ours (not configured, no usable key, a foreign Secret, or not issued yet
+    /// by this process after a failure): no annotation.
+    Nothing,
+}
+
+impl Issued {
+    pub fn version(&self) -> Option<&str> {
+        match self {
+            Issued::Version(v) => Some(v),
+            Issued::Nothing => None,
+        }
+    }
+}
 
 /// The namespace's token Secret: `at.name`, the token under `at.key`, labelled managed-by
 /// (the only proof, checked before any later write or delete, that it is ours).
@@ -155,10 +180,12 @@ pub fn foreign_note(namespace: &str, name: &str) -> String {
 }
 
 /// What this process remembers: the key as last read (one read per [`RECHECK`] for the
-/// whole cluster, not one per namespace), and which problems it announced (one event each).
+/// whole cluster, not one per namespace), the fingerprint of the token last issued per
+/// namespace, and which problems it announced (one event each).
 #[derive(Default)]
 pub struct Remembered {
     key: Mutex<Option<(Instant, Arc<ReportKey>)>>,
+    issued: Mutex<HashMap<String, String>>,
     announced: Mutex<HashSet<String>>,
 }
 
@@ -182,6 +209,24 @@ impl Remembered {
     }
     fn resolved(&self, what: &str) {
         lock(&self.announced).remove(what);
+    }
+    /// What the pod templates carry while this process cannot issue: the last token it
+    /// issued in `ns`, if any.
+    fn last_issued(&self, ns: &str) -> Issued {
+        lock(&self.issued)
+            .get(ns)
+            .map_or(Issued::Nothing, |v| Issued::Version(v.clone()))
+    }
+    fn set_issued(&self, ns: &str, version: String) {
+        lock(&self.issued).insert(ns.to_string(), version);
+    }
+    fn forget_issued(&self, ns: &str) {
+        lock(&self.issued).remove(ns);
+    }
+    /// As if [`RECHECK`] had passed since the key was read.
+    #[cfg(test)]
+    pub fn forget_key(&self) {
+        *lock(&self.key) = None;
     }
 }
 
@@ -219,51 +264,77 @@ async fn announce<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, what: &st
 }
 
 /// Before the actor's workload (its sidecars read the token at start): the namespace's
-/// token Secret, applied when the key or the Secret changed, or after [`REASSERT`]. Never
-/// fails the reconcile: a problem is a Warning event on the actor.
-pub async fn ensure<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &str) {
+/// token Secret, applied when the key, the namespace's uid or the Secret changed, or after
+/// [`REASSERT`]. Never fails the reconcile: a problem is a Warning event on the actor, and
+/// the workloads keep the version this process issued last (none after a restart, which
+/// rolls the pods once more when issuing works again).
+pub async fn ensure<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &str) -> Issued {
     let Some((key_at, token_at)) = rec.config.gateway.report_tokens() else {
-        return;
+        return Issued::Nothing;
     };
+    let mem = &rec.memory.gateway_report;
     let okey = ObjectKey::new(ObjectKind::Secret, ns, &token_at.name);
     let last = rec.memory.applied(&okey);
     if last.as_ref().is_some_and(|l| l.at.elapsed() < RECHECK) {
-        return;
+        return mem.last_issued(ns);
     }
     let key = match report_key(rec, key_at).await {
         Ok(k) => k,
-        Err(e) => return announce(rec, actor, "key", e.to_string()).await,
+        Err(e) => {
+            announce(rec, actor, "key", e.to_string()).await;
+            return mem.last_issued(ns);
+        }
     };
-    rec.memory
-        .gateway_report
-        .resolved(&format!("key/{}", actor_key(actor)));
-    let token = match key.token(ns) {
+    mem.resolved(&format!("key/{}", actor_key(actor)));
+    // The token is bound to this namespace's uid: one made again under the same name gets
+    // a token of its own, and the gateway refuses the old one.
+    let uid = match rec.cluster.namespace_uid(ns).await {
+        Ok(Some(uid)) => uid,
+        Ok(None) => {
+            let note = format!("namespace {ns} does not exist: no gateway report token issued");
+            announce(rec, actor, "namespace", note).await;
+            return mem.last_issued(ns);
+        }
+        Err(e) => {
+            let note = format!("reading namespace {ns}'s uid for its gateway report token: {e}");
+            announce(rec, actor, "namespace", note).await;
+            return mem.last_issued(ns);
+        }
+    };
+    mem.resolved(&format!("namespace/{}", actor_key(actor)));
+    let token = match key.token(ns, &uid) {
         Ok(t) => t,
-        Err(e) => return announce(rec, actor, "token", e.to_string()).await,
+        Err(e) => {
+            announce(rec, actor, "token", e.to_string()).await;
+            return mem.last_issued(ns);
+        }
     };
+    let version = asya_api::report_token::fingerprint(&token);
     let desired = render(ns, token_at, &token);
     let hash = desired_hash(&desired);
     if last.is_some_and(|l| l.hash == hash && l.at.elapsed() < REASSERT) {
-        return;
+        mem.set_issued(ns, version.clone());
+        return Issued::Version(version);
     }
     let existing = match rec.cluster.read_secret(ns, &token_at.name).await {
         Ok(s) => s,
         Err(e) => {
             let note = format!("reading Secret {ns}/{}: {e}", token_at.name);
-            return announce(rec, actor, "read", note).await;
+            announce(rec, actor, "read", note).await;
+            return mem.last_issued(ns);
         }
     };
     if issue_step(existing.as_ref()) == Issue::Foreign {
-        return announce(rec, actor, "foreign", foreign_note(ns, &token_at.name)).await;
+        announce(rec, actor, "foreign", foreign_note(ns, &token_at.name)).await;
+        mem.forget_issued(ns);
+        return Issued::Nothing;
     }
     // Forced only over our own Secret; a create is not, so one made meanwhile is not taken.
     let force = existing.is_some();
     match rec.cluster.apply(ns, &Object::Secret(desired), force).await {
         Ok(answer) => {
             for what in ["read", "foreign", "apply"] {
-                rec.memory
-                    .gateway_report
-                    .resolved(&format!("{what}/{}", actor_key(actor)));
+                mem.resolved(&format!("{what}/{}", actor_key(actor)));
             }
             let applied = Applied {
                 hash,
@@ -271,10 +342,13 @@ pub async fn ensure<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &st
                 at: Instant::now(),
             };
             rec.memory.record_applied(okey, applied);
+            mem.set_issued(ns, version.clone());
+            Issued::Version(version)
         }
         Err(e) => {
             let note = format!("writing Secret {ns}/{}: {e}", token_at.name);
             announce(rec, actor, "apply", note).await;
+            mem.last_issued(ns)
         }
     }
 }
@@ -295,6 +369,7 @@ pub async fn release<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &s
     }
     let name = &token_at.name;
     rec.memory.forget_applied(ObjectKind::Secret, ns, name);
+    rec.memory.gateway_report.forget_issued(ns);
     let existing = match c.read_secret(ns, name).await {
         Ok(s) => s,
         Err(e) => {

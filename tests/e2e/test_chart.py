@@ -548,8 +548,10 @@ def test_gateway_renders_deployment_service_and_tools_config_map(tmp_path):
     docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, "routes": {"tools": [TOOL]}}}))
     gw = component(docs, "gateway")
     assert set(gw) == {("ConfigMap", "asya-gateway-tools"), ("Deployment", "asya-gateway"), ("Service", "asya-gateway"),
-                       ("NetworkPolicy", "asya-gateway"), ("Secret", "asya-gateway-report-key")}
-    assert {d["metadata"]["namespace"] for d in gw.values()} == {"asya-system"}
+                       ("NetworkPolicy", "asya-gateway"), ("Secret", "asya-gateway-report-key"),
+                       ("ServiceAccount", "asya-gateway"), ("ClusterRole", "asya-gateway"),
+                       ("ClusterRoleBinding", "asya-gateway")}
+    assert {d["metadata"]["namespace"] for d in gw.values() if not d["kind"].startswith("Cluster")} == {"asya-system"}
 
     # The tools, as the gateway reads them (routes.tools of the values, unchanged).
     tools = yaml.safe_load(gw[("ConfigMap", "asya-gateway-tools")]["data"]["tools.yaml"])
@@ -620,6 +622,66 @@ def test_gateway_report_key_is_generated_once_mounted_and_optional(tmp_path):
         docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, **values}}))
         assert ("Secret", "asya-gateway-report-key") not in component(docs, "gateway")
         assert "ASYA_GATEWAY_REPORT_KEY_FILE" not in env_by_name(gateway_container(docs))
+
+
+def test_gateway_bounds_and_retention_are_flags(tmp_path):
+    """Issue 34: the report routes' rate limit per namespace, the bounds in flight and the
+    retention of stored envelopes reach `asya-gateway serve` as flags, with their defaults."""
+    args = gateway_container(render("--set", "gateway.enabled=true"))["args"]
+    for flag in ["--rate-limit=50", "--rate-burst=100", "--report-rate-limit=1000", "--report-rate-burst=2000",
+                 "--max-in-flight-per-token=64", "--max-in-flight-per-report-namespace=256",
+                 "--retention-finished=168h", "--retention-unfinished=720h", "--retention-interval=5m",
+                 "--retention-batch=1000"]:
+        assert flag in args, (flag, args)
+    docs = render(*values_file(tmp_path, {"gateway": {
+        "enabled": True, "rateLimit": {"reportsPerSecond": 0}, "maxInFlight": {"perToken": 0},
+        "retention": {"finished": "0", "unfinished": "24h"}}}))
+    args = gateway_container(docs)["args"]
+    assert {"--report-rate-limit=0", "--max-in-flight-per-token=0", "--retention-finished=0",
+            "--retention-unfinished=24h"} <= set(args), args
+    out = helm("template", "asya", CHART, "--set", "gateway.enabled=true",
+               "--set", "gateway.retention.finished=7d", check=False)
+    assert out.returncode != 0 and "/gateway/retention/finished" in out.stderr, out.stderr
+
+
+def test_gateway_watches_namespaces_only_for_uid_bound_report_tokens(tmp_path):
+    """Issue 34: report tokens are bound to their namespace's uid. The gateway gets its own
+    ServiceAccount, and get/list/watch on namespaces (nothing else) only when it checks
+    them; `off`, no report key or auth off: no role and no API token in the pod."""
+    docs = render("--set", "gateway.enabled=true")
+    gw = component(docs, "gateway")
+    assert gw[("ClusterRole", "asya-gateway")]["rules"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}]
+    binding = gw[("ClusterRoleBinding", "asya-gateway")]
+    assert binding["roleRef"]["name"] == "asya-gateway"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "asya-gateway", "namespace": "asya-system"}]
+    pod = gw[("Deployment", "asya-gateway")]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "asya-gateway" and pod["automountServiceAccountToken"] is True
+    assert "--namespace-uids=kube" in gateway_container(docs)["args"]
+
+    for values, flag in (({"auth": {"namespaceUids": "off"}}, "--namespace-uids=off"),
+                         ({"auth": {"reportKeySecretRef": {"name": ""}}}, None),
+                         ({"auth": {"disabled": True}}, None)):
+        docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, **values}}))
+        gw = component(docs, "gateway")
+        assert ("ClusterRole", "asya-gateway") not in gw and ("ClusterRoleBinding", "asya-gateway") not in gw, values
+        pod = gw[("Deployment", "asya-gateway")]["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "asya-gateway" and pod["automountServiceAccountToken"] is False, values
+        assert gw[("ServiceAccount", "asya-gateway")]["automountServiceAccountToken"] is False, values
+        uids = [a for a in gateway_container(docs)["args"] if a.startswith("--namespace-uids")]
+        assert uids == ([flag] if flag else []), (values, uids)
+    out = helm("template", "asya", CHART, "--set", "gateway.enabled=true",
+               "--set", "gateway.auth.namespaceUids=maybe", check=False)
+    assert out.returncode != 0 and "namespaceUids" in out.stderr, out.stderr
+
+    # With egress policies, the gateway reaches the API server only when it watches.
+    for uids, reaches in (("kube", True), ("off", False)):
+        docs = render("--set", "gateway.enabled=true", "--set", "networkPolicy.egress.enabled=true",
+                      "--set", "networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}",
+                      "--set", f"gateway.auth.namespaceUids={uids}")
+        egress = component(docs, "gateway")[("NetworkPolicy", "asya-gateway")]["spec"]["egress"]
+        to_api = [r for r in egress if {"ipBlock": {"cidr": "10.0.0.1/32"}} in r.get("to", [])]
+        assert bool(to_api) == reaches, (uids, egress)
 
 
 def provisioner_secret_rules(docs) -> tuple[list, list]:

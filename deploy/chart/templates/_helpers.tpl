@@ -256,6 +256,15 @@ spec:
 {{/* "true" when the provisioner issues each actor namespace's gateway report token (the
 gateway is on, with auth, a report key and sidecarTokenSecretRef): docs/DESIGN.md §9. Without
 a report key no report is accepted, so the sidecars get no token to start with. */}}
+{{/* "true" when the gateway checks report tokens against the namespaces' uids (a watch of
+     Namespaces, with its ClusterRole): the gateway on with auth, a report key, and
+     gateway.auth.namespaceUids kube. */}}
+{{- define "asya.gatewayWatchesNamespaces" -}}
+{{- $g := .Values.gateway -}}
+{{- $rk := $g.auth.reportKeySecretRef | default dict -}}
+{{- if and $g.enabled (not $g.auth.disabled) $rk.name (eq ($g.auth.namespaceUids | default "kube") "kube") -}}true{{- end -}}
+{{- end -}}
+
 {{- define "asya.gatewayReportTokens" -}}
 {{- $g := .Values.gateway -}}
 {{- $rk := $g.auth.reportKeySecretRef | default dict -}}

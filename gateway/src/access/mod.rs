@@ -5,25 +5,30 @@
 //! - **client tokens** (`tokens.rs`, the tokens file): call tools, read and stream
 //!   envelopes, MCP. A line may limit its token to some tools and some namespaces.
 //! - **report tokens** (`report_key.rs`): one per actor namespace, derived from the report
-//!   key; the sidecars of that namespace report progress, children and final statuses of
-//!   that namespace's envelopes with it, and do nothing else.
+//!   key and bound to the namespace's uid (`namespaces.rs`: a token of a namespace deleted
+//!   since is refused); the sidecars of that namespace report progress, children and final
+//!   statuses of that namespace's envelopes with it, and do nothing else.
 //!
 //! An envelope's namespace is the one the store recorded (`Record::namespace`): its tool's
 //! for a call, its parent's for a fan-out child.
 
 use std::collections::BTreeSet;
 
+pub mod namespaces;
 pub mod report_key;
 pub mod tokens;
 
+pub use namespaces::{NamespaceUids, UidRefused};
 pub use report_key::ReportKey;
 pub use tokens::ClientTokens;
 
-/// The tokens a gateway accepts: the client tokens file and, when configured, the report key.
-#[derive(Debug, Default)]
+/// The tokens a gateway accepts: the client tokens file and, when configured, the report key
+/// with what tells a report token's namespace uid current.
+#[derive(Default)]
 pub struct Credentials {
     pub clients: ClientTokens,
     pub report_key: Option<ReportKey>,
+    pub namespaces: NamespaceUids,
 }
 
 /// Why a bearer token names no one.
@@ -36,6 +41,12 @@ pub enum Unauthenticated {
     NoReportKey,
     #[error("bearer token not accepted")]
     NotAccepted,
+    #[error("{0}")]
+    FirstFormat(report_key::Refused),
+    /// Signed by the key, for a namespace uid that is not the namespace's current one (or
+    /// not known yet).
+    #[error(transparent)]
+    Uid(UidRefused),
 }
 
 impl Credentials {
@@ -46,10 +57,16 @@ impl Credentials {
                 .report_key
                 .as_ref()
                 .ok_or(Unauthenticated::NoReportKey)?;
-            return key
-                .verify(token)
-                .map(|namespace| Principal::Reporter { namespace })
-                .ok_or(Unauthenticated::NotAccepted);
+            let claim = key.verify(token).map_err(|r| match r {
+                report_key::Refused::FirstFormat => Unauthenticated::FirstFormat(r),
+                report_key::Refused::NotAccepted => Unauthenticated::NotAccepted,
+            })?;
+            self.namespaces
+                .check(&claim.namespace, &claim.uid)
+                .map_err(Unauthenticated::Uid)?;
+            return Ok(Principal::Reporter {
+                namespace: claim.namespace,
+            });
         }
         self.clients
             .get(token)
@@ -246,13 +263,35 @@ pub fn may_report(p: &Principal, id: &str, namespace: Option<&str>) -> Result<()
     }
 }
 
-/// The namespace a new fan-out child is stored with: its parent's, else (a parent the
-/// gateway does not know) the reporter's own.
-pub fn child_namespace(p: &Principal, parent: Option<&str>) -> Option<String> {
+/// Why a fan-out child is not stored: its parent is unknown, or (told in the same words, so
+/// a reporter learns nothing of other namespaces' envelopes) of another namespace.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "parent_id {parent:?}: no such envelope in this report token's namespace; a fan-out child \
+     is recorded only under an envelope the gateway knows"
+)]
+pub struct UnknownParent {
+    pub parent: String,
+}
+
+/// Whether `p` may record a child under `parent_id`, whose stored record is `parent`
+/// (`Some(namespace)` as recorded), and the namespace the child is stored with: its
+/// parent's. A parent stored before namespaces were recorded takes children from any report
+/// token (as it takes reports), and they are the reporter's.
+pub fn child_namespace(
+    p: &Principal,
+    parent_id: &str,
+    parent: Option<Option<&str>>,
+) -> Result<Option<String>, UnknownParent> {
+    let unknown = || UnknownParent {
+        parent: parent_id.to_string(),
+    };
     match (parent, p) {
-        (Some(ns), _) => Some(ns.to_string()),
-        (None, Principal::Reporter { namespace }) => Some(namespace.clone()),
-        (None, _) => None,
+        (None, _) => Err(unknown()),
+        (Some(Some(ns)), Principal::Reporter { namespace }) if ns != namespace => Err(unknown()),
+        (Some(Some(ns)), _) => Ok(Some(ns.to_string())),
+        (Some(None), Principal::Reporter { namespace }) => Ok(Some(namespace.clone())),
+        (Some(None), _) => Ok(None),
     }
 }
 

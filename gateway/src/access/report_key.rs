@@ -1,8 +1,9 @@
-//! Report tokens: `asya-report.{namespace}.{signature}`. The derivation lives in
+//! Report tokens: `asya-report.{namespace}.{uid}.{signature}`. The derivation lives in
 //! [`asya_api::report_token`], shared with the queue provisioner, which issues each actor
-//! namespace's token into a Secret there; the gateway only verifies.
+//! namespace's token into a Secret there; the gateway only verifies (and asks
+//! [`super::namespaces`] whether the uid is current).
 
-pub use asya_api::report_token::{KeyError, MIN_KEY_BYTES, PREFIX, ReportKey};
+pub use asya_api::report_token::{Claim, KeyError, MIN_KEY_BYTES, PREFIX, Refused, ReportKey};
 
 #[cfg(test)]
 mod tests {
@@ -10,15 +11,23 @@ mod tests {
 
     /// The form is a contract with the provisioner (which issues tokens with the same
     /// function) and with scripts (gateway/tests/e2e/conftest.py computes it as
-    /// `hmac.new(key, b"asya-report/v1\0" + ns, sha256).hexdigest()`).
+    /// `hmac.new(key, b"asya-report/v2\0" + ns + b"\0" + uid, sha256).hexdigest()`).
     #[test]
     fn the_token_form_is_pinned() {
         let k = ReportKey::new(b"0123456789abcdef0123456789abcdef").unwrap();
-        let t = k.token("team").unwrap();
+        let uid = "6f1c2d3e-0000-4000-8000-00000000000a";
+        let t = k.token("team", uid).unwrap();
         assert_eq!(
             t,
-            "asya-report.team.a47a24a2342dd4329b1647e65982c7465759344300009e979ae61997e9fc0085"
+            "asya-report.team.6f1c2d3e-0000-4000-8000-00000000000a.\
+             6b1787da0ae60378cb4eeede15fde29952a44f86caf5282e4f466e228efeac11"
         );
-        assert_eq!(k.verify(&t).as_deref(), Some("team"));
+        assert_eq!(
+            k.verify(&t),
+            Ok(Claim {
+                namespace: "team".into(),
+                uid: uid.into()
+            })
+        );
     }
 }

@@ -115,25 +115,46 @@ fn a_report_token_reports_only_its_namespaces_envelopes() {
 }
 
 #[test]
-fn a_child_takes_its_parents_namespace_else_the_reporters() {
+fn a_child_is_recorded_only_under_a_known_parent_of_the_reporters_namespace() {
     let r = reporter("team");
-    assert_eq!(child_namespace(&r, Some("team")).as_deref(), Some("team"));
-    assert_eq!(child_namespace(&r, None).as_deref(), Some("team"));
-    assert_eq!(child_namespace(&Principal::Open, None), None);
     assert_eq!(
-        child_namespace(&Principal::Open, Some("x")).as_deref(),
-        Some("x")
+        child_namespace(&r, "p", Some(Some("team"))),
+        Ok(Some("team".into()))
+    );
+    // Unknown, and another namespace's: the same refusal, in the same words.
+    let unknown = child_namespace(&r, "p", None).unwrap_err();
+    let theirs = child_namespace(&r, "p", Some(Some("team-a"))).unwrap_err();
+    assert_eq!(unknown, theirs);
+    assert_eq!(
+        unknown.to_string(),
+        "parent_id \"p\": no such envelope in this report token's namespace; a fan-out child is \
+         recorded only under an envelope the gateway knows"
+    );
+    // A parent stored before namespaces were: the reporter's own.
+    assert_eq!(
+        child_namespace(&r, "p", Some(None)),
+        Ok(Some("team".into()))
+    );
+    // Authentication off: the parent must still exist.
+    assert!(child_namespace(&Principal::Open, "p", None).is_err());
+    assert_eq!(child_namespace(&Principal::Open, "p", Some(None)), Ok(None));
+    assert_eq!(
+        child_namespace(&Principal::Open, "p", Some(Some("x"))),
+        Ok(Some("x".into()))
     );
 }
+
+const UID: &str = "0b5e8a2c-0000-4000-8000-000000000001";
 
 #[test]
 fn a_bearer_token_names_a_client_or_a_namespaces_reporter() {
     let key = ReportKey::new(b"0123456789abcdef0123456789abcdef").unwrap();
-    let team = key.token("team").unwrap();
+    let team = key.token("team", UID).unwrap();
     let clients = ClientTokens::parse("client-token-0123456789 namespaces=team\n").unwrap();
     let with_key = Credentials {
         clients: clients.clone(),
         report_key: Some(key),
+        namespaces: NamespaceUids::Off,
     };
     assert_eq!(with_key.principal(&team), Ok(reporter("team")));
     assert_eq!(
@@ -141,16 +162,70 @@ fn a_bearer_token_names_a_client_or_a_namespaces_reporter() {
         Ok(client(Scope::All, only(&["team"])))
     );
     assert_eq!(
-        with_key.principal("asya-report.team.00"),
+        with_key.principal(&format!("asya-report.team.{UID}.00")),
         Err(Unauthenticated::NotAccepted)
     );
     assert_eq!(
         with_key.principal("someone-elses-token-00"),
         Err(Unauthenticated::NotAccepted)
     );
+    // The first format, even made by this key, is refused saying so.
+    let v1 = "asya-report.team.a47a24a2342dd4329b1647e65982c7465759344300009e979ae61997e9fc0085";
+    let e = with_key.principal(v1).unwrap_err();
+    assert!(matches!(e, Unauthenticated::FirstFormat(_)), "{e:?}");
+    assert!(e.to_string().contains("no longer accepted"), "{e}");
     let without = Credentials {
         clients,
         report_key: None,
+        namespaces: NamespaceUids::Off,
     };
     assert_eq!(without.principal(&team), Err(Unauthenticated::NoReportKey));
+}
+
+#[test]
+fn a_report_token_of_a_namespace_made_again_is_refused() {
+    use kube::core::metadata::PartialObjectMetaExt;
+    use kube::runtime::watcher::Event;
+    let ns = |uid: &str| {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("team".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        }
+        .into_response_partial::<k8s_openapi::api::core::v1::Namespace>()
+    };
+    let key = ReportKey::new(b"0123456789abcdef0123456789abcdef").unwrap();
+    let old = key.token("team", UID).unwrap();
+    let (watched, mut feed) = namespaces::Watched::new();
+    let creds = Credentials {
+        clients: ClientTokens::default(),
+        report_key: Some(key),
+        namespaces: NamespaceUids::Watched(watched),
+    };
+    let e = creds.principal(&old).unwrap_err();
+    assert!(
+        matches!(&e, Unauthenticated::Uid(u) if u.code() == "namespace_uids_not_listed"),
+        "{e:?}"
+    );
+    feed.apply(&Event::Init);
+    feed.apply(&Event::InitApply(ns(UID)));
+    feed.apply(&Event::InitDone);
+    assert_eq!(creds.principal(&old), Ok(reporter("team")));
+    feed.apply(&Event::Delete(ns(UID)));
+    let new_uid = "0b5e8a2c-0000-4000-8000-000000000002";
+    feed.apply(&Event::Apply(ns(new_uid)));
+    let e = creds.principal(&old).unwrap_err();
+    assert!(
+        matches!(&e, Unauthenticated::Uid(u) if u.code() == "report_token_stale"),
+        "{e:?}"
+    );
+    assert!(
+        !e.to_string().contains(&old),
+        "the token is never told back"
+    );
+    let current = ReportKey::new(b"0123456789abcdef0123456789abcdef")
+        .unwrap()
+        .token("team", new_uid)
+        .unwrap();
+    assert_eq!(creds.principal(&current), Ok(reporter("team")));
 }

@@ -1,12 +1,12 @@
 //! The layers in front of the guarded routers, in this order: bearer-token auth (which also
 //! names the caller, a [`Principal`] in the request's extensions), the token kind the
 //! router's audience takes (`crate::access`: client tokens for callers, report tokens for
-//! reports), a per-caller rate limit (callers only, not reports), a body size limit.
+//! reports), a rate limit and a bound on requests in flight per caller (each audience its
+//! own: per client token, per report namespace), a body size limit.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -14,73 +14,115 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::Response;
+use serde_json::json;
 
 use super::Server;
+use super::limits::{InFlight, RateLimiter};
 use super::reply::{denied, error, too_large};
 use crate::access::{self, Credentials, Principal, Unauthenticated};
+
+/// The guard's bounds (`asya-gateway serve` flags; 0 turns a bound off).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Requests per second per client token (or address), with a burst.
+    pub rate: f64,
+    pub burst: f64,
+    /// Reports per second per report namespace (all its sidecars together), with a burst.
+    pub report_rate: f64,
+    pub report_burst: f64,
+    /// Requests in flight per client token; an open stream counts until it ends.
+    pub client_in_flight: usize,
+    /// Reports in flight per report namespace.
+    pub report_in_flight: usize,
+    pub max_body_bytes: usize,
+}
+
+impl Default for Limits {
+    /// The defaults of `asya-gateway serve`.
+    fn default() -> Limits {
+        Limits {
+            rate: 50.0,
+            burst: 100.0,
+            report_rate: 1000.0,
+            report_burst: 2000.0,
+            client_in_flight: 64,
+            report_in_flight: 256,
+            max_body_bytes: 1_048_576,
+        }
+    }
+}
 
 /// Who may call, how often, how much.
 pub struct Guard {
     /// `None`: authentication explicitly disabled (`--no-auth`).
     pub tokens: Option<Credentials>,
-    /// Requests per second per client, with a burst of `burst`; 0 disables the limit.
-    pub rate: f64,
-    pub burst: f64,
+    pub limits: Limits,
     pub max_body_bytes: usize,
-    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    callers: RateLimiter,
+    reporters: RateLimiter,
+    callers_in_flight: InFlight,
+    reporters_in_flight: InFlight,
+}
+
+/// Which router a layer stands in front of: each has its own limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Audience {
+    Callers,
+    Reporters,
 }
 
 impl Guard {
-    pub fn new(tokens: Option<Credentials>, rate: f64, burst: f64, max_body_bytes: usize) -> Guard {
+    pub fn new(tokens: Option<Credentials>, limits: Limits) -> Guard {
         Guard {
             tokens,
-            rate,
-            burst: burst.max(1.0),
-            max_body_bytes,
-            buckets: Mutex::new(HashMap::new()),
+            max_body_bytes: limits.max_body_bytes,
+            callers: RateLimiter::new(limits.rate, limits.burst),
+            reporters: RateLimiter::new(limits.report_rate, limits.report_burst),
+            callers_in_flight: InFlight::new(limits.client_in_flight),
+            reporters_in_flight: InFlight::new(limits.report_in_flight),
+            limits,
         }
     }
 
-    /// Takes one request from `client`'s bucket; `Err(wait)` when it is empty.
-    fn take(&self, client: &str) -> Result<(), Duration> {
-        if self.rate <= 0.0 {
-            return Ok(());
+    fn rate(&self, a: Audience) -> &RateLimiter {
+        match a {
+            Audience::Callers => &self.callers,
+            Audience::Reporters => &self.reporters,
         }
-        let Ok(mut buckets) = self.buckets.lock() else {
-            return Ok(());
-        };
-        let now = Instant::now();
-        if buckets.len() > 100_000 {
-            // Forget idle clients rather than grow without bound.
-            buckets.retain(|_, (_, at)| now.duration_since(*at) < Duration::from_secs(60));
+    }
+
+    fn in_flight(&self, a: Audience) -> &InFlight {
+        match a {
+            Audience::Callers => &self.callers_in_flight,
+            Audience::Reporters => &self.reporters_in_flight,
         }
-        let (tokens, at) = buckets
-            .entry(client.to_string())
-            .or_insert((self.burst, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.rate).min(self.burst);
-        *at = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64((1.0 - *tokens) / self.rate))
-        }
+    }
+
+    /// Requests of a client token in flight now (tests, and what a stream holds).
+    pub fn client_in_flight(&self, token: &str) -> usize {
+        self.callers_in_flight
+            .count(&format!("token:{}", fingerprint(token)))
     }
 }
 
-/// REST and MCP callers: auth, client tokens only, then rate limit, then size limit.
+/// REST and MCP callers: auth, client tokens only, then the rate limit and the bound in
+/// flight per client token, then the size limit.
 pub fn for_callers(s: &Arc<Server>, r: Router) -> Router {
     // The last layer added runs first.
     r.layer(from_fn_with_state(s.clone(), limit_body))
-        .layer(from_fn_with_state(s.clone(), rate_limit))
+        .layer(from_fn_with_state(s.clone(), callers_in_flight))
+        .layer(from_fn_with_state(s.clone(), rate_limit_callers))
         .layer(from_fn_with_state(s.clone(), clients_only))
         .layer(from_fn_with_state(s.clone(), authenticate))
 }
 
-/// Sidecar reports: auth, report tokens only, then size limit; never rate limited, as
-/// dropping a report would lose status.
+/// Sidecar reports: auth, report tokens only, then the rate limit and the bound in flight
+/// per report namespace (its sidecars together: one namespace cannot take the gateway from
+/// the others; a sidecar retries a 429 a few times, then drops the report), then the size limit.
 pub fn for_reporters(s: &Arc<Server>, r: Router) -> Router {
     r.layer(from_fn_with_state(s.clone(), limit_body))
+        .layer(from_fn_with_state(s.clone(), reporters_in_flight))
+        .layer(from_fn_with_state(s.clone(), rate_limit_reporters))
         .layer(from_fn_with_state(s.clone(), reporters_only))
         .layer(from_fn_with_state(s.clone(), authenticate))
 }
@@ -122,8 +164,9 @@ async fn reporters_only(State(s): State<Arc<Server>>, req: Request, next: Next) 
     token_kind(&s, req, next, access::report_route).await
 }
 
-/// Who is calling, for the rate limit: a token's fingerprint, or the peer's address when
-/// authentication is off. Set by [`authenticate`].
+/// Who is calling, for the limits: a client token's fingerprint, `report:{namespace}` for a
+/// namespace's sidecars, or the peer's address when authentication is off. Set by
+/// [`authenticate`].
 #[derive(Clone)]
 struct Caller(String);
 
@@ -151,11 +194,7 @@ async fn authenticate(State(s): State<Arc<Server>>, mut req: Request, next: Next
             Some(t) => match creds.principal(t) {
                 Err(e) => {
                     s.app.metrics.refused("auth");
-                    let code = match e {
-                        Unauthenticated::NoReportKey => "report_tokens_not_configured",
-                        Unauthenticated::NotAccepted => "unauthorized",
-                    };
-                    return error(StatusCode::UNAUTHORIZED, code, e.to_string(), None);
+                    return unauthenticated(&e);
                 }
                 Ok(p) => {
                     // Sidecars of one namespace share a token: named by their namespace.
@@ -180,29 +219,170 @@ async fn authenticate(State(s): State<Arc<Server>>, mut req: Request, next: Next
     next.run(req).await
 }
 
-async fn rate_limit(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
-    let g = &s.guard;
-    let caller = req
-        .extensions()
+/// A refusal of [`Credentials::principal`]: 401 for a token that names no one (or the first
+/// report token format), 403 for a report token of a namespace deleted since, 503 while the
+/// namespaces are not listed yet. Each names the rule and the namespace, never the token.
+fn unauthenticated(e: &Unauthenticated) -> Response {
+    let (status, code) = match e {
+        Unauthenticated::NoReportKey => (StatusCode::UNAUTHORIZED, "report_tokens_not_configured"),
+        Unauthenticated::NotAccepted => (StatusCode::UNAUTHORIZED, "unauthorized"),
+        Unauthenticated::FirstFormat(_) => (StatusCode::UNAUTHORIZED, "report_token_outdated"),
+        Unauthenticated::Uid(u @ access::UidRefused::Stale { .. }) => {
+            (StatusCode::FORBIDDEN, u.code())
+        }
+        Unauthenticated::Uid(u @ access::UidRefused::NotListedYet { .. }) => {
+            let mut r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                u.code(),
+                e.to_string(),
+                None,
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
+        }
+    };
+    error(status, code, e.to_string(), None)
+}
+
+/// The report namespace of a reporter, for refusals.
+fn report_namespace(req: &Request) -> Option<String> {
+    match req.extensions().get::<Principal>() {
+        Some(Principal::Reporter { namespace }) => Some(namespace.clone()),
+        _ => None,
+    }
+}
+
+fn caller_of(req: &Request) -> String {
+    req.extensions()
         .get::<Caller>()
-        .map_or("anonymous", |c| c.0.as_str());
-    if let Err(wait) = g.take(caller) {
-        s.app.metrics.refused("rate_limit");
+        .map_or_else(|| "anonymous".to_string(), |c| c.0.clone())
+}
+
+fn retry_after(r: &mut Response, wait: Duration) {
+    if let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+}
+
+async fn rate_limit(s: &Server, a: Audience, req: Request, next: Next) -> Response {
+    let limiter = s.guard.rate(a);
+    let Err(wait) = limiter.take(&caller_of(&req)) else {
+        return next.run(req).await;
+    };
+    let (rate, burst) = (limiter.rate, limiter.burst);
+    let mut r = match (a, report_namespace(&req)) {
+        (Audience::Callers, _) => {
+            s.app.metrics.refused("rate_limit");
+            error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!("more than {rate} requests per second (burst {burst}) from this client"),
+                None,
+            )
+        }
+        (Audience::Reporters, ns) => {
+            s.app.metrics.refused("report_rate_limit");
+            let who = match &ns {
+                Some(ns) => format!("report namespace {ns:?}"),
+                None => "reports from this client".to_string(),
+            };
+            error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!(
+                    "{who}: more than {rate} reports per second (burst {burst}; \
+                     --report-rate-limit, --report-rate-burst)"
+                ),
+                Some(json!({"namespace": ns, "rate": rate, "burst": burst})),
+            )
+        }
+    };
+    retry_after(&mut r, wait);
+    r
+}
+
+async fn rate_limit_callers(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
+    rate_limit(&s, Audience::Callers, req, next).await
+}
+
+async fn rate_limit_reporters(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
+    rate_limit(&s, Audience::Reporters, req, next).await
+}
+
+/// At most the audience's limit of requests in flight per caller; the permit is held until
+/// the response's body ends, so an open stream (SSE, MCP) counts while it is open.
+async fn in_flight(s: &Server, a: Audience, req: Request, next: Next) -> Response {
+    let set = s.guard.in_flight(a);
+    let Some(permit) = set.enter(&caller_of(&req)) else {
+        s.app.metrics.refused("too_many_concurrent");
+        let limit = set.limit;
+        let (message, ns) = match (a, report_namespace(&req)) {
+            (Audience::Reporters, Some(ns)) => (
+                format!(
+                    "report namespace {ns:?}: {limit} reports are in flight already (the \
+                     limit per report namespace, --max-in-flight-per-report-namespace)"
+                ),
+                Some(ns),
+            ),
+            _ => (
+                format!(
+                    "{limit} requests of this caller are in flight already (the limit per \
+                     token, --max-in-flight-per-token); an open stream counts until it ends"
+                ),
+                None,
+            ),
+        };
         let mut r = error(
             StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            format!(
-                "more than {} requests per second (burst {}) from this client",
-                g.rate, g.burst
-            ),
-            None,
+            "too_many_concurrent",
+            message,
+            Some(json!({"limit": limit, "namespace": ns})),
         );
-        if let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
-            r.headers_mut().insert(header::RETRY_AFTER, v);
-        }
+        retry_after(&mut r, Duration::from_secs(1));
         return r;
+    };
+    let (parts, body) = next.run(req).await.into_parts();
+    let body = Held {
+        body,
+        _permit: permit,
+    };
+    Response::from_parts(parts, Body::new(body))
+}
+
+/// A response body holding its request's permit: released when the body is dropped, at its
+/// end or when the client goes away. Otherwise the body as it is (its length included).
+struct Held {
+    body: Body,
+    _permit: super::limits::Permit,
+}
+
+impl http_body::Body for Held {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
     }
-    next.run(req).await
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+async fn callers_in_flight(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
+    in_flight(&s, Audience::Callers, req, next).await
+}
+
+async fn reporters_in_flight(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
+    in_flight(&s, Audience::Reporters, req, next).await
 }
 
 async fn limit_body(State(s): State<Arc<Server>>, req: Request, next: Next) -> Response {
@@ -224,26 +404,10 @@ async fn limit_body(State(s): State<Arc<Server>>, req: Request, next: Next) -> R
     next.run(Request::from_parts(parts, limited)).await
 }
 
-/// A non-reversible short name for a token, for rate-limit buckets (tokens are never logged).
+/// A non-reversible short name for a token, for the limits' keys (tokens are never logged).
 fn fingerprint(t: &str) -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     t.hash(&mut h);
     format!("{:016x}", h.finish())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rate_limit_refills() {
-        let g = Guard::new(None, 1000.0, 2.0, 10);
-        assert!(g.take("a").is_ok());
-        assert!(g.take("a").is_ok());
-        assert!(g.take("a").is_err(), "burst of 2 used up");
-        assert!(g.take("b").is_ok(), "per client");
-        let off = Guard::new(None, 0.0, 1.0, 10);
-        assert!((0..100).all(|_| off.take("a").is_ok()));
-    }
 }

@@ -2,9 +2,10 @@
 //!
 //! - `ops.rs`: `/health` and `/metrics`, for probes and Prometheus; open.
 //! - `clients.rs` and the MCP router (`/mcp`): REST and MCP callers; bearer token, a
-//!   per-client rate limit (shared by both) and a body size limit.
-//! - `reports.rs`: the sidecars' reports; bearer token and body size limit, no rate limit
-//!   (dropping a report would lose status).
+//!   per-client rate limit and bound on requests in flight (shared by both), a body size
+//!   limit.
+//! - `reports.rs`: the sidecars' reports; bearer token, a rate limit and a bound in flight
+//!   per report namespace (`limits.rs`), a body size limit.
 //!
 //! Client routes take client tokens only, report routes report tokens only; what each token
 //! may touch beyond that is decided in `crate::access`.
@@ -19,12 +20,13 @@ use crate::app::App;
 
 mod clients;
 mod guard;
+mod limits;
 mod ops;
 mod reply;
 mod reports;
 mod sse;
 
-pub use guard::Guard;
+pub use guard::{Guard, Limits};
 
 /// What every handler and layer reads.
 pub struct Server {
@@ -55,6 +57,8 @@ pub fn incoming_trace(headers: &axum::http::HeaderMap) -> asya_transport::trace_
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_bounds;
 #[cfg(test)]
 mod tests_tenancy;
 

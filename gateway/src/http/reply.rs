@@ -93,6 +93,17 @@ pub fn not_found(id: &str) -> Response {
     )
 }
 
+/// A fan-out child whose parent the reporter may not record it under: 404, the same for an
+/// unknown parent and one of another namespace.
+pub fn unknown_parent(e: &crate::access::UnknownParent) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "unknown_parent",
+        e.to_string(),
+        Some(json!({"parent_id": e.parent})),
+    )
+}
+
 pub fn too_large(n: usize, max: usize) -> Response {
     error(
         StatusCode::PAYLOAD_TOO_LARGE,

@@ -13,7 +13,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 
 use super::Server;
-use super::reply::{denied, error, json_body, not_found, store_error};
+use super::reply::{denied, error, json_body, not_found, store_error, unknown_parent};
 use crate::access::{self, Principal};
 use crate::store::{Progress, Record, Status, now_ms};
 
@@ -51,9 +51,11 @@ async fn report_child(
     }
 }
 
-/// Stores a fan-out child (idempotent), with its parent's tool and namespace. A reporter
-/// may create children only of its own namespace's envelopes, and is refused an existing id
-/// of another namespace (a create leaves it unchanged, so the check after it is exact).
+/// Stores a fan-out child (idempotent), with its parent's tool and namespace. The parent must
+/// be an envelope the gateway knows, of the reporter's namespace (an unknown parent and one
+/// of another namespace get the same 404, `crate::access::child_namespace`), and a reporter
+/// is refused an existing id of another namespace (a create leaves it unchanged, so the
+/// check after it is exact).
 async fn create_child(
     s: &Server,
     who: &Principal,
@@ -67,11 +69,11 @@ async fn create_child(
         .get(parent_id)
         .await
         .map_err(|e| Box::new(store_error(&e)))?;
-    let parent_ns = parent.as_ref().and_then(|p| p.namespace.clone());
-    if parent.is_some() {
-        access::may_report(who, parent_id, parent_ns.as_deref()).map_err(|d| refuse(s, &d))?;
-    }
-    let namespace = access::child_namespace(who, parent_ns.as_deref());
+    let known = parent.as_ref().map(|p| p.namespace.as_deref());
+    let namespace = access::child_namespace(who, parent_id, known).map_err(|e| {
+        s.app.metrics.refused("access");
+        Box::new(unknown_parent(&e))
+    })?;
     let now = now_ms();
     let rec = Record {
         id: id.to_string(),
@@ -104,7 +106,7 @@ fn refuse(s: &Server, d: &access::Denied) -> Box<Response> {
 }
 
 /// Refuses a report on envelope `id` from a reporter of another namespace. Unknown ids
-/// pass (the report itself answers 404, or creates a child from its parent); with
+/// pass (the report itself answers 404, or creates a child under its known parent); with
 /// authentication off there is nothing to check, and no read.
 async fn check_report(s: &Server, who: &Principal, id: &str) -> Result<(), Box<Response>> {
     if !matches!(who, Principal::Reporter { .. }) {

@@ -1,17 +1,30 @@
 //! `GET /envelopes/{id}/stream`: server-sent events, the current state, then each change,
 //! ending with the final status.
+//!
+//! The stream is the whole of it: no task of its own. Everything it holds (its store
+//! subscription, its count in `asya_gateway_open_streams`, the caller's permit in flight) is
+//! the response body's, so when the client goes away and the server drops the body, all of
+//! it ends with it, whether or not the envelope ever changes again.
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Extension, Path, State};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
+use tokio::sync::broadcast::{self, error::RecvError};
 
 use super::Server;
 use crate::access::Principal;
-use crate::store::Record;
+use crate::app::App;
+use crate::metrics::OpenStream;
+use crate::store::{Record, Update};
+
+/// How often an idle stream sends a comment; a write to a client that left ends the stream
+/// at the latest then.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 fn sse_event(kind: &str, r: &Record) -> SseEvent {
     SseEvent::default()
@@ -28,65 +41,77 @@ fn kind(r: &Record) -> &'static str {
     }
 }
 
+fn event(r: &Record) -> SseEvent {
+    sse_event(kind(r), r)
+}
+
 pub async fn stream(
     State(s): State<Arc<Server>>,
     Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Response {
     // Subscribe first, then read: no change can fall between the two.
-    let mut rx = s.app.store.subscribe();
+    let rx = s.app.store.subscribe();
     // An envelope never changes namespace, so one check covers the whole stream.
     let first = match super::clients::readable(&s, &who, &id).await {
         Ok(r) => r,
         Err(r) => return *r,
     };
-    let app = s.app.clone();
-    let events = async_stream(move |tx| async move {
-        let done = first.status.is_final();
-        if tx.send(sse_event(kind(&first), &first)).await.is_err() || done {
-            return;
-        }
-        loop {
-            match rx.recv().await {
-                Ok(u) if u.record.id == id => {
-                    let done = u.record.status.is_final();
-                    if tx
-                        .send(sse_event(kind(&u.record), &u.record))
-                        .await
-                        .is_err()
-                        || done
-                    {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    if let Ok(Some(r)) = app.store.get(&id).await {
-                        let done = r.status.is_final();
-                        if tx.send(sse_event(kind(&r), &r)).await.is_err() || done {
-                            return;
-                        }
-                    }
-                }
-                Err(_) => return,
-            }
-        }
-    });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
+    let follow = Follow {
+        app: s.app.clone(),
+        id,
+        rx,
+        first: Some(first),
+        done: false,
+        _open: s.app.metrics.stream_opened(),
+    };
+    Sse::new(events(follow))
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response()
 }
 
-/// A stream fed by a task: `f` gets a sender and runs until it returns or the client leaves.
-fn async_stream<F, Fut>(f: F) -> impl Stream<Item = Result<SseEvent, Infallible>>
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<SseEvent>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(f(tx));
+/// One stream's state, dropped with it.
+struct Follow {
+    app: Arc<App>,
+    id: String,
+    rx: broadcast::Receiver<Update>,
+    /// The state when the stream opened, sent first.
+    first: Option<Record>,
+    /// The final status was sent: the stream ends.
+    done: bool,
+    _open: OpenStream,
+}
+
+impl Follow {
+    /// The next event, or `None` once the final status was sent.
+    async fn next(&mut self) -> Option<SseEvent> {
+        if self.done {
+            return None;
+        }
+        if let Some(r) = self.first.take() {
+            self.done = r.status.is_final();
+            return Some(event(&r));
+        }
+        loop {
+            let r = match self.rx.recv().await {
+                Ok(u) if u.record.id == self.id => u.record,
+                Ok(_) => continue,
+                // Missed changes: the current state instead.
+                Err(RecvError::Lagged(_)) => match self.app.store.get(&self.id).await {
+                    Ok(Some(r)) => r,
+                    _ => continue,
+                },
+                Err(RecvError::Closed) => return None,
+            };
+            self.done = r.status.is_final();
+            return Some(event(&r));
+        }
+    }
+}
+
+fn events(follow: Follow) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     futures::stream::unfold(
-        rx,
-        |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) },
+        follow,
+        |mut f| async move { f.next().await.map(|e| (Ok(e), f)) },
     )
 }

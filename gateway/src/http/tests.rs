@@ -7,8 +7,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{Guard, Server, router};
-use crate::access::{ClientTokens, Credentials, ReportKey};
+use super::{Guard, Limits, Server, router};
+use crate::access::{ClientTokens, Credentials, NamespaceUids, ReportKey};
 use crate::app::App;
 use crate::send::{SendConfig, Senders};
 use crate::store::Store;
@@ -17,9 +17,12 @@ use crate::tools::Tools;
 pub(super) const TOKEN: &str = "test-token-0123456789";
 pub(super) const KEY: &[u8] = b"test-report-key-0123456789abcdef";
 
-/// The report token of `namespace` under [`KEY`].
+/// The uid every test namespace has unless a test says otherwise.
+pub(super) const UID: &str = "00000000-0000-4000-8000-0000000000aa";
+
+/// The report token of `namespace` (uid [`UID`]) under [`KEY`].
 pub(super) fn report_token(namespace: &str) -> String {
-    ReportKey::new(KEY).unwrap().token(namespace).unwrap()
+    ReportKey::new(KEY).unwrap().token(namespace, UID).unwrap()
 }
 
 /// How a test gateway is set up.
@@ -27,8 +30,9 @@ pub(super) struct Setup {
     pub tokens: String,
     pub tools: &'static str,
     pub store: Store,
-    pub rate: f64,
-    pub max_body_bytes: usize,
+    /// Without limits unless a test sets them.
+    pub limits: Limits,
+    pub namespaces: NamespaceUids,
 }
 
 impl Default for Setup {
@@ -37,15 +41,29 @@ impl Default for Setup {
             tokens: format!("{TOKEN}\n"),
             tools: "",
             store: Store::memory(),
-            rate: 0.0,
-            max_body_bytes: 4096,
+            limits: Limits {
+                rate: 0.0,
+                burst: 1.0,
+                report_rate: 0.0,
+                report_burst: 1.0,
+                client_in_flight: 0,
+                report_in_flight: 0,
+                max_body_bytes: 4096,
+            },
+            namespaces: NamespaceUids::Off,
         }
     }
 }
 
-/// A gateway on a local port with the client tokens and tools of `s`, report tokens from
-/// [`KEY`], a burst of one request (when rate limited); its address and state.
+/// A gateway on a local port with the client tokens, tools and limits of `s`, report tokens
+/// from [`KEY`]; its address and state.
 pub(super) async fn serve_with(s: Setup) -> (SocketAddr, Arc<App>) {
+    let (addr, app, _) = serve_guarded(s).await;
+    (addr, app)
+}
+
+/// The same, with its guard.
+pub(super) async fn serve_guarded(s: Setup) -> (SocketAddr, Arc<App>, Arc<Guard>) {
     let senders = Senders::new(&SendConfig::default()).await;
     let app = Arc::new(App::new(
         Tools::from_yaml(s.tools).unwrap(),
@@ -56,28 +74,19 @@ pub(super) async fn serve_with(s: Setup) -> (SocketAddr, Arc<App>) {
     let creds = Credentials {
         clients: ClientTokens::parse(&s.tokens).unwrap(),
         report_key: Some(ReportKey::new(KEY).unwrap()),
+        namespaces: s.namespaces,
     };
-    let guard = Arc::new(Guard::new(Some(creds), s.rate, 1.0, s.max_body_bytes));
-    let mcp = crate::mcp::router(app.clone(), Vec::new(), s.max_body_bytes);
+    let guard = Arc::new(Guard::new(Some(creds), s.limits.clone()));
+    let mcp = crate::mcp::router(app.clone(), Vec::new(), s.limits.max_body_bytes);
     let server = Arc::new(Server {
         app: app.clone(),
-        guard,
+        guard: guard.clone(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let svc = router(server, mcp).into_make_service_with_connect_info::<SocketAddr>();
     tokio::spawn(async move { axum::serve(listener, svc).await });
-    (addr, app)
-}
-
-/// A gateway with one client token, a burst of one request and a body limit of 64 bytes.
-async fn serve() -> SocketAddr {
-    let setup = Setup {
-        rate: 0.001,
-        max_body_bytes: 64,
-        ..Setup::default()
-    };
-    serve_with(setup).await.0
+    (addr, app, guard)
 }
 
 pub(super) struct Reply {
@@ -130,9 +139,33 @@ async fn call(addr: SocketAddr, method: &str, path: &str, token: bool, body: &st
     request(addr, method, path, token.then_some(TOKEN), body).await
 }
 
+/// Stores envelope `id` of namespace `default` (a call's, as the gateway records it).
+pub(super) async fn app_store_put(app: &App, id: &str) {
+    let now = crate::store::now_ms();
+    let r = crate::store::Record {
+        id: id.into(),
+        parent_id: None,
+        tool: Some("t".into()),
+        status: crate::store::Status::Pending,
+        progress: 0.0,
+        actor: None,
+        route: vec!["a".into()],
+        result: None,
+        error: None,
+        created_ms: now,
+        updated_ms: now,
+        namespace: Some("default".into()),
+    };
+    app.store.create(&r).await.unwrap();
+}
+
+/// One client token, a burst of one request and a body limit of 64 bytes.
 #[tokio::test]
 async fn each_audience_has_its_own_layers() {
-    let gw = serve().await;
+    let mut setup = Setup::default();
+    setup.limits.rate = 0.001;
+    setup.limits.max_body_bytes = 64;
+    let (gw, gw_app) = serve_with(setup).await;
     // Probes: open.
     assert_eq!(call(gw, "GET", "/health", false, "").await.status, 200);
     assert_eq!(call(gw, "GET", "/metrics", false, "").await.status, 200);
@@ -149,7 +182,8 @@ async fn each_audience_has_its_own_layers() {
     let r = call(gw, "GET", "/tools", true, "").await;
     assert_eq!((r.status, &r.body["error"]), (429, &json!("rate_limited")));
     assert!(r.head.contains("retry-after:"), "{}", r.head);
-    // Reports: a report token, never the rate limit, the body limit.
+    // Reports: a report token, not the callers' rate limit (their own is off here), the
+    // body limit.
     let rt = report_token("default");
     let rt = Some(rt.as_str());
     let progress = r#"{"actor":"a","phase":"received","current":0,"total":1}"#;
@@ -162,6 +196,20 @@ async fn each_audience_has_its_own_layers() {
             (404, &json!("unknown_envelope"))
         );
     }
+    let r = request(
+        gw,
+        "POST",
+        "/envelopes",
+        rt,
+        r#"{"id":"c","parent_id":"p"}"#,
+    )
+    .await;
+    assert_eq!(
+        (r.status, &r.body["error"]),
+        (404, &json!("unknown_parent")),
+        "no child under an unknown parent"
+    );
+    app_store_put(&gw_app, "p").await;
     let r = request(
         gw,
         "POST",

@@ -114,7 +114,7 @@ async fn report_token_only_reports(gw: SocketAddr) {
     let r = request(gw, "POST", "/mcp", rt, list).await;
     refused(&r, 403, "report_token_not_allowed");
     // A token of the right form that the key did not make.
-    let forged = format!("asya-report.team.{}", "0".repeat(64));
+    let forged = format!("asya-report.team.{}.{}", super::tests::UID, "0".repeat(64));
     let r = request(
         gw,
         "POST",
@@ -169,6 +169,7 @@ async fn report_token_keeps_to_its_namespace(gw: SocketAddr, app: &App) {
     refused(&r, 403, "envelope_of_another_namespace");
     assert_eq!(status_of(app, "e-a").await, Some(Status::Pending));
     assert!(app.store.events("e-a").await.unwrap().is_empty());
+    // A child under another namespace's envelope: told exactly as under an unknown one.
     let r = request(
         gw,
         "POST",
@@ -177,7 +178,22 @@ async fn report_token_keeps_to_its_namespace(gw: SocketAddr, app: &App) {
         r#"{"id":"k1","parent_id":"e-a"}"#,
     )
     .await;
-    refused(&r, 403, "envelope_of_another_namespace");
+    refused(&r, 404, "unknown_parent");
+    let unknown = request(
+        gw,
+        "POST",
+        "/envelopes",
+        rt,
+        r#"{"id":"k1","parent_id":"zz-a"}"#,
+    )
+    .await;
+    refused(&unknown, 404, "unknown_parent");
+    assert_eq!(
+        Value::from(r.body["message"].as_str().unwrap().replace("e-a", "zz-a")),
+        unknown.body["message"],
+        "the same words"
+    );
+    assert_eq!(r.body["details"], json!({"parent_id": "e-a"}));
     assert_eq!(status_of(app, "k1").await, None, "no child was stored");
     // A child report naming another namespace's envelope as the child.
     let r = request(
@@ -185,14 +201,14 @@ async fn report_token_keeps_to_its_namespace(gw: SocketAddr, app: &App) {
         "POST",
         "/envelopes",
         rt,
-        r#"{"id":"e-a","parent_id":"zz"}"#,
+        r#"{"id":"e-a","parent_id":"e-team"}"#,
     )
     .await;
     refused(&r, 403, "envelope_of_another_namespace");
     // Progress of an unknown child of another namespace's envelope.
     let p = r#"{"actor":"a","phase":"received","current":0,"total":1,"parent_id":"e-a"}"#;
     let r = request(gw, "POST", "/envelopes/k2/progress", rt, p).await;
-    refused(&r, 403, "envelope_of_another_namespace");
+    refused(&r, 404, "unknown_parent");
     assert_eq!(status_of(app, "k2").await, None);
 
     // Its own namespace's envelope: progress, children, the final status.
@@ -210,7 +226,8 @@ async fn report_token_keeps_to_its_namespace(gw: SocketAddr, app: &App) {
     let p = r#"{"actor":"a","phase":"received","current":0,"total":1,"parent_id":"e-team"}"#;
     let r = request(gw, "POST", "/envelopes/k4/progress", rt, p).await;
     assert_eq!((r.status, &r.body["namespace"]), (200, &json!("team")));
-    // A child of a parent the gateway never saw is the reporter's own.
+    // No child under a parent the gateway never saw (a forged or foreign id): nothing is
+    // stored, so no row can be made under any id.
     let r = request(
         gw,
         "POST",
@@ -219,15 +236,40 @@ async fn report_token_keeps_to_its_namespace(gw: SocketAddr, app: &App) {
         r#"{"id":"k5","parent_id":"zz"}"#,
     )
     .await;
+    refused(&r, 404, "unknown_parent");
+    assert_eq!(status_of(app, "k5").await, None);
+    let p = r#"{"actor":"a","phase":"received","current":0,"total":1,"parent_id":"zz"}"#;
+    let r = request(gw, "POST", "/envelopes/k6/progress", rt, p).await;
+    refused(&r, 404, "unknown_parent");
+    assert_eq!(status_of(app, "k6").await, None);
+    // A child of a child (nested fan-out) is under a known parent.
+    let r = request(
+        gw,
+        "POST",
+        "/envelopes",
+        rt,
+        r#"{"id":"k3-1","parent_id":"k3"}"#,
+    )
+    .await;
     assert_eq!((r.status, &r.body["namespace"]), (201, &json!("team")));
     let other = report_token("team-a");
-    let r = request(gw, "POST", "/envelopes/k5/progress", Some(&other), PROGRESS).await;
+    let r = request(gw, "POST", "/envelopes/k3/progress", Some(&other), PROGRESS).await;
     refused(&r, 403, "envelope_of_another_namespace");
     let r = request(gw, "POST", "/envelopes/e-team/final", rt, fin).await;
     assert_eq!((r.status, &r.body["status"]), (200, &json!("succeeded")));
-    // Stored before namespaces were recorded: any report token, so it still ends.
+    // Stored before namespaces were recorded: any report token, so it still ends, and its
+    // children are the reporter's.
     let r = request(gw, "POST", "/envelopes/e-legacy/progress", rt, PROGRESS).await;
     assert_eq!(r.status, 200, "{}", r.body);
+    let r = request(
+        gw,
+        "POST",
+        "/envelopes",
+        rt,
+        r#"{"id":"k7","parent_id":"e-legacy"}"#,
+    )
+    .await;
+    assert_eq!((r.status, &r.body["namespace"]), (201, &json!("team")));
     // Unknown ids stay 404.
     let r = request(gw, "POST", "/envelopes/nope/progress", rt, PROGRESS).await;
     refused(&r, 404, "unknown_envelope");

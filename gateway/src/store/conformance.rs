@@ -63,6 +63,8 @@ async fn finish<B: Backend>(b: &B, id: &str, f: &Final) -> Option<(Record, bool)
 /// Runs every check against `b`, which must be empty.
 async fn suite<B: Backend>(b: &B) {
     b.ping().await.unwrap();
+    // First: it counts what is stored, and leaves nothing behind.
+    retention_deletes_by_age_in_bounded_batches(b).await;
     create_keeps_the_first_record(b).await;
     progress_never_goes_back(b).await;
     first_final_wins(b).await;
@@ -205,6 +207,64 @@ async fn namespace_is_kept<B: Backend>(b: &B) {
     legacy.namespace = None;
     b.create(&legacy).await.unwrap();
     assert_eq!(b.get("n-legacy").await.unwrap().unwrap().namespace, None);
+}
+
+/// The retention policy's statement (`crate::store::retention`): envelopes go with their
+/// history once their final status, or (never finished) their creation, is older than its
+/// cut-off; never one newer; at most `limit` of each kind per call.
+async fn retention_deletes_by_age_in_bounded_batches<B: Backend>(b: &B) {
+    assert_eq!(b.oldest_ms().await.unwrap(), None, "an empty store");
+    let before = now_ms();
+    for id in ["r-done-1", "r-done-2", "r-open-1", "r-open-2"] {
+        b.create(&rec(id, None)).await.unwrap();
+    }
+    b.create(&rec("r-child", Some("r-done-1"))).await.unwrap();
+    progress(b, "r-done-1", &prog("a", "received", 0)).await;
+    progress(b, "r-open-1", &prog("a", "received", 0)).await;
+    for id in ["r-done-1", "r-done-2", "r-child"] {
+        finish(b, id, &fin(Status::Succeeded, None, None, None)).await;
+    }
+    let oldest = b.oldest_ms().await.unwrap().expect("the oldest");
+    assert!(
+        oldest >= before - 1000 && oldest <= now_ms() + 1000,
+        "{oldest}"
+    );
+
+    // Cut-offs in the past: nothing is old enough; none given: nothing is looked at.
+    let past = Some(before - 3_600_000);
+    assert_eq!(b.expire(past, past, 100).await.unwrap(), 0);
+    let future = Some(now_ms() + 60_000);
+    assert_eq!(b.expire(None, None, 100).await.unwrap(), 0);
+    assert_eq!(
+        b.get("r-done-1").await.unwrap().map(|r| r.id).as_deref(),
+        Some("r-done-1")
+    );
+
+    // The finished ones, at most two per call: the unfinished stay whatever their age.
+    assert_eq!(
+        b.expire(future, None, 2).await.unwrap(),
+        2,
+        "a bounded batch"
+    );
+    assert_eq!(b.expire(future, None, 2).await.unwrap(), 1);
+    assert_eq!(b.expire(future, None, 2).await.unwrap(), 0);
+    for id in ["r-done-1", "r-done-2", "r-child"] {
+        assert_eq!(b.get(id).await.unwrap(), None, "{id}");
+        assert!(
+            b.events(id).await.unwrap().is_empty(),
+            "{id}'s history went with it"
+        );
+    }
+    assert!(b.children("r-done-1").await.unwrap().is_empty());
+    assert!(b.get("r-open-1").await.unwrap().is_some());
+    assert_eq!(b.events("r-open-1").await.unwrap().len(), 1);
+
+    // The unfinished, once created before their cut-off.
+    assert_eq!(b.expire(past, future, 1).await.unwrap(), 1);
+    assert_eq!(b.expire(past, future, 100).await.unwrap(), 1);
+    assert_eq!(b.get("r-open-1").await.unwrap(), None);
+    assert!(b.events("r-open-1").await.unwrap().is_empty());
+    assert_eq!(b.oldest_ms().await.unwrap(), None, "nothing left");
 }
 
 #[tokio::test]

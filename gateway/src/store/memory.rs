@@ -104,4 +104,46 @@ impl Backend for Memory {
             .push(event.clone());
         Ok(Some((r, true)))
     }
+
+    /// A final record is never changed again, so its `updated_ms` is when it finished.
+    async fn expire(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let mut st = self.state()?;
+        let oldest = |pick: &dyn Fn(&Record) -> Option<i64>| -> Vec<String> {
+            let mut due: Vec<(i64, String)> = st
+                .records
+                .values()
+                .filter_map(|r| pick(r).map(|at| (at, r.id.clone())))
+                .collect();
+            due.sort();
+            due.into_iter()
+                .take(limit as usize)
+                .map(|(_, id)| id)
+                .collect()
+        };
+        let finished = oldest(&|r: &Record| {
+            let before = finished_before_ms?;
+            (r.status.is_final() && r.updated_ms < before).then_some(r.updated_ms)
+        });
+        let unfinished = oldest(&|r: &Record| {
+            let before = unfinished_before_ms?;
+            (!r.status.is_final() && r.created_ms < before).then_some(r.created_ms)
+        });
+        let mut n = 0;
+        for id in finished.iter().chain(&unfinished) {
+            if st.records.remove(id).is_some() {
+                n += 1;
+            }
+            st.events.remove(id);
+        }
+        Ok(n)
+    }
+
+    async fn oldest_ms(&self) -> Result<Option<i64>, StoreError> {
+        Ok(self.state()?.records.values().map(|r| r.created_ms).min())
+    }
 }

@@ -12,6 +12,7 @@ use tokio::sync::broadcast;
 pub mod memory;
 mod model;
 pub mod postgres;
+pub mod retention;
 
 #[cfg(test)]
 pub(crate) mod conformance;
@@ -57,6 +58,20 @@ pub trait Backend: Send + Sync {
         f: &Final,
         event: &Event,
     ) -> impl Future<Output = Result<Option<(Record, bool)>, StoreError>> + Send;
+
+    /// Deletes envelopes, with their history: those whose final status came before
+    /// `finished_before_ms`, and those never finished created before `unfinished_before_ms`
+    /// (`None`: not that kind); oldest first, at most `limit` of each kind, so one call is
+    /// a bounded batch. Returns how many went.
+    fn expire(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// When the oldest stored envelope was created; `None` when there is none.
+    fn oldest_ms(&self) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
 }
 
 /// The backends a gateway can run on.
@@ -107,6 +122,11 @@ impl Store {
 
     pub fn subscribe(&self) -> broadcast::Receiver<Update> {
         self.updates.subscribe()
+    }
+
+    /// Subscriptions open now (each stream and each MCP call following an envelope).
+    pub fn subscribers(&self) -> usize {
+        self.updates.receiver_count()
     }
 
     fn publish(&self, record: &Record, event: Option<Event>) {
@@ -174,6 +194,22 @@ impl Store {
             Some((r, false)) => Ok(Some(r)),
             None => Ok(None),
         }
+    }
+}
+
+impl Store {
+    /// One bounded batch of the retention policy ([`Backend::expire`]).
+    pub async fn expire(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        on_backend!(&self.backend, b => b.expire(finished_before_ms, unfinished_before_ms, limit).await)
+    }
+
+    pub async fn oldest_ms(&self) -> Result<Option<i64>, StoreError> {
+        on_backend!(&self.backend, b => b.oldest_ms().await)
     }
 }
 

@@ -27,6 +27,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         2,
         include_str!("../../migrations/0002_envelope_namespace.sql"),
     ),
+    (
+        3,
+        include_str!("../../migrations/0003_envelope_retention.sql"),
+    ),
 ];
 
 const DEADLINE: Duration = Duration::from_secs(5);
@@ -53,6 +57,9 @@ pub struct Postgres {
     durable: Conn,
     /// Progress events and reads.
     advisory: Conn,
+    /// The retention policy's deletes, on a connection of their own so that a batch never
+    /// holds up the statements of calls and reports queued behind it.
+    maintenance: Conn,
 }
 
 fn down(e: impl std::fmt::Display) -> StoreError {
@@ -90,6 +97,7 @@ impl Postgres {
             url: url.to_string(),
             durable: Conn::new("SET synchronous_commit TO on"),
             advisory: Conn::new("SET synchronous_commit TO off"),
+            maintenance: Conn::new("SET synchronous_commit TO off"),
         };
         pg.migrate().await?;
         Ok(pg)
@@ -324,7 +332,7 @@ impl Backend for Postgres {
         let sql = format!(
             "WITH upd AS (
                UPDATE envelopes SET status = $2, progress = 100, actor = COALESCE($3, actor),
-                 result = $4, error = $5, updated_at = now()
+                 result = $4, error = $5, updated_at = now(), finished_at = now()
                WHERE id = $1 AND status NOT IN ('succeeded', 'failed') RETURNING {COLUMNS}
              ), ev AS (
                INSERT INTO envelope_events (envelope_id, actor, phase, progress)
@@ -345,5 +353,47 @@ impl Backend for Postgres {
             Some(r) => Ok(Some((record(&r)?, true))),
             None => Ok(self.get(id).await?.map(|r| (r, false))),
         }
+    }
+
+    /// Two bounded selects, oldest first, by the indexes of migration 3; rows another
+    /// replica's pass holds are skipped rather than waited for. Events go by the foreign
+    /// key's cascade.
+    async fn expire(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let sql = "WITH f AS (
+               SELECT id FROM envelopes WHERE finished_at < to_timestamp($1::bigint / 1000.0)
+               ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED
+             ), u AS (
+               SELECT id FROM envelopes
+               WHERE finished_at IS NULL AND created_at < to_timestamp($2::bigint / 1000.0)
+               ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED
+             )
+             DELETE FROM envelopes WHERE id IN (SELECT id FROM f UNION SELECT id FROM u)";
+        let limit = i64::from(limit);
+        let c = self.client(&self.maintenance).await?;
+        let r = timeout(
+            DEADLINE,
+            c.execute(sql, &[&finished_before_ms, &unfinished_before_ms, &limit]),
+        )
+        .await;
+        Self::done(&self.maintenance, r).await
+    }
+
+    async fn oldest_ms(&self) -> Result<Option<i64>, StoreError> {
+        let c = self.client(&self.maintenance).await?;
+        let r = timeout(
+            DEADLINE,
+            c.query_one(
+                "SELECT (extract(epoch from min(created_at)) * 1000)::bigint FROM envelopes",
+                &[],
+            ),
+        )
+        .await;
+        let row = Self::done(&self.maintenance, r).await?;
+        row.try_get(0).map_err(down)
     }
 }

@@ -39,10 +39,17 @@ ELSEWHERE_TOKEN = "elsewhere-token-" + "0123456789abcdef"
 REPORT_KEY = b"test-report-key-" + b"0123456789abcdef"
 
 
-def report_token(namespace):
-    """The sidecars' token for `namespace`, as `asya-gateway report-token` makes it."""
-    sig = hmac.new(REPORT_KEY, b"asya-report/v1\0" + namespace.encode(), hashlib.sha256).hexdigest()
-    return "asya-report.%s.%s" % (namespace, sig)
+# These runs have no cluster: the gateway checks report tokens' signatures only
+# (`--namespace-uids off`), and every namespace has this uid.
+NAMESPACE_UID = "00000000-0000-4000-8000-00000000e2e0"
+
+
+def report_token(namespace, uid=NAMESPACE_UID):
+    """The sidecars' token for `namespace`, as `asya-gateway report-token` makes it (bound to
+    the namespace's uid)."""
+    msg = b"asya-report/v2\0" + namespace.encode() + b"\0" + uid.encode()
+    sig = hmac.new(REPORT_KEY, msg, hashlib.sha256).hexdigest()
+    return "asya-report.%s.%s.%s" % (namespace, uid, sig)
 
 
 def need(var):
@@ -171,6 +178,7 @@ class Gateway:
             "--tools", str(self.tools),
             "--auth-tokens", str(self.dir / "tokens"),
             "--report-key-file", str(self.dir / "report-key"),
+            "--namespace-uids", "off",
             "--namespace", self.namespace,
             "--reload-interval", "1",
         ] + self.extra_args

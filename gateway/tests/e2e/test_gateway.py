@@ -216,6 +216,43 @@ def test_fan_out_children_are_tracked(world, database, kind):
     assert row == "2"
 
 
+def test_finished_envelopes_are_deleted_after_the_retention_time(world, database):
+    """Issue 34: a finished envelope, its history and its fan-out children go from
+    PostgreSQL once their final status is older than --retention-finished (8 s here, long
+    enough for the children to be reported first); one still running stays
+    (--retention-unfinished is far off), and the pass is counted."""
+    ns = unique("ret")
+    gw = world.gateway("rabbitmq", TOOLS, database, ns,
+                       extra_args=["--retention-finished", "8s", "--retention-interval", "1s"])
+    for a in ("a", "b"):
+        world.actor("rabbitmq", ns, a, "testing.act", gw.url)
+    crew(world, "rabbitmq", ns, gw, "asya-" + ns)
+    # n=3: the envelope goes on and two children are made (as in the fan-out test above).
+    status, body = http("POST", gw.url + "/tools/call", {"name": "splits", "arguments": {"n": 3}})
+    assert status == 202, body
+    done = body["envelope_id"]
+    family = "id = '{0}' OR parent_id = '{0}'".format(done)
+    wait_until("the envelope and its two children stored and finished",
+               lambda: psql(database, "SELECT count(*) FROM envelopes WHERE (%s) AND finished_at IS NOT NULL"
+                            % family) == "3", within=30)
+    events = "SELECT count(*) FROM envelope_events WHERE envelope_id IN (SELECT id FROM envelopes WHERE %s)" % family
+    assert int(psql(database, events)) > 0
+    status, body = http("POST", gw.url + "/tools/call", {"name": "slow", "arguments": {"seconds": 30}})
+    assert status == 202, body
+    running = body["envelope_id"]
+
+    wait_until("the finished envelopes deleted",
+               lambda: psql(database, "SELECT count(*) FROM envelopes WHERE %s" % family) == "0", within=40)
+    assert psql(database, "SELECT count(*) FROM envelope_events WHERE envelope_id LIKE '%s%%'" % done) == "0"
+    status, body = http("GET", gw.url + "/envelopes/" + done)
+    assert status == 404 and body["error"] == "unknown_envelope", body
+    assert http("GET", gw.url + "/envelopes/" + running)[0] == 200, "the running one stays"
+    status, metrics = http("GET", gw.url + "/metrics", token=None)
+    deleted = [line for line in metrics.splitlines()
+               if line.startswith("asya_gateway_retention_deleted_envelopes_total ")]
+    assert deleted and float(deleted[0].split()[1]) >= 3, deleted
+
+
 @pytest.mark.parametrize("kind", TRANSPORTS)
 def test_gateway_restarted_mid_pipeline_loses_no_status(world, database, kind):
     ns, bucket, gw = pipeline(world, kind, database, actors=("a",))

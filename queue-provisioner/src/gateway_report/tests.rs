@@ -7,6 +7,7 @@ use serde_json::json;
 use super::*;
 
 const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+const UID: &str = "6f1c2d3e-0000-4000-8000-00000000000a";
 
 fn at() -> SecretKeySelector {
     SecretKeySelector {
@@ -25,7 +26,7 @@ fn secret(labels: serde_json::Value) -> Secret {
 
 #[test]
 fn the_secret_holds_the_namespace_token_under_the_configured_key_and_is_labelled_ours() {
-    let token = ReportKey::new(KEY).unwrap().token("team").unwrap();
+    let token = ReportKey::new(KEY).unwrap().token("team", UID).unwrap();
     let s = render("team", &at(), &token);
     assert_eq!(s.metadata.name.as_deref(), Some("asya-gateway-report"));
     assert_eq!(s.metadata.namespace.as_deref(), Some("team"));
@@ -35,16 +36,18 @@ fn the_secret_holds_the_namespace_token_under_the_configured_key_and_is_labelled
     assert_eq!(
         data["token"],
         ByteString(
-            b"asya-report.team.a47a24a2342dd4329b1647e65982c7465759344300009e979ae61997e9fc0085"
+            b"asya-report.team.6f1c2d3e-0000-4000-8000-00000000000a.\
+              6b1787da0ae60378cb4eeede15fde29952a44f86caf5282e4f466e228efeac11"
                 .to_vec()
         )
     );
+    let claim = ReportKey::new(KEY)
+        .unwrap()
+        .verify(std::str::from_utf8(&data["token"].0).unwrap())
+        .unwrap();
     assert_eq!(
-        ReportKey::new(KEY)
-            .unwrap()
-            .verify(std::str::from_utf8(&data["token"].0).unwrap())
-            .as_deref(),
-        Some("team")
+        (claim.namespace.as_str(), claim.uid.as_str()),
+        ("team", UID)
     );
     let labels = s.metadata.labels.as_ref().unwrap();
     assert_eq!(
@@ -63,16 +66,19 @@ fn the_secret_holds_the_namespace_token_under_the_configured_key_and_is_labelled
 }
 
 #[test]
-fn a_new_key_changes_what_is_applied() {
-    let a = ReportKey::new(KEY).unwrap().token("team").unwrap();
+fn a_new_key_or_a_new_namespace_uid_changes_what_is_applied() {
+    let a = ReportKey::new(KEY).unwrap().token("team", UID).unwrap();
     let b = ReportKey::new(b"another key of at least 32 bytes!!")
         .unwrap()
-        .token("team")
+        .token("team", UID)
         .unwrap();
-    assert_ne!(
-        desired_hash(&render("team", &at(), &a)),
-        desired_hash(&render("team", &at(), &b))
-    );
+    let c = ReportKey::new(KEY)
+        .unwrap()
+        .token("team", "6f1c2d3e-0000-4000-8000-00000000000b")
+        .unwrap();
+    let hash = |t: &str| desired_hash(&render("team", &at(), t));
+    assert_ne!(hash(&a), hash(&b));
+    assert_ne!(hash(&a), hash(&c));
 }
 
 #[test]
@@ -144,7 +150,7 @@ fn key_errors_name_the_secret_and_key_but_never_the_content() {
     let good = serde_json::to_value(ByteString(KEY.to_vec())).unwrap();
     let k = key_from("asya-system", &key_at, Some(&with(json!({"key": good})))).unwrap();
     assert_eq!(
-        k.token("team").unwrap(),
-        ReportKey::new(KEY).unwrap().token("team").unwrap()
+        k.token("team", UID).unwrap(),
+        ReportKey::new(KEY).unwrap().token("team", UID).unwrap()
     );
 }

@@ -170,7 +170,8 @@ pub trait Cluster: Send + Sync {
     ) -> impl Future<Output = Result<Option<QueueRecord>, QueueError>> + Send;
 
     /// `metadata.uid` of namespace `ns`, read from the API server (a namespace deleted and
-    /// created again has another); `None`: no such namespace.
+    /// created again has another: its queue claims, state and gateway report token are
+    /// bound to it); `None`: no such namespace.
     fn namespace_uid(
         &self,
         ns: &str,

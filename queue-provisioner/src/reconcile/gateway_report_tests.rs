@@ -10,8 +10,10 @@ use asya_api::report_token::ReportKey;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
-use super::fake::{Fake, PLATFORM_NAMESPACE, Stored, key};
+use super::fake::{Fake, PLATFORM_NAMESPACE, Stored, default_namespace_uid, key};
+use super::memory::{ObjectKey, RECHECK};
 use super::{FINALIZER, Reconciler};
+use crate::gateway_report::VERSION_ANNOTATION;
 use crate::model::ObjectKind;
 
 const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
@@ -40,10 +42,9 @@ fn stored(body: Value, managed: bool) -> Stored {
     }
 }
 
-/// A reconciler whose platform namespace holds the report key.
-fn reconciler() -> Reconciler<Fake> {
-    let r = Reconciler::new(Fake::default(), Arc::new(config()));
-    let data = serde_json::to_value(k8s_openapi::ByteString(KEY.to_vec())).unwrap();
+/// Puts `k` in the platform namespace as the report key.
+fn set_key(r: &Reconciler<Fake>, k: &[u8]) {
+    let data = serde_json::to_value(k8s_openapi::ByteString(k.to_vec())).unwrap();
     r.cluster.world().objects.insert(
         key(
             ObjectKind::Secret,
@@ -55,7 +56,38 @@ fn reconciler() -> Reconciler<Fake> {
             false,
         ),
     );
+}
+
+/// A reconciler whose platform namespace holds the report key.
+fn reconciler() -> Reconciler<Fake> {
+    let r = Reconciler::new(Fake::default(), Arc::new(config()));
+    set_key(&r, KEY);
     r
+}
+
+/// As if [`RECHECK`] had passed since the token and the key were last looked at.
+fn recheck_passed(r: &Reconciler<Fake>) {
+    let k = ObjectKey::new(ObjectKind::Secret, "n", TOKEN_SECRET);
+    let mut applied = r.memory.applied(&k).expect("issued before");
+    applied.at = std::time::Instant::now() - RECHECK;
+    r.memory.record_applied(k, applied);
+    r.memory.gateway_report.forget_key();
+}
+
+/// The token in namespace n's Secret.
+fn issued_token(r: &Reconciler<Fake>) -> String {
+    let s = token_secret(r).expect("the token Secret");
+    let token: k8s_openapi::ByteString =
+        serde_json::from_value(s.body["data"]["token"].clone()).unwrap();
+    String::from_utf8(token.0).unwrap()
+}
+
+/// The report token version on the pod template of actor `name`'s Deployment.
+fn template_version(r: &Reconciler<Fake>, name: &str) -> Value {
+    let w = r.cluster.world();
+    w.objects[&key(ObjectKind::Deployment, "n", name)].body["spec"]["template"]["metadata"]
+        ["annotations"][VERSION_ANNOTATION]
+        .clone()
 }
 
 fn actor(name: &str, uid: &str) -> AsyncActor {
@@ -99,26 +131,107 @@ async fn the_namespace_token_is_issued_before_the_workload() {
     );
     let s = token_secret(&r).expect("the token Secret");
     assert!(s.managed);
-    let token = s.body["data"]["token"].as_str().unwrap().to_string();
-    let token: k8s_openapi::ByteString = serde_json::from_value(json!(token)).unwrap();
-    let token = String::from_utf8(token.0).unwrap();
+    let token = issued_token(&r);
+    // Bound to the namespace's uid, which the gateway checks.
+    let claim = ReportKey::new(KEY).unwrap().verify(&token).unwrap();
     assert_eq!(
-        ReportKey::new(KEY).unwrap().verify(&token).as_deref(),
-        Some("n")
+        (claim.namespace, claim.uid),
+        ("n".to_string(), default_namespace_uid("n"))
+    );
+    assert_eq!(
+        template_version(&r, "a"),
+        json!(asya_api::report_token::fingerprint(&token)),
+        "its version is on the pod template"
     );
     for l in &log {
         assert!(!l.contains(&token), "a token leaked into {l}");
     }
 
-    // The next reconcile reads and writes nothing for it.
+    // The next reconcile reads and writes nothing for it, and the workload is not applied
+    // again (its version is remembered).
     r.reconcile(&a).await.unwrap();
     let log = r.cluster.take_log();
     assert!(
         !log.iter()
             .any(|l| l.contains("Secret n/asya-gateway-report")
-                || l.contains("asya-gateway-report-key")),
+                || l.contains("asya-gateway-report-key")
+                || l.contains("Namespace n")
+                || l.contains("Deployment n/a")),
         "{log:#?}"
     );
+}
+
+/// "When the token Secret's content changes, the actor workloads' pods must roll onto it":
+/// a new key, or the namespace's uid changed, is a new token and a new version on every
+/// workload's pod template of the namespace, the Secret written first.
+#[tokio::test]
+async fn a_new_token_rolls_the_namespaces_workloads_onto_it() {
+    let r = reconciler();
+    let (a, b) = (actor("a", "uid-a"), actor("b", "uid-b"));
+    r.reconcile(&a).await.unwrap();
+    r.reconcile(&b).await.unwrap();
+    let first = issued_token(&r);
+    let v1 = template_version(&r, "a");
+    assert_eq!(template_version(&r, "b"), v1, "one token per namespace");
+    r.cluster.take_log();
+
+    // A new key.
+    let other_key = b"another key of at least 32 bytes!!";
+    set_key(&r, other_key);
+    recheck_passed(&r);
+    r.reconcile(&a).await.unwrap();
+    let log = r.cluster.take_log();
+    assert!(
+        at(&log, "apply Secret n/asya-gateway-report") < at(&log, "apply Deployment n/a"),
+        "{log:#?}"
+    );
+    let second = issued_token(&r);
+    assert_ne!(second, first);
+    assert!(ReportKey::new(other_key).unwrap().verify(&second).is_ok());
+    let v2 = template_version(&r, "a");
+    assert_eq!(v2, json!(asya_api::report_token::fingerprint(&second)));
+    assert_ne!(v2, v1, "a new version rolls a's pods");
+    // b's next reconcile rolls b without issuing again.
+    r.reconcile(&b).await.unwrap();
+    assert_eq!(template_version(&r, "b"), v2);
+    assert!(
+        !r.cluster
+            .take_log()
+            .iter()
+            .any(|l| l == "apply Secret n/asya-gateway-report")
+    );
+
+    // The namespace's uid is not the one the token was issued for.
+    r.cluster
+        .world()
+        .namespaces
+        .insert("n".into(), Some("uid-ns-n-again".into()));
+    recheck_passed(&r);
+    r.reconcile(&a).await.unwrap();
+    let third = issued_token(&r);
+    let claim = ReportKey::new(other_key).unwrap().verify(&third).unwrap();
+    assert_eq!(claim.uid, "uid-ns-n-again");
+    assert_ne!(template_version(&r, "a"), v2);
+}
+
+/// While no token can be issued (here: the namespace cannot be read), the workloads keep the
+/// version issued last: a passing failure rolls no pod, and one Warning says why.
+#[tokio::test]
+async fn a_failure_to_issue_keeps_the_last_version_and_rolls_nothing() {
+    let r = reconciler();
+    let a = actor("a", "uid-a");
+    r.reconcile(&a).await.unwrap();
+    let v1 = template_version(&r, "a");
+    r.cluster.world().namespaces.insert("n".into(), None);
+    recheck_passed(&r);
+    r.reconcile(&a).await.unwrap();
+    let log = r.cluster.take_log();
+    assert!(
+        log.iter().any(|l| l
+            == "event Warning GatewayReportToken: namespace n does not exist: no gateway report token issued"),
+        "{log:#?}"
+    );
+    assert_eq!(template_version(&r, "a"), v1);
 }
 
 #[tokio::test]

@@ -234,8 +234,9 @@ pub async fn apply<C: Cluster>(
                 "removing copies of the platform's static SQS keys no longer shared");
         }
     }
-    // The namespace's gateway report token, which its sidecars read at start.
-    crate::gateway_report::ensure(rec, actor, ns).await;
+    // The namespace's gateway report token, which its sidecars read at start: its version
+    // goes on the pod template below, so a new token rolls the pods onto it.
+    let report_token = crate::gateway_report::ensure(rec, actor, ns).await;
     let sa = render::service_account(r, labels, owner, config);
     let sa_live = c.live(
         ObjectKind::ServiceAccount,
@@ -293,6 +294,9 @@ pub async fn apply<C: Cluster>(
             crate::state_identity::plan::VERSION_ANNOTATION,
             &v.to_string(),
         );
+    }
+    if let Some(v) = report_token.version() {
+        set_template_annotation(&mut desired, crate::gateway_report::VERSION_ANNOTATION, v);
     }
     match apply_workload(rec, us, wp, ns, desired, seen.workload_live).await {
         Ok(w) => {
