@@ -215,7 +215,7 @@ fn examples_under_each_cluster_configuration() {
     assert_eq!(sqs.default_transport, "sqs");
     assert_eq!(
         sqs.service_account.actor_role_arn.as_deref(),
-        Some("arn:aws:iam::ACCOUNT:role/asya-actor-role")
+        Some("arn:aws:iam::ACCOUNT:role/asya-actor-role-{namespace}")
     );
     let rabbit = load_config("deploy/config/001-rabbitmq.config.yaml");
     let t = rabbit.transport("rabbitmq").unwrap();
