@@ -349,10 +349,69 @@ fn an_actor_being_deleted_passes_whatever_its_spec_says_now() {
     for r in run_update_everywhere(&env, &new, &old) {
         admitted_as_is(&r);
     }
-    // Even a spec edit of an actor being deleted is not reviewed: it has no effect any more.
+    // A spec edit of an actor being deleted is refused on both endpoints, both parses: it
+    // would apply to nothing, and passing it unreviewed would let anything through.
     new["spec"]["image"] = json!("i2");
     for r in run_update_everywhere(&env, &new, &old) {
-        admitted_as_is(&r);
+        assert_eq!(r["allowed"], false, "{r}");
+        assert_eq!(r["status"]["code"], 422, "{r}");
+        let msg = r["status"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("AsyncActor \"echo\" is invalid (1 error): spec: Forbidden: the AsyncActor is being deleted (metadata.deletionTimestamp is set)"),
+            "{msg}"
+        );
+        assert_eq!(r["status"]["details"]["causes"][0]["field"], "spec", "{r}");
+        assert!(r.get("warnings").is_none(), "{r}");
+    }
+}
+
+#[test]
+fn generate_name_is_refused_on_both_endpoints_before_any_identity_is_borrowed() {
+    // `generateName: worker` with a template naming worker's own ServiceAccount: counted as
+    // "its own" before (no SubjectAccessReview), with spec.actor defaulted to `worker`.
+    let env = Env::new();
+    let spec = json!({"workload": {"kind": "Deployment", "template": {"spec": {
+        "serviceAccountName": "asya-worker",
+        "containers": [{"name": "asya-runtime", "image": "i",
+                        "env": [{"name": "ASYA_HANDLER", "value": "m.f"}]}]}}}});
+    let mut obj = actor("x", spec);
+    let meta = obj["metadata"].as_object_mut().unwrap();
+    meta.remove("name");
+    meta.insert("generateName".into(), json!("worker"));
+    // The mutating webhook sees no name; the validating one sees the generated name.
+    let mut named = obj.clone();
+    named["metadata"]["name"] = json!("workerq7x2c");
+    for (ep, o) in [
+        (Endpoint::MutateActors, &obj),
+        (Endpoint::ValidateActors, &named),
+        (Endpoint::MutateActors, &named),
+        (Endpoint::ValidateActors, &obj),
+    ] {
+        let rv = review(actor_kind(), "CREATE", Some(o.clone()), None);
+        let bytes = serde_json::to_vec(&rv).unwrap();
+        let fast = handle(ep, &bytes, &env.ctx()).unwrap();
+        let general = handle_general(ep, &bytes, &env.ctx()).unwrap();
+        for h in [fast, general] {
+            assert!(
+                h.privilege.is_none(),
+                "nothing left to ask of the API server"
+            );
+            let wire: Value = serde_json::from_slice(&encode_review(&h.review).unwrap()).unwrap();
+            let r = &wire["response"];
+            assert_eq!(r["allowed"], false, "{r}");
+            assert!(r.get("patch").is_none(), "{r}");
+            let causes = r["status"]["details"]["causes"].as_array().unwrap();
+            let gen_cause = causes
+                .iter()
+                .find(|c| c["field"] == "metadata.generateName")
+                .unwrap_or_else(|| panic!("{r}"));
+            assert!(
+                gen_cause["message"].as_str().unwrap().starts_with(
+                    "Invalid value: \"worker\": an AsyncActor is created with metadata.name"
+                ),
+                "{r}"
+            );
+        }
     }
 }
 
