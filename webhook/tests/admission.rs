@@ -1003,3 +1003,54 @@ fn a_queue_name_owned_by_another_namespace_is_refused_naming_both() {
     body["request"]["namespace"] = json!("team-a");
     assert_eq!(env.run(Endpoint::ValidateActors, &body)["allowed"], true);
 }
+
+#[test]
+fn a_namespace_at_its_actor_limit_takes_no_new_actor() {
+    let mut env = Env::new();
+    env.config.policy.max_actors_per_namespace = Some(2);
+    for name in ["one", "two"] {
+        env.actors.insert(
+            ("team-a".into(), name.into()),
+            actor(name, json!({"image": "i", "handler": "m.f"})),
+        );
+    }
+    let new = actor("three", json!({"image": "i", "handler": "m.f"}));
+    let create = review(actor_kind(), "CREATE", Some(new.clone()), None);
+    let bytes = serde_json::to_vec(&create).unwrap();
+    for ep in [Endpoint::MutateActors, Endpoint::ValidateActors] {
+        for h in [
+            handle(ep, &bytes, &env.ctx()).unwrap(),
+            handle_general(ep, &bytes, &env.ctx()).unwrap(),
+        ] {
+            assert!(h.privilege.is_none());
+            let wire: Value = serde_json::from_slice(&encode_review(&h.review).unwrap()).unwrap();
+            let r = &wire["response"];
+            assert_eq!(r["allowed"], false, "{r}");
+            assert_eq!(
+                r["status"]["details"]["causes"][0]["field"],
+                "metadata.namespace"
+            );
+            let msg = r["status"]["message"].as_str().unwrap();
+            assert!(
+                msg.contains("namespace \"team-a\" already holds 2 AsyncActors, at the limit of 2 (policy.maxActorsPerNamespace in the cluster configuration)"),
+                "{msg}"
+            );
+        }
+    }
+    // An UPDATE of an actor already there is no new actor; another namespace has room.
+    let old = env.actors[&("team-a".to_string(), "one".to_string())].clone();
+    let mut edited = old.clone();
+    edited["spec"]["replicas"] = json!(2);
+    let r = env.run(
+        Endpoint::MutateActors,
+        &review(actor_kind(), "UPDATE", Some(edited), Some(old)),
+    );
+    assert_eq!(r["allowed"], true, "{r}");
+    let mut elsewhere = review(actor_kind(), "CREATE", Some(new), None);
+    elsewhere["request"]["namespace"] = json!("team-b");
+    elsewhere["request"]["object"]["metadata"]["namespace"] = json!("team-b");
+    assert_eq!(env.run(Endpoint::MutateActors, &elsewhere)["allowed"], true);
+    // No limit configured: the full namespace takes it.
+    env.config.policy.max_actors_per_namespace = None;
+    assert_eq!(env.run(Endpoint::MutateActors, &create)["allowed"], true);
+}

@@ -351,3 +351,26 @@ fn cli_exits_2_on_unreadable_input() {
         "{err}"
     );
 }
+
+#[test]
+fn the_quota_example_counts_async_actors_by_their_resource_name() {
+    // `count/<plural>.<group>` of the CRD as generated: a typo here would count nothing,
+    // silently (the API server accepts any resource name in a quota).
+    let crd = std::fs::read_to_string(root().join("deploy/crds/asya.sh_asyncactors.yaml")).unwrap();
+    let crd: serde_json::Value = serde_yaml::from_str(&crd).unwrap();
+    let counted = format!(
+        "count/{}.{}",
+        crd["spec"]["names"]["plural"].as_str().unwrap(),
+        crd["spec"]["group"].as_str().unwrap()
+    );
+    assert_eq!(counted, "count/asyncactors.asya.sh");
+    let docs = read_documents(&[examples().join("quotas")]).unwrap();
+    assert_eq!(docs.len(), 1);
+    let quota: k8s_openapi::api::core::v1::ResourceQuota =
+        serde_json::from_value(docs[0].value.clone()).expect("a ResourceQuota");
+    let hard = quota.spec.and_then(|s| s.hard).unwrap_or_default();
+    assert!(hard.contains_key(&counted), "{hard:?}");
+    assert_eq!(quota.metadata.namespace.as_deref(), Some("production"));
+    // `kubectl apply -R` applies it after the actors it would otherwise race (path order).
+    assert!(examples().join("quotas") > examples().join("actors"));
+}

@@ -14,7 +14,9 @@ use super::response::{
     allowing, cannot_encode_patch, deny, deny_fields, handled, kind_mismatch, patched,
     with_warnings,
 };
-use super::{ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, collision, op_name, wire};
+use super::{
+    ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, collision, limits, op_name, wire,
+};
 
 /// The common AsyncActor admission (a CREATE or UPDATE whose spec has no unknown field), on
 /// either actor endpoint, through the cheaper parse of [`super::wire`]: the spec is parsed
@@ -88,6 +90,7 @@ pub fn handle_actor_fast(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Opti
     let mut review = review_parsed(actor, old, ns, ctx.catalog, ctx.config, wanted);
     if creating {
         collision::check_create(&mut review, ctx.actors);
+        limits::check_create(&mut review, ctx.actors, &ctx.config.policy);
     }
     let pending = PendingPrivilege::of(
         &review,
@@ -223,6 +226,7 @@ pub(super) fn actor(
     // as it is.
     if req.operation == Operation::Create {
         collision::check_create(&mut review, ctx.actors);
+        limits::check_create(&mut review, ctx.actors, &ctx.config.policy);
     }
     let pending = PendingPrivilege::of(
         &review,

@@ -31,6 +31,13 @@ pub trait ActorLookup: Send + Sync {
     fn holders_in(&self, _namespaces: &BTreeSet<String>) -> Vec<Holder> {
         Vec::new()
     }
+
+    /// How many AsyncActors `namespace` holds, for `policy.maxActorsPerNamespace`
+    /// ([`super::limits`]). A lookup that cannot list counts none (nothing is refused).
+    fn count_in(&self, namespace: &str) -> usize {
+        self.holders_in(&BTreeSet::from([namespace.to_string()]))
+            .len()
+    }
 }
 
 impl ActorLookup for HashMap<(String, String), Value> {
