@@ -12,7 +12,7 @@ use asya_api::flavor::FlavorCatalog;
 use asya_certs::kube_backend::KubeBackend;
 use asya_certs::{FileWatcher, ManagedConfig, ReloadingResolver, ServingSpec};
 
-use crate::authority::KubeAuthority;
+use crate::authority::{KubeAuthority, RememberedAccess};
 use crate::cache;
 use crate::server::{self, Metrics, Shared};
 
@@ -213,7 +213,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         resolver: resolver.clone(),
         metrics: Metrics::new(),
         settings_memo: Default::default(),
-        authority: Arc::new(KubeAuthority::new(client.clone())),
+        authority: Arc::new(RememberedAccess::new(KubeAuthority::new(client.clone()))),
         traces: crate::spans::Traces::new(&asya_api::trace_context::TraceSettings::from_lookup(
             &|k| std::env::var(k).ok(),
         ))?,
