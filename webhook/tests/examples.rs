@@ -374,3 +374,22 @@ fn the_quota_example_counts_async_actors_by_their_resource_name() {
     // `kubectl apply -R` applies it after the actors it would otherwise race (path order).
     assert!(examples().join("quotas") > examples().join("actors"));
 }
+
+#[test]
+fn validate_refuses_generate_name_as_admission_does() {
+    let docs = asya_webhook::cmd::validate::parse_documents(
+        "gen.yaml",
+        "apiVersion: asya.sh/v1alpha1\nkind: AsyncActor\nmetadata: {generateName: worker, namespace: team}\nspec: {image: i, handler: m.f}\n",
+    )
+    .unwrap();
+    let reports = validate_documents(&docs, &ClusterConfig::default());
+    assert_eq!(reports.len(), 1);
+    assert!(
+        reports[0]
+            .errors
+            .iter()
+            .any(|e| e.starts_with("metadata.generateName: Invalid value: \"worker\": ")),
+        "{}",
+        render(&reports)
+    );
+}
