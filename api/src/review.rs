@@ -175,6 +175,14 @@ pub fn review_actor_decision(req: &ReviewRequest<'_>) -> ActorReview {
     review(req, false, Purpose::Admission)
 }
 
+/// [`review_actor_decision`] of a stored actor: without the rules only a write can break
+/// ([`admission_errors`]). For readers of what is already stored (the webhook's injection of
+/// an actor's pods, the provisioner), so an actor admitted before a limit was lowered keeps
+/// working.
+pub fn review_stored_decision(req: &ReviewRequest<'_>) -> ActorReview {
+    review(req, false, Purpose::Stored)
+}
+
 fn review(req: &ReviewRequest<'_>, with_mutated: bool, purpose: Purpose) -> ActorReview {
     let mut out = ActorReview::default();
     let meta = meta_of(req.object);

@@ -1054,3 +1054,50 @@ fn a_namespace_at_its_actor_limit_takes_no_new_actor() {
     env.config.policy.max_actors_per_namespace = None;
     assert_eq!(env.run(Endpoint::MutateActors, &create)["allowed"], true);
 }
+
+#[test]
+fn an_actor_stored_before_the_spec_limit_was_lowered_still_gets_its_pods_injected() {
+    // Admission's own rules (the spec cap, names) are not asked of a stored actor: its pods
+    // are injected, on both parses. Only its next spec change meets the new limit.
+    let mut env = Env::new();
+    env.config.policy.max_spec_bytes = 64;
+    let spec = json!({"image": "python:3.13", "handler": "pkg.mod.run",
+                      "env": [{"name": "PAD", "value": "x".repeat(200)}]});
+    env.actors.insert(
+        ("team-a".into(), "echo".into()),
+        actor("echo", spec.clone()),
+    );
+    let p = pod(
+        json!({"asya.sh/inject": "true", "asya.sh/actor": "echo"}),
+        json!({}),
+    );
+    let rv = review(pod_kind(), "CREATE", Some(p), None);
+    let bytes = serde_json::to_vec(&rv).unwrap();
+    for h in [
+        handle(Endpoint::MutatePods, &bytes, &env.ctx()).unwrap(),
+        handle_general(Endpoint::MutatePods, &bytes, &env.ctx()).unwrap(),
+    ] {
+        let wire: Value = serde_json::from_slice(&encode_review(&h.review).unwrap()).unwrap();
+        assert_eq!(wire["response"]["allowed"], true, "{wire}");
+        assert!(wire["response"]["patch"].is_string(), "{wire}");
+    }
+    let mut edited = actor("echo", spec.clone());
+    edited["spec"]["replicas"] = json!(2);
+    let r = env.run(
+        Endpoint::MutateActors,
+        &review(
+            actor_kind(),
+            "UPDATE",
+            Some(edited),
+            Some(actor("echo", spec)),
+        ),
+    );
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("(policy.maxSpecBytes in the cluster configuration)"),
+        "{r}"
+    );
+}
