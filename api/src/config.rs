@@ -316,10 +316,14 @@ pub struct SidecarConfig {
     pub native: bool,
 }
 
+/// What [`ServiceAccountConfig::actor_role_arn`] must contain (substituted per namespace).
+pub const NAMESPACE_PLACEHOLDER: &str = "{namespace}";
+
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ServiceAccountConfig {
-    /// IAM role ARN for actors' ServiceAccounts; `{namespace}` and `{actor}` are substituted.
+    /// IAM role ARN for actors' ServiceAccounts; `{namespace}` (required) and `{actor}` are
+    /// substituted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actor_role_arn: Option<String>,
 }
@@ -347,7 +351,21 @@ pub struct Policy {
     /// `pod-security.kubernetes.io/enforce` label (with it, the label's level).
     #[serde(default)]
     pub default_pod_security_level: crate::privilege::Level,
+    /// Largest `spec` admitted, in bytes of compact JSON, on CREATE and on UPDATEs that change
+    /// it: what the webhook's and the provisioner's caches keep of an actor is bounded by it.
+    #[serde(default = "default_max_spec_bytes")]
+    pub max_spec_bytes: usize,
+    /// AsyncActors one namespace may hold; a CREATE past it is refused. Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_actors_per_namespace: Option<usize>,
 }
+
+/// The default of [`Policy::max_spec_bytes`]: 64 KiB. The largest example spec
+/// (`deploy/examples/actors/000-image-enhancer-full.yaml`, every field set) is under 2 KiB
+/// as JSON, and a workload template with a few containers under 10 KiB; 64 KiB leaves room
+/// for long env lists and templates while a namespace's actors cannot make the caches that
+/// hold every actor of the cluster grow by more than that each.
+pub const DEFAULT_MAX_SPEC_BYTES: usize = 64 * 1024;
 
 fn yes() -> bool {
     true
@@ -366,6 +384,9 @@ fn default_metrics_port() -> u16 {
 }
 fn default_max_replicas() -> i32 {
     100
+}
+fn default_max_spec_bytes() -> usize {
+    DEFAULT_MAX_SPEC_BYTES
 }
 fn access_key_key() -> String {
     "accessKeyId".into()
@@ -457,6 +478,8 @@ impl Default for Policy {
             max_replicas: default_max_replicas(),
             namespaced_flavor_fields: default_namespaced_flavor_fields(),
             default_pod_security_level: crate::privilege::Level::Baseline,
+            max_spec_bytes: DEFAULT_MAX_SPEC_BYTES,
+            max_actors_per_namespace: None,
         }
     }
 }
@@ -600,6 +623,34 @@ impl ClusterConfig {
                 "policy.maxReplicas",
                 self.policy.max_replicas,
                 "must be >= 1",
+            ));
+        }
+        if self.policy.max_spec_bytes == 0 {
+            errs.push(FieldError::invalid(
+                "policy.maxSpecBytes",
+                0,
+                "must be >= 1",
+            ));
+        }
+        if self.policy.max_actors_per_namespace == Some(0) {
+            errs.push(FieldError::invalid(
+                "policy.maxActorsPerNamespace",
+                0,
+                "must be >= 1 (leave it unset for no limit)",
+            ));
+        }
+        if let Some(arn) = &self.service_account.actor_role_arn
+            && !arn.contains(NAMESPACE_PLACEHOLDER)
+        {
+            errs.push(FieldError::invalid(
+                "serviceAccount.actorRoleArn",
+                arn.as_str(),
+                format!(
+                    "must contain {NAMESPACE_PLACEHOLDER}: one role per namespace keeps namespaces' \
+                     AWS identities apart (a namespace's queues and its S3 state are guarded by \
+                     its role's policy); a role shared by every namespace lets each reach the \
+                     others'"
+                ),
             ));
         }
         let l = &self.flavor_limits;

@@ -187,3 +187,61 @@ fn the_gateway_report_tokens_are_issued_only_with_key_and_token_secret() {
         ClusterConfig::from_yaml("gateway: {reportKeySecretRef: {name: k, key: key}}").unwrap();
     assert!(cfg.gateway.report_tokens().is_none() && !cfg.gateway.is_off());
 }
+
+#[test]
+fn an_actor_role_pattern_must_name_the_namespace() {
+    let sqs = "defaultTransport: sqs\ntransports:\n  sqs: {type: sqs, config: {region: r}}\n";
+    // One role per namespace (per actor too, if wanted): accepted.
+    for arn in [
+        "arn:aws:iam::1:role/asya-{namespace}",
+        "arn:aws:iam::1:role/asya-{namespace}-{actor}",
+    ] {
+        let cfg =
+            ClusterConfig::from_yaml(&format!("{sqs}serviceAccount: {{actorRoleArn: '{arn}'}}\n"))
+                .unwrap();
+        assert_eq!(cfg.service_account.actor_role_arn.as_deref(), Some(arn));
+    }
+    // One role for every namespace, or one per actor name (the same name in two namespaces
+    // is the same role): refused, naming the field, the value and the rule.
+    for arn in [
+        "arn:aws:iam::1:role/asya-actor-role",
+        "arn:aws:iam::1:role/asya-{actor}",
+    ] {
+        let err =
+            ClusterConfig::from_yaml(&format!("{sqs}serviceAccount: {{actorRoleArn: '{arn}'}}\n"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains(&format!(
+                "serviceAccount.actorRoleArn: Invalid value: \"{arn}\": must contain {{namespace}}: one role per namespace"
+            )),
+            "{err}"
+        );
+    }
+    // Unset: no IRSA, nothing to check.
+    assert!(ClusterConfig::from_yaml(sqs).is_ok());
+}
+
+#[test]
+fn spec_size_and_actor_count_limits() {
+    let cfg = ClusterConfig::default();
+    assert_eq!(cfg.policy.max_spec_bytes, 64 * 1024);
+    assert_eq!(cfg.policy.max_actors_per_namespace, None);
+    let cfg = ClusterConfig::from_yaml("policy: {maxSpecBytes: 4096, maxActorsPerNamespace: 20}")
+        .unwrap();
+    assert_eq!(cfg.policy.max_spec_bytes, 4096);
+    assert_eq!(cfg.policy.max_actors_per_namespace, Some(20));
+    for (yaml, want) in [
+        (
+            "policy: {maxSpecBytes: 0}",
+            "policy.maxSpecBytes: Invalid value: 0: must be >= 1",
+        ),
+        (
+            "policy: {maxActorsPerNamespace: 0}",
+            "policy.maxActorsPerNamespace: Invalid value: 0: must be >= 1 (leave it unset for no limit)",
+        ),
+    ] {
+        let err = ClusterConfig::from_yaml(yaml).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
+    }
+}

@@ -23,6 +23,8 @@ pub enum ErrorKind {
     Forbidden { rule: String },
     /// `Too many: <count>: must have at most <max> items`
     TooMany { count: usize, max: usize },
+    /// `Too long: <rule>` (apimachinery's `TooLong` names a length in bytes the same way)
+    TooLong { rule: String },
     /// A flavor merge conflict, reported in seed 002's exact words.
     FlavorConflict {
         first: String,
@@ -97,6 +99,9 @@ impl FieldError {
     pub fn too_many(path: impl Into<String>, count: usize, max: usize) -> Self {
         Self::new(path, ErrorKind::TooMany { count, max })
     }
+    pub fn too_long(path: impl Into<String>, rule: impl Into<String>) -> Self {
+        Self::new(path, ErrorKind::TooLong { rule: rule.into() })
+    }
     pub fn flavor_conflict(first: &str, second: &str, key: &str) -> Self {
         Self::new(
             "spec.flavors",
@@ -161,6 +166,7 @@ impl fmt::Display for FieldError {
                 "{}: Too many: {count}: must have at most {max} items",
                 self.path
             )?,
+            ErrorKind::TooLong { rule } => write!(f, "{}: Too long: {rule}", self.path)?,
         }
         if let Some(flavor) = &self.origin {
             write!(f, " (set by flavor {flavor:?})")?;

@@ -28,3 +28,19 @@ pub const ENV_HANDLER: &str = "ASYA_HANDLER";
 /// An AsyncActor annotated with this set to `"true"` is released at once when deleted: the
 /// provisioner leaves its queue on the broker and removes its finalizer (docs/DESIGN.md §9).
 pub const SKIP_CLEANUP: &str = "asya.sh/skip-cleanup";
+/// kubectl's copy of an object as last applied: as large as its spec, and read by nothing of
+/// ours, so the caches drop it ([`drop_bookkeeping`]).
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what the API server and kubectl keep about an object's writes — managed fields and
+/// the last-applied annotation, which together often outweigh the rest of it — from a copy a
+/// cache keeps. Labels, other annotations, finalizers and the rest stay.
+pub fn drop_bookkeeping(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+        if a.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}

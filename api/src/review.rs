@@ -151,21 +151,45 @@ fn prepare(
     n
 }
 
-/// Reviews one AsyncActor.
+/// What a review is for: the rules of admission (the object as its author writes it), or
+/// the review of a stored object (the provisioner's, on every reconcile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// A CREATE (no `old_object`) or an UPDATE that changes the spec: also the rules that
+    /// only a write can break ([`admission_errors`]).
+    Admission,
+    /// An object already stored: what admitted it then is not asked again, so an actor
+    /// admitted before a limit was lowered (or before generateName was refused) keeps running.
+    Stored,
+}
+
+/// Reviews one AsyncActor, as admission does.
 pub fn review_actor(req: &ReviewRequest<'_>) -> ActorReview {
-    review(req, true)
+    review(req, true, Purpose::Admission)
 }
 
 /// [`review_actor`] without [`ActorReview::mutated`] (left `None`), for callers that need
 /// only the decision and the resolved actor (validation, injection): it saves copying the
 /// object. Everything else is the same.
 pub fn review_actor_decision(req: &ReviewRequest<'_>) -> ActorReview {
-    review(req, false)
+    review(req, false, Purpose::Admission)
 }
 
-fn review(req: &ReviewRequest<'_>, with_mutated: bool) -> ActorReview {
+/// [`review_actor_decision`] of a stored actor: without the rules only a write can break
+/// ([`admission_errors`]). For readers of what is already stored (the webhook's injection of
+/// an actor's pods, the provisioner), so an actor admitted before a limit was lowered keeps
+/// working.
+pub fn review_stored_decision(req: &ReviewRequest<'_>) -> ActorReview {
+    review(req, false, Purpose::Stored)
+}
+
+fn review(req: &ReviewRequest<'_>, with_mutated: bool, purpose: Purpose) -> ActorReview {
     let mut out = ActorReview::default();
     let meta = meta_of(req.object);
+    let spec_bytes = match (purpose, req.object.get("spec")) {
+        (Purpose::Admission, Some(raw)) => Some(json_len(raw)),
+        _ => None,
+    };
     let Some(spec) = parse_spec(req.object, &mut out.warnings, &mut out.errors) else {
         return out;
     };
@@ -184,13 +208,31 @@ fn review(req: &ReviewRequest<'_>, with_mutated: bool) -> ActorReview {
     decide(
         out,
         &meta,
-        spec,
+        Parsed { spec, spec_bytes },
         old,
         with_mutated.then_some(req.object),
         req.namespace,
         req.catalog,
         req.config,
     )
+}
+
+/// The length of `v` as compact JSON, without writing it out.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    // Writing a `Value` to a writer that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// The object's metadata as the review reads it: absent or malformed, empty.
@@ -206,15 +248,27 @@ fn meta_of(object: &Value) -> ObjectMeta {
 pub struct ParsedActor<'a> {
     metadata: &'a ObjectMeta,
     spec: AsyncActorSpec,
+    /// The length of the spec's text, which the size limit is checked against.
+    spec_bytes: usize,
 }
 
 impl<'a> ParsedActor<'a> {
     /// `None` when the spec does not parse or has a field its type does not know: only
     /// [`review_actor`] warns of those (or refuses them, as `command`), so such an object
     /// must go that way. See [`spec_from_text`] for the text this is exact for.
+    ///
+    /// The size limit (`policy.maxSpecBytes`) is checked against the text's length, which
+    /// for the API server's compact JSON is within a few bytes of what [`review_actor`]
+    /// measures (the `Value` written back compactly: escapes and number forms may differ).
+    /// A caller that must answer exactly as [`review_actor`] does leaves a spec near the limit
+    /// to it (the webhook sends one over half the limit that way).
     pub fn from_text(metadata: &'a ObjectMeta, spec: &str) -> Option<Self> {
         match spec_from_text(spec)? {
-            (spec, false) => Some(Self { metadata, spec }),
+            (parsed, false) => Some(Self {
+                metadata,
+                spec: parsed,
+                spec_bytes: spec.len(),
+            }),
             (_, true) => None,
         }
     }
@@ -268,7 +322,10 @@ pub fn review_parsed(
     decide(
         ActorReview::default(),
         actor.metadata,
-        actor.spec,
+        Parsed {
+            spec: actor.spec,
+            spec_bytes: Some(actor.spec_bytes),
+        },
         old,
         mutated_from,
         namespace,
@@ -277,24 +334,78 @@ pub fn review_parsed(
     )
 }
 
+/// The spec as parsed, and its size in bytes when the review is an admission's.
+struct Parsed {
+    spec: AsyncActorSpec,
+    spec_bytes: Option<usize>,
+}
+
+/// The rules only a write can break, checked at admission and not again on a stored
+/// object: a CREATE names its actor (`metadata.name`, never `generateName`), and the spec
+/// is within `policy.maxSpecBytes`.
+pub fn admission_errors(
+    meta: &ObjectMeta,
+    creating: bool,
+    spec_bytes: usize,
+    config: &ClusterConfig,
+) -> FieldErrors {
+    let mut errs = FieldErrors::default();
+    if creating {
+        match (meta.name.as_deref(), meta.generate_name.as_deref()) {
+            // The validating webhook sees the generated name beside generateName: refused
+            // all the same, so both endpoints answer alike.
+            (_, Some(generate)) => errs.push(FieldError::invalid(
+                "metadata.generateName",
+                generate,
+                "an AsyncActor is created with metadata.name: its queue, ServiceAccount and \
+                 workload are named after it, and admission checks them (identity, privilege, \
+                 queue collisions) under that name, which a generated name is not known as \
+                 before the object is stored; set metadata.name instead",
+            )),
+            (None | Some(""), None) => errs.push(FieldError::required(
+                "metadata.name",
+                "an AsyncActor needs a name: its queue, ServiceAccount and workload are named \
+                 after it",
+            )),
+            _ => {}
+        }
+    }
+    let max = config.policy.max_spec_bytes;
+    if spec_bytes > max {
+        errs.push(FieldError::too_long(
+            "spec",
+            format!(
+                "{spec_bytes} bytes, over the limit of {max} (policy.maxSpecBytes in the cluster configuration)"
+            ),
+        ));
+    }
+    errs
+}
+
 /// Everything after parsing. `old`: the stored object's name and spec, on UPDATE;
 /// `mutated_from`: the object, when the caller wants [`ActorReview::mutated`].
 #[allow(clippy::too_many_arguments)]
 fn decide(
     mut out: ActorReview,
     meta: &ObjectMeta,
-    mut spec: AsyncActorSpec,
+    parsed: Parsed,
     old: Option<ParsedOld>,
     mutated_from: Option<&Value>,
     namespace: Option<&str>,
     catalog: &FlavorCatalog,
     config: &ClusterConfig,
 ) -> ActorReview {
-    let name = meta
-        .name
-        .clone()
-        .or_else(|| meta.generate_name.clone())
-        .unwrap_or_default();
+    let Parsed {
+        mut spec,
+        spec_bytes,
+    } = parsed;
+    if let Some(bytes) = spec_bytes {
+        out.errors
+            .extend(admission_errors(meta, old.is_none(), bytes, config));
+    }
+    // The name only: with generateName the name is not known yet on the mutating endpoint,
+    // and the generated prefix is nobody's identity (refused above at admission).
+    let name = meta.name.clone().unwrap_or_default();
     let namespace = meta
         .namespace
         .clone()
@@ -429,18 +540,23 @@ impl From<Vec<FieldError>> for FieldErrors {
     }
 }
 
-/// Convenience for callers holding a typed object (the provisioner).
+/// The review of a stored actor (the provisioner's): the same decision without the rules
+/// only a write can break ([`admission_errors`]).
 pub fn review_typed(
     actor: &AsyncActor,
     catalog: &FlavorCatalog,
     config: &ClusterConfig,
 ) -> ActorReview {
     let object = serde_json::to_value(actor).unwrap_or(Value::Null);
-    review_actor(&ReviewRequest {
-        object: &object,
-        old_object: None,
-        namespace: None,
-        catalog,
-        config,
-    })
+    review(
+        &ReviewRequest {
+            object: &object,
+            old_object: None,
+            namespace: None,
+            catalog,
+            config,
+        },
+        true,
+        Purpose::Stored,
+    )
 }

@@ -640,3 +640,108 @@ fn a_bare_connector_image_is_the_platforms_and_policy_checks_that_one() {
         "{errs:#?}"
     );
 }
+
+/// `generateName: worker`, as the mutating webhook sees it (no name yet) and as the
+/// validating one does (the generated name beside it).
+fn generated(name: Option<&str>) -> Value {
+    let mut a = flat(json!({}));
+    let meta = a["metadata"].as_object_mut().unwrap();
+    meta.remove("name");
+    meta.insert("generateName".into(), json!("worker"));
+    if let Some(n) = name {
+        meta.insert("name".into(), json!(n));
+    }
+    a
+}
+
+#[test]
+fn a_create_with_generate_name_is_refused_and_borrows_no_identity() {
+    let cat = catalog();
+    let cfg = ClusterConfig::default();
+    let rule = r#"metadata.generateName: Invalid value: "worker": an AsyncActor is created with metadata.name: its queue, ServiceAccount and workload are named after it, and admission checks them (identity, privilege, queue collisions) under that name, which a generated name is not known as before the object is stored; set metadata.name instead"#;
+    for obj in [generated(None), generated(Some("workerx7k2p"))] {
+        let r = review_actor(&ReviewRequest {
+            object: &obj,
+            old_object: None,
+            namespace: None,
+            catalog: &cat,
+            config: &cfg,
+        });
+        let errs: Vec<String> = r.errors.iter().map(ToString::to_string).collect();
+        assert!(errs.iter().any(|e| e == rule), "{errs:#?}");
+        assert!(r.resolved.is_none());
+        // The mutation defaults `spec.actor` from the name alone: never from the prefix.
+        let actor = r.mutated.as_ref().and_then(|m| m.pointer("/spec/actor"));
+        assert_ne!(actor, Some(&json!("worker")), "{obj}");
+    }
+    // No name at all: refused for that.
+    let mut nameless = flat(json!({}));
+    nameless["metadata"].as_object_mut().unwrap().remove("name");
+    rejects(
+        nameless,
+        "metadata.name: Required value: an AsyncActor needs a name: its queue, ServiceAccount and workload are named after it",
+    );
+    // An actor created with generateName before this rule is stored with both: an UPDATE of
+    // it, and the provisioner's review of it, go by its name.
+    let stored = generated(Some("workerx7k2p"));
+    let mut edited = stored.clone();
+    edited["spec"]["replicas"] = json!(2);
+    let r = review_actor(&ReviewRequest {
+        object: &edited,
+        old_object: Some(&stored),
+        namespace: None,
+        catalog: &cat,
+        config: &cfg,
+    });
+    assert!(r.allowed(), "{:?}", r.errors);
+    assert_eq!(r.resolved.unwrap().actor, "workerx7k2p");
+    let typed: asya_api::types::AsyncActor = serde_json::from_value(stored).unwrap();
+    let r = asya_api::review::review_typed(&typed, &cat, &cfg);
+    assert!(r.allowed(), "{:?}", r.errors);
+    assert_eq!(r.resolved.unwrap().actor, "workerx7k2p");
+}
+
+#[test]
+fn a_spec_over_max_spec_bytes_is_refused_at_admission_only() {
+    let cat = catalog();
+    let cfg = ClusterConfig {
+        policy: Policy {
+            max_spec_bytes: 200,
+            ..Policy::default()
+        },
+        ..ClusterConfig::default()
+    };
+    let small = flat(json!({"env": [{"name": "A", "value": "x"}]}));
+    assert_eq!(errors_with(&small, &cfg), Vec::<String>::new());
+    let big = flat(json!({"env": [{"name": "A", "value": "x".repeat(200)}]}));
+    let bytes = serde_json::to_string(&big["spec"]).unwrap().len();
+    let want = format!(
+        "spec: Too long: {bytes} bytes, over the limit of 200 (policy.maxSpecBytes in the cluster configuration)"
+    );
+    assert_eq!(errors_with(&big, &cfg), vec![want.clone()]);
+    // An UPDATE that changes the spec is a write like a CREATE.
+    let r = review_actor(&ReviewRequest {
+        object: &big,
+        old_object: Some(&small),
+        namespace: None,
+        catalog: &cat,
+        config: &cfg,
+    });
+    let errs: Vec<String> = r.errors.iter().map(ToString::to_string).collect();
+    assert_eq!(errs, vec![want]);
+    // A stored actor (admitted before the limit was lowered) is not refused for it: the
+    // provisioner keeps reconciling it.
+    let typed: asya_api::types::AsyncActor = serde_json::from_value(big).unwrap();
+    let r = asya_api::review::review_typed(&typed, &cat, &cfg);
+    assert!(r.allowed(), "{:?}", r.errors);
+    // The default leaves room for the largest example spec many times over.
+    let default = ClusterConfig::default();
+    let mut long_env = Vec::new();
+    for i in 0..200 {
+        long_env.push(json!({"name": format!("VAR_{i}"), "value": "v".repeat(100)}));
+    }
+    assert_eq!(
+        errors_with(&flat(json!({"env": long_env})), &default),
+        Vec::<String>::new()
+    );
+}

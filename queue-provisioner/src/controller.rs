@@ -176,7 +176,8 @@ pub async fn run(
             watcher(
                 Api::<Flavor>::all(client.clone()),
                 watcher::Config::default(),
-            ),
+            )
+            .modify(|f| asya_api::labels::drop_bookkeeping(&mut f.metadata)),
         ),
     );
     // Any namespace can label a ConfigMap: the store keeps only the flavor key, within the
@@ -208,6 +209,7 @@ pub async fn run(
     let (actor_store, actor_writer) = reflector::store();
     let actor_events = watcher(actors, watcher::Config::default().any_semantic())
         .default_backoff()
+        .modify(watch::slim_actor)
         .reflect(actor_writer)
         .applied_objects()
         .predicate_filter(watch::actor_fingerprint, pred());
@@ -364,7 +366,8 @@ pub async fn run(
                 watcher(
                     Api::<DynamicObject>::all_with(client.clone(), &ec_ar),
                     watcher::Config::default(),
-                ),
+                )
+                .modify(|e| asya_api::labels::drop_bookkeeping(&mut e.metadata)),
             ),
         );
         let s3 = store.clone();

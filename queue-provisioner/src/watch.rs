@@ -113,6 +113,13 @@ pub fn hpa_fingerprint(h: &HorizontalPodAutoscaler) -> Option<u64> {
 // the HPA's desired count: the rest (a Deployment's pod template is most of its size) is
 // dropped as it arrives. At 1,000 actors that is the provisioner's memory (107 MiB before).
 
+/// An AsyncActor as the cache keeps it: all the reconcile reads (spec, status, labels,
+/// annotations, finalizers, deletion), without managed fields and kubectl's last-applied
+/// copy of the spec, which made most of a cached actor.
+pub fn slim_actor(a: &mut AsyncActor) {
+    asya_api::labels::drop_bookkeeping(&mut a.metadata);
+}
+
 /// A workload as the cache keeps it: no pod template, and of the status conditions only a
 /// `ReplicaFailure` that holds (rare, and what the actor's status reports).
 pub fn slim_deployment(d: &mut Deployment) {
@@ -324,6 +331,66 @@ mod tests {
         assert!(needs_replacing(&bare));
         assert_eq!(kept.spec, bare.spec);
         assert_eq!(kept.metadata.annotations, bare.metadata.annotations);
+    }
+
+    #[test]
+    fn the_cached_actor_has_no_managed_fields_nor_last_applied_copy() {
+        let spec = serde_json::json!({"image": "i", "handler": "m.f", "env": [{"name": "A", "value": "x".repeat(2000)}]});
+        let mut a: AsyncActor = serde_json::from_value(serde_json::json!({
+            "apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+            "metadata": {"name": "echo", "namespace": "ns", "uid": "u", "generation": 3,
+                         "labels": {"team": "a"},
+                         "annotations": {"asya.sh/skip-cleanup": "true",
+                                         "kubectl.kubernetes.io/last-applied-configuration": serde_json::to_string(&spec).unwrap()},
+                         "finalizers": ["asya.sh/queue-provisioner"],
+                         "deletionTimestamp": "2026-01-01T00:00:00Z",
+                         "managedFields": [{"manager": "kubectl", "operation": "Apply",
+                                            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:env": {}}}}]},
+            "spec": spec,
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        let full = a.clone();
+        slim_actor(&mut a);
+        assert!(a.metadata.managed_fields.is_none());
+        let annotations = a.metadata.annotations.clone().unwrap();
+        assert!(!annotations.contains_key(asya_api::labels::LAST_APPLIED));
+        // What the reconcile reads stays.
+        assert_eq!(
+            annotations.get("asya.sh/skip-cleanup").map(String::as_str),
+            Some("true")
+        );
+        assert_eq!(a.metadata.labels, full.metadata.labels);
+        assert_eq!(a.metadata.finalizers, full.metadata.finalizers);
+        assert_eq!(
+            a.metadata.deletion_timestamp,
+            full.metadata.deletion_timestamp
+        );
+        assert_eq!(
+            (&a.metadata.uid, a.metadata.generation),
+            (&full.metadata.uid, full.metadata.generation)
+        );
+        assert_eq!(
+            serde_json::to_value(&a.spec).unwrap(),
+            serde_json::to_value(&full.spec).unwrap()
+        );
+        assert_eq!(
+            serde_json::to_value(&a.status).unwrap(),
+            serde_json::to_value(&full.status).unwrap()
+        );
+        let size = |a: &AsyncActor| serde_json::to_vec(a).unwrap().len();
+        assert!(
+            size(&a) * 3 < size(&full) * 2,
+            "{} of {} bytes",
+            size(&a),
+            size(&full)
+        );
+        // An actor whose only annotation was the copy keeps none.
+        let mut b = full.clone();
+        b.metadata.annotations =
+            Some([(asya_api::labels::LAST_APPLIED.to_string(), "{}".to_string())].into());
+        slim_actor(&mut b);
+        assert!(b.metadata.annotations.is_none());
     }
 
     #[test]

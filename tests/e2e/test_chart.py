@@ -59,13 +59,17 @@ def test_config_map_renders_cluster_config_from_values():
     assert cfg["sidecar"]["image"] and cfg["sidecar"]["imagePullPolicy"] == "IfNotPresent"
     assert cfg["policy"]["allowCrossNamespaceSecretRefs"] is False
     assert cfg["policy"]["maxReplicas"] == 100
+    # Issue 34: the spec cap at its default, no per-namespace actor limit unless set.
+    assert cfg["policy"]["maxSpecBytes"] == 65536
+    assert "maxActorsPerNamespace" not in cfg["policy"]
+    assert rendered_config("--set", "policy.maxActorsPerNamespace=20")["policy"]["maxActorsPerNamespace"] == 20
     assert "serviceAccount" not in cfg
 
-    # Seed 001's SQS operator values.
+    # Seed 001's SQS operator values, with one role per namespace (issue 34: required).
     cfg = rendered_config("--set", "transports.rabbitmq.enabled=false", "--set", "transports.sqs.enabled=true",
-                          "--set", "actorServiceAccount.roleArn=arn:aws:iam::123456789012:role/asya-{actor}")
+                          "--set", "actorServiceAccount.roleArn=arn:aws:iam::123456789012:role/asya-{namespace}-{actor}")
     assert cfg["defaultTransport"] == "sqs"
-    assert cfg["serviceAccount"] == {"actorRoleArn": "arn:aws:iam::123456789012:role/asya-{actor}"}
+    assert cfg["serviceAccount"] == {"actorRoleArn": "arn:aws:iam::123456789012:role/asya-{namespace}-{actor}"}
 
 
 def images_of(*args) -> dict[str, str]:
@@ -477,7 +481,7 @@ WEBHOOK_BIN = Path(bin_dir()) / "asya-webhook"
 @pytest.mark.parametrize("values", [
     [],
     ["--set", "transports.rabbitmq.enabled=false", "--set", "transports.sqs.enabled=true",
-     "--set", "actorServiceAccount.roleArn=arn:aws:iam::123456789012:role/asya-{actor}"],
+     "--set", "actorServiceAccount.roleArn=arn:aws:iam::123456789012:role/asya-{namespace}"],
     ["-f", E2E_VALUES],
 ], ids=["defaults", "sqs-only", "e2e-values"])
 def test_rendered_config_is_accepted_by_the_real_parser(values, tmp_path):
@@ -1036,11 +1040,103 @@ def test_webhook_replicas_spread_over_nodes_softly_by_default():
         (["--set", "webhook.priorityClassName=Not_A_Name"], "priorityClassName"),
         (["--set", "networkPolicy.egress.apiServer.cidrs={10.0.0.1}"], "cidrs"),
         (["--set", "networkPolicy.enable=true"], "enable"),
+        (["--set", "actorServiceAccount.roleArn=arn:aws:iam::1:role/asya-{actor}"], "roleArn"),
+        (["--set", "webhook.apiServerCIDRs={10.0.0.1}"], "apiServerCIDRs"),
+        (["--set", "webhook.maxInFlight=0"], "maxInFlight"),
+        (["--set", "policy.maxSpecBytes=0"], "maxSpecBytes"),
     ],
-    ids=["zero-flavor-bytes", "bad-spread", "bad-priority-class", "cidr-without-prefix", "typo-network-policy"],
+    ids=["zero-flavor-bytes", "bad-spread", "bad-priority-class", "cidr-without-prefix", "typo-network-policy",
+         "role-without-namespace", "api-server-cidr-without-prefix", "zero-in-flight", "zero-spec-bytes"],
 )
 def test_issue_26_bad_values_fail_on_schema(args, expected):
     out = helm("template", "asya", CHART, *args, check=False)
     assert out.returncode != 0, out.stdout
     assert "values don't meet the specifications of the schema" in out.stderr, out.stderr
     assert expected in out.stderr, out.stderr
+
+
+# --- the webhook's own surfaces (issue 34) --------------------------------------------------
+
+
+def webhook_container(docs) -> dict:
+    deploy = by_kind(docs, "Deployment")["asya-webhook"]
+    [c] = deploy["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def flag(container, name: str):
+    """The value of `--name=value` among the container's args, None when absent."""
+    values = [a.split("=", 1)[1] for a in container["args"] if a.startswith(f"--{name}=")]
+    assert len(values) <= 1, values
+    return values[0] if values else None
+
+
+def test_webhook_limits_and_probes_on_the_metrics_port():
+    c = webhook_container(render("--show-only", "templates/webhook.yaml"))
+    assert flag(c, "max-in-flight") == "32"
+    assert flag(c, "max-body-bytes") == "1048576"
+    # The probes use the plain-HTTP metrics port: the admission port may answer only the
+    # API server, and the kubelet probes from the node.
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["port"] == "metrics", c[probe]
+        assert c[probe]["httpGet"]["scheme"] == "HTTP", c[probe]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"https": 8443, "metrics": 9090}
+    c = webhook_container(render("--show-only", "templates/webhook.yaml",
+                                 "--set", "webhook.maxInFlight=8", "--set", "webhook.maxBodyBytes=2097152"))
+    assert (flag(c, "max-in-flight"), flag(c, "max-body-bytes")) == ("8", "2097152")
+
+
+def test_the_admission_port_is_limited_to_the_api_servers_addresses_when_known(tmp_path):
+    # `helm template` cannot look the API server up: today's rule (any source, no flag), and
+    # NOTES says so.
+    docs = render()
+    assert flag(webhook_container(docs), "allowed-source-cidrs") is None
+    webhook = by_kind(docs, "NetworkPolicy")["asya-webhook"]["spec"]
+    assert webhook["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8443}]
+    assert webhook["ingress"][0].get("from") is None
+    # A client-side dry run renders NOTES without the cluster (so without the lookup either).
+    notes = helm("install", "asya-notes", CHART, "-n", "asya-notes", "--dry-run=client").stdout
+    assert "Webhook admission port: open to any source" in notes, notes
+
+    # Given: the NetworkPolicy admits only them on the admission port, and the webhook gets
+    # the same list; the metrics port keeps its own rule.
+    cidrs = ["10.0.0.5/32", "10.0.0.6/32", "fd00::5/128"]
+    docs = render(*values_file(tmp_path, {"webhook": {"apiServerCIDRs": cidrs}}))
+    assert flag(webhook_container(docs), "allowed-source-cidrs") == ",".join(cidrs)
+    notes = helm("install", "asya-notes", CHART, "-n", "asya-notes", "--dry-run=client",
+                 *values_file(tmp_path, {"webhook": {"apiServerCIDRs": cidrs}})).stdout
+    assert f"Webhook admission port: only from {', '.join(cidrs)} (the API server;" in notes, notes
+    ingress = by_kind(docs, "NetworkPolicy")["asya-webhook"]["spec"]["ingress"]
+    assert ingress[0] == {"ports": [{"protocol": "TCP", "port": 8443}],
+                          "from": [{"ipBlock": {"cidr": c}} for c in cidrs]}
+    assert ingress[1]["ports"] == [{"protocol": "TCP", "port": 9090}] and ingress[1].get("from") is None
+    # The flag is passed even without NetworkPolicies (a CNI that ignores them is the case
+    # it is for).
+    docs = render(*values_file(tmp_path, {"webhook": {"apiServerCIDRs": cidrs}, "networkPolicy": {"enabled": False}}))
+    assert flag(webhook_container(docs), "allowed-source-cidrs") == ",".join(cidrs)
+    # And the webhook binary accepts what the chart renders.
+    if WEBHOOK_BIN.exists():
+        out = run([WEBHOOK_BIN, "serve", "--help"], check=False)
+        assert "--allowed-source-cidrs" in out.stdout and "--max-in-flight" in out.stdout, out.stdout
+
+
+def test_the_api_server_addresses_are_looked_up_leaving_loopback_out():
+    """`helm template --dry-run=server` runs the chart's lookups against the test cluster: the
+    `kubernetes` EndpointSlices' addresses become the allowed sources, except loopback ones
+    (the test cluster's API server advertises 127.0.0.1 and calls pods from the host's
+    bridge address: restricting to 127.0.0.1/32 would shut it out)."""
+    slices = kubectl_json("get", "endpointslices", "-n", "default", "-l", "kubernetes.io/service-name=kubernetes")
+    ips = [a for s in slices["items"] for e in s.get("endpoints") or [] for a in e.get("addresses") or []]
+    assert ips, slices
+    want = [f"{ip}/{128 if ':' in ip else 32}" for ip in dict.fromkeys(ips)
+            if not (ip.startswith("127.") or ip == "::1")]
+    out = helm("template", "asya", CHART, "-n", "asya-system", "--dry-run=server").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert flag(webhook_container(docs), "allowed-source-cidrs") == (",".join(want) if want else None)
+    ingress = by_kind(docs, "NetworkPolicy")["asya-webhook"]["spec"]["ingress"][0]
+    assert ingress.get("from") == ([{"ipBlock": {"cidr": c}} for c in want] or None)
+    # Off: any source, whatever the cluster says.
+    out = helm("template", "asya", CHART, "-n", "asya-system", "--dry-run=server",
+               "--set", "webhook.apiServerCIDRsLookup=false").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert flag(webhook_container(docs), "allowed-source-cidrs") is None

@@ -146,6 +146,22 @@ def test_an_author_is_refused_another_service_account(namespace, author):
     assert p.returncode == 0, p.stderr
 
 
+def test_generate_name_borrows_no_identity(namespace, author):
+    """Issue 34, item 3: with `generateName: worker` the review used to take `worker` as the
+    name, so a template running as `asya-worker` (worker's ServiceAccount) counted as "its
+    own" (no SubjectAccessReview) and `spec.actor` defaulted to `worker` (a second consumer
+    on worker's queue). A CREATE with generateName is refused now, before anything is
+    derived from it, whoever writes it."""
+    ns = label(namespace, "privileged")
+    doc = actor("ignored", workload({"serviceAccountName": "asya-worker"}))
+    doc["metadata"] = {"generateName": "worker", "namespace": ns}
+    # `kubectl create` (apply needs a name); server dry run, then for real: neither creates.
+    for extra in (["--dry-run=server"], []):
+        p = author.kubectl("create", "-f", "-", *extra, input=json.dumps(doc), check=False)
+        refused(p, 'metadata.generateName: Invalid value: "worker"', "set metadata.name instead")
+    assert kubectl("get", "asyncactors", "-n", ns, "-o", "name").stdout.strip() == ""
+
+
 def test_an_author_is_refused_a_host_path_that_a_flavor_brings(namespace, author):
     ns = label(namespace, "privileged")
     flavor = f"e2e-{ns[-8:]}-node-logs"

@@ -158,3 +158,43 @@ def test_flavor_config_maps_past_the_namespace_count_are_not_read(namespace):
     kubectl("delete", "configmap", names[0], "-n", namespace)
     kubectl("label", "configmap", last, "-n", namespace, "touched=1")
     wait_for("the freed place taken", lambda: dry_run(namespace, user).returncode == 0, timeout=30)
+
+
+# --- spec size and actors per namespace (issue 34) -----------------------------------------
+
+
+def max_spec_bytes() -> int:
+    """policy.maxSpecBytes of the configuration the components run with (64 KiB by default)."""
+    return cluster_config().get("policy", {}).get("maxSpecBytes", 65536)
+
+
+@needs_webhook
+def test_a_spec_over_max_spec_bytes_is_refused_with_its_size_and_the_limit(namespace):
+    """Every actor's spec is kept in the webhook's and the provisioner's caches: one namespace
+    must not be able to grow them without bound. A spec just under the limit is admitted."""
+    limit = max_spec_bytes()
+
+    def with_padding(n: int) -> dict:
+        return actor("big", {**FLAT, "env": [{"name": "PAD", "value": "x" * n}]})
+
+    base = len(json.dumps(with_padding(0)["spec"], separators=(",", ":")))
+    p = dry_run(namespace, with_padding(limit - base))
+    assert p.returncode == 0, p.stderr
+    p = dry_run(namespace, with_padding(limit - base + 1))
+    assert p.returncode != 0, p.stdout
+    assert f"spec: Too long: {limit + 1} bytes, over the limit of {limit} (policy.maxSpecBytes in the cluster configuration)" in p.stderr, p.stderr
+
+
+def test_a_resource_quota_caps_the_actors_of_a_namespace(namespace):
+    """The exact per-namespace cap is Kubernetes' own (deploy/examples/quotas/): the API
+    server counts AsyncActors by `count/asyncactors.asya.sh` and refuses one past it."""
+    kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "asyncactors", "namespace": namespace},
+        "spec": {"hard": {"count/asyncactors.asya.sh": "1"}}}))
+    # Enforced once the quota controller has counted the namespace.
+    wait_for("the quota counted", lambda: "count/asyncactors.asya.sh" in
+             (get("resourcequota", namespace, "asyncactors") or {}).get("status", {}).get("used", {}), timeout=60)
+    apply(namespace, actor("first", {**FLAT}))
+    p = kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(actor("second", {**FLAT})), check=False)
+    assert p.returncode != 0, p.stdout
+    assert "exceeded quota: asyncactors" in p.stderr and "count/asyncactors.asya.sh" in p.stderr, p.stderr

@@ -3,9 +3,9 @@ deletion after a flavor it uses was edited into a conflict, with the webhook dow
 broker stopped, and with `asya.sh/skip-cleanup: "true"`.
 
 What makes it so: the chart's `matchConditions` (and the same rule in the webhook's code)
-keep the AsyncActor webhooks out of UPDATEs of an actor being deleted and of metadata-only
-UPDATEs, so the provisioner's finalizer removal passes whatever the policy, the flavors or
-the webhook's health; and the provisioner's cleanup gives up on an unreachable broker after
+keep the AsyncActor webhooks out of UPDATEs that leave the spec unchanged, so the
+provisioner's finalizer removal passes whatever the policy, the flavors or the webhook's
+health (a spec change of an actor being deleted is sent, and refused: issue 34); and the provisioner's cleanup gives up on an unreachable broker after
 a bounded time (queue-provisioner/src/reconcile/plan.rs, CLEANUP_GIVE_UP_AFTER), saying what
 it left behind. Every wait polls a condition with a deadline.
 """
@@ -85,8 +85,10 @@ def flavor_doc(name: str, spec: dict) -> str:
     return json.dumps({"apiVersion": "asya.sh/v1alpha1", "kind": "Flavor", "metadata": {"name": name}, "spec": spec})
 
 
-def test_actor_webhooks_skip_updates_of_actors_being_deleted_and_metadata_only_updates():
-    """The chart's contract (the pod webhook keeps being called for every labelled pod)."""
+def test_actor_webhooks_skip_metadata_only_updates_and_see_every_spec_change():
+    """The chart's contract (the pod webhook keeps being called for every labelled pod). An
+    actor being deleted is no exception any more (issue 34): its spec changes are sent to the
+    webhook, which refuses them; its metadata-only UPDATEs (the finalizer removal) are not."""
     # The validating webhook exists only with webhook.validateActorsSeparately (one call per
     # AsyncActor otherwise): both carry the conditions when it does.
     out = helm("template", "asya", CHART, "-n", "asya-system", "--set", "webhook.validateActorsSeparately=true",
@@ -95,7 +97,6 @@ def test_actor_webhooks_skip_updates_of_actors_being_deleted_and_metadata_only_u
     for name in ["asyncactors.mutate.asya.sh", "asyncactors.validate.asya.sh"]:
         conds = {c["name"]: c["expression"] for c in hooks[name]["matchConditions"]}
         assert conds == {
-            "not-being-deleted": "request.operation != 'UPDATE' || !has(object.metadata.deletionTimestamp)",
             "spec-changed": "request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec)"
                             " || object.spec != oldObject.spec",
         }, name
@@ -140,6 +141,40 @@ def test_deletion_completes_after_a_flavor_turned_conflicting(namespace):
         assert q not in rabbit_queues()
     finally:
         kubectl("delete", "flavor", small, extra, "--ignore-not-found", check=False)
+
+
+def test_a_spec_change_of_an_actor_being_deleted_is_refused(namespace):
+    """Issue 34: an UPDATE that changes the spec of a Terminating actor used to skip
+    admission altogether (no policy, no privilege check). It is refused now, naming the field
+    and the rule, while metadata-only UPDATEs of it (a label, the finalizer removal) pass."""
+    needs_webhook()
+    ns = namespace
+    provisioned(ns, "leaving")
+    # A finalizer nobody removes but this test holds the actor Terminating.
+    kubectl("patch", "asyncactor", "leaving", "-n", ns, "--type=json",
+            "-p", '[{"op": "add", "path": "/metadata/finalizers/-", "value": "e2e.asya.sh/hold"}]')
+    try:
+        kubectl("delete", "asyncactor", "leaving", "-n", ns, "--wait=false")
+        wait_for("the actor is Terminating",
+                 lambda: (get("asyncactor", ns, "leaving") or {}).get("metadata", {}).get("deletionTimestamp"),
+                 timeout=30)
+        # A privileged pod the author could not create otherwise: refused for the deletion
+        # alone, before any other check.
+        patch = {"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+                          "volumeMounts": [{"name": "root", "mountPath": "/host"}]}}
+        p = kubectl("patch", "asyncactor", "leaving", "-n", ns, "--type=merge", "-p", json.dumps(patch), check=False)
+        assert p.returncode != 0, p.stdout
+        assert "spec: Forbidden: the AsyncActor is being deleted" in p.stderr, p.stderr
+        # Metadata is still the writer's: a label passes.
+        kubectl("label", "asyncactor", "leaving", "-n", ns, "e2e.asya.sh/touched=yes")
+    finally:
+        # Metadata only (the spec unchanged): admitted whatever the webhook says.
+        left = (get("asyncactor", ns, "leaving") or {}).get("metadata", {}).get("finalizers") or []
+        if "e2e.asya.sh/hold" in left:
+            keep = [f for f in left if f != "e2e.asya.sh/hold"]
+            kubectl("patch", "asyncactor", "leaving", "-n", ns, "--type=merge",
+                    "-p", json.dumps({"metadata": {"finalizers": keep}}), check=False)
+    wait_for("the actor is gone", lambda: get("asyncactor", ns, "leaving") is None, timeout=DELETION_BOUND)
 
 
 @pytest.mark.disruptive

@@ -286,9 +286,13 @@ fn spawn_reflector<K>(
     K::DynamicType: Clone + Eq + std::hash::Hash,
 {
     drive(
-        reflector::reflector(writer, watcher(api, cfg))
-            .default_backoff()
-            .touched_objects(),
+        // Flavors and EnvironmentConfigs: kept without managed fields and last-applied copies.
+        reflector::reflector(
+            writer,
+            watcher(api, cfg).modify(|o| asya_api::labels::drop_bookkeeping(o.meta_mut())),
+        )
+        .default_backoff()
+        .touched_objects(),
         changed,
         what,
     );

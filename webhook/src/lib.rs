@@ -10,5 +10,6 @@ pub mod holders;
 pub mod inject;
 pub mod patch;
 pub mod server;
+pub mod sources;
 pub mod spans;
 pub mod telemetry;

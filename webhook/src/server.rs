@@ -28,10 +28,23 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admission::privilege::{Authority, Offline, settle};
 use crate::admission::{ActorLookup, Ctx, Endpoint, SettingsMemo, handle};
+use crate::sources::SourceGate;
 use crate::spans::Outcome;
 
-/// Largest AdmissionReview accepted: an object may be 1.5 MiB and an UPDATE carries two.
-pub const MAX_BODY: usize = 4 * 1024 * 1024;
+/// Largest AdmissionReview accepted by default (`--max-body-bytes`): 1 MiB. An AsyncActor
+/// UPDATE carries the object and the stored one, each a spec of at most
+/// `policy.maxSpecBytes` (64 KiB) with about as much again in its last-applied annotation,
+/// managed fields and status: ~0.5 MiB at the worst, with the envelope. A labelled pod's
+/// CREATE is one object rendered from such a spec (its template) plus the controller's
+/// metadata: well under that. The API server's own limit on an object (1.5 MiB) is for any
+/// kind; a body past this one is refused with 413 before it is parsed.
+pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+/// Reviews handled at once by default (`--max-in-flight`); past it a request is shed at once
+/// with 429. A review takes well under a millisecond of CPU (docs/benchmarks.md) unless it
+/// waits for the API server (a SubjectAccessReview, at most 3 s), so this is reached only
+/// when those answers are slow or the webhook is flooded; it bounds the memory of bodies
+/// being read and parsed (at most this many × the body limit).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 /// A client has this long to send a whole request; the API server's own timeout is 10 s.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -65,6 +78,13 @@ pub struct Metrics {
     pub latency: Family<EndpointLabels, Histogram>,
     pub cert_expiry: Gauge,
     pub cache_objects: Family<KindLabels, Gauge>,
+    /// Requests answered 429 at once because `--max-in-flight` reviews were under way.
+    pub shed: Family<EndpointLabels, Counter>,
+    /// Reviews under way, read at scrape time.
+    pub in_flight: Gauge,
+    /// Connections closed before the TLS handshake: the peer is not in
+    /// `--allowed-source-cidrs` ([`crate::sources`]).
+    pub refused_connections: Counter,
 }
 
 impl Default for Metrics {
@@ -103,6 +123,24 @@ impl Metrics {
             "Objects in the admission caches, by kind",
             cache_objects.clone(),
         );
+        let shed = Family::<EndpointLabels, Counter>::default();
+        registry.register(
+            "requests_shed",
+            "Admission requests answered 429 at once: --max-in-flight reviews were under way",
+            shed.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "requests_in_flight",
+            "Admission reviews under way (at most --max-in-flight)",
+            in_flight.clone(),
+        );
+        let refused_connections = Counter::default();
+        registry.register(
+            "connections_refused",
+            "Connections to the admission port closed before the TLS handshake: the peer is not in --allowed-source-cidrs",
+            refused_connections.clone(),
+        );
         let build_info = Family::<VersionLabels, Gauge>::default();
         registry.register(
             "build_info",
@@ -120,6 +158,9 @@ impl Metrics {
             latency,
             cert_expiry,
             cache_objects,
+            shed,
+            in_flight,
+            refused_connections,
         }
     }
 }
@@ -144,6 +185,60 @@ pub struct Shared {
     pub authority: Arc<dyn Authority>,
     /// A SERVER span per review, when the `OTEL_*` variables ask for it.
     pub traces: crate::spans::Traces,
+    /// Bounds on what one request and all of them at once may take.
+    pub limits: Limits,
+}
+
+/// What the admission endpoints take at most (`--max-in-flight`, `--max-body-bytes`).
+pub struct Limits {
+    pub max_in_flight: usize,
+    pub max_body: usize,
+    /// One permit per review under way.
+    permits: tokio::sync::Semaphore,
+}
+
+impl Limits {
+    pub fn new(max_in_flight: usize, max_body: usize) -> Self {
+        // (A zero would shed everything: at least one.)
+        let max_in_flight = max_in_flight.max(1);
+        Self {
+            max_in_flight,
+            max_body,
+            permits: tokio::sync::Semaphore::new(max_in_flight),
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.max_in_flight
+            .saturating_sub(self.permits.available_permits())
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_BODY)
+    }
+}
+
+/// The answer to a request past `--max-in-flight`: 429 with a `Status` the API server's
+/// client decodes, so the refusal it reports (with failurePolicy Fail) reads `failed calling
+/// webhook "…": failed to call webhook: asya-webhook is at its limit of N admission reviews
+/// in flight …`. No `Retry-After`: the API server would wait and retry within the same
+/// request, holding it; the caller (a controller, kubectl) retries on its own schedule.
+fn shed(max: usize) -> Response {
+    let status = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!(
+            "asya-webhook is at its limit of {max} admission reviews in flight (--max-in-flight, chart webhook.maxInFlight): this request was shed; retry"
+        ),
+        "reason": "TooManyRequests", "code": 429,
+    });
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::CONTENT_TYPE, "application/json")],
+        status.to_string(),
+    )
+        .into_response()
 }
 
 impl Shared {
@@ -176,9 +271,22 @@ async fn admit(
     headers: axum::http::HeaderMap,
     body: Body,
 ) -> Response {
+    // Held until the answer is built: reading, parsing and settling (the API server's
+    // answers) all count. Shed at once past the limit, before the body is read.
+    let Ok(_permit) = shared.limits.permits.try_acquire() else {
+        shared
+            .metrics
+            .shed
+            .get_or_create(&EndpointLabels {
+                endpoint: endpoint.as_str(),
+            })
+            .inc();
+        return shed(shared.limits.max_in_flight);
+    };
     let start = Instant::now();
     let started = SystemTime::now();
-    let bytes = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await
+    let max_body = shared.limits.max_body;
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, max_body)).await
     {
         Err(_) => {
             return (
@@ -203,7 +311,7 @@ async fn admit(
             return if too_big {
                 (
                     StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("AdmissionReview larger than {MAX_BODY} bytes\n"),
+                    format!("AdmissionReview larger than {max_body} bytes (--max-body-bytes)\n"),
                 )
                     .into_response()
             } else {
@@ -311,6 +419,10 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     if let Some(s) = shared.resolver.expiry_seconds(SystemTime::now()) {
         shared.metrics.cert_expiry.set(s);
     }
+    shared
+        .metrics
+        .in_flight
+        .set(shared.limits.in_flight() as i64);
     for (kind, n) in (shared.cache_sizes)() {
         shared
             .metrics
@@ -344,7 +456,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/mutate/pods", route(Endpoint::MutatePods))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(DefaultBodyLimit::max(shared.limits.max_body))
         .with_state(shared)
 }
 
@@ -357,12 +469,32 @@ pub fn metrics_router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// Serve `router` over TLS on `listener` until `shutdown` resolves. Each connection speaks
-/// HTTP/1.1 or h2 (ALPN); a stalled handshake or header is cut off, never left hanging.
+/// Serve `router` over TLS on `listener` until `shutdown` resolves, to any peer.
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,
     resolver: Arc<ReloadingResolver>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    serve_tls_from(
+        listener,
+        router,
+        resolver,
+        Arc::new(SourceGate::open()),
+        shutdown,
+    )
+    .await
+}
+
+/// Serve `router` over TLS on `listener` until `shutdown` resolves. A connection from a peer
+/// `gate` refuses is closed before anything is read from it (no TLS handshake: nothing of the
+/// webhook is exposed to it). Each other connection speaks HTTP/1.1 or h2 (ALPN); a stalled
+/// handshake or header is cut off, never left hanging.
+pub async fn serve_tls_from(
+    listener: TcpListener,
+    router: Router,
+    resolver: Arc<ReloadingResolver>,
+    gate: Arc<SourceGate>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let acceptor = TlsAcceptor::from(Arc::new(asya_certs::server_config(resolver)?));
@@ -381,6 +513,10 @@ pub async fn serve_tls(
                 }
             },
         };
+        if !gate.admit(peer.ip()) {
+            drop(tcp);
+            continue;
+        }
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let service = service.clone();
@@ -436,6 +572,7 @@ impl Shared {
             settings_memo: SettingsMemo::default(),
             authority: Arc::new(Offline),
             traces: crate::spans::Traces::off(),
+            limits: Limits::default(),
         }
     }
 }
@@ -463,6 +600,11 @@ mod metrics_tests {
             .get_or_create(&KindLabels { kind: "Flavor" })
             .set(1);
         m.cert_expiry.set(3600);
+        m.shed
+            .get_or_create(&EndpointLabels { endpoint: "mutate" })
+            .inc();
+        m.in_flight.set(1);
+        m.refused_connections.inc();
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
         assert!(text.contains("asya_webhook_build_info{version="), "{text}");

@@ -349,10 +349,69 @@ fn an_actor_being_deleted_passes_whatever_its_spec_says_now() {
     for r in run_update_everywhere(&env, &new, &old) {
         admitted_as_is(&r);
     }
-    // Even a spec edit of an actor being deleted is not reviewed: it has no effect any more.
+    // A spec edit of an actor being deleted is refused on both endpoints, both parses: it
+    // would apply to nothing, and passing it unreviewed would let anything through.
     new["spec"]["image"] = json!("i2");
     for r in run_update_everywhere(&env, &new, &old) {
-        admitted_as_is(&r);
+        assert_eq!(r["allowed"], false, "{r}");
+        assert_eq!(r["status"]["code"], 422, "{r}");
+        let msg = r["status"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("AsyncActor \"echo\" is invalid (1 error): spec: Forbidden: the AsyncActor is being deleted (metadata.deletionTimestamp is set)"),
+            "{msg}"
+        );
+        assert_eq!(r["status"]["details"]["causes"][0]["field"], "spec", "{r}");
+        assert!(r.get("warnings").is_none(), "{r}");
+    }
+}
+
+#[test]
+fn generate_name_is_refused_on_both_endpoints_before_any_identity_is_borrowed() {
+    // `generateName: worker` with a template naming worker's own ServiceAccount: counted as
+    // "its own" before (no SubjectAccessReview), with spec.actor defaulted to `worker`.
+    let env = Env::new();
+    let spec = json!({"workload": {"kind": "Deployment", "template": {"spec": {
+        "serviceAccountName": "asya-worker",
+        "containers": [{"name": "asya-runtime", "image": "i",
+                        "env": [{"name": "ASYA_HANDLER", "value": "m.f"}]}]}}}});
+    let mut obj = actor("x", spec);
+    let meta = obj["metadata"].as_object_mut().unwrap();
+    meta.remove("name");
+    meta.insert("generateName".into(), json!("worker"));
+    // The mutating webhook sees no name; the validating one sees the generated name.
+    let mut named = obj.clone();
+    named["metadata"]["name"] = json!("workerq7x2c");
+    for (ep, o) in [
+        (Endpoint::MutateActors, &obj),
+        (Endpoint::ValidateActors, &named),
+        (Endpoint::MutateActors, &named),
+        (Endpoint::ValidateActors, &obj),
+    ] {
+        let rv = review(actor_kind(), "CREATE", Some(o.clone()), None);
+        let bytes = serde_json::to_vec(&rv).unwrap();
+        let fast = handle(ep, &bytes, &env.ctx()).unwrap();
+        let general = handle_general(ep, &bytes, &env.ctx()).unwrap();
+        for h in [fast, general] {
+            assert!(
+                h.privilege.is_none(),
+                "nothing left to ask of the API server"
+            );
+            let wire: Value = serde_json::from_slice(&encode_review(&h.review).unwrap()).unwrap();
+            let r = &wire["response"];
+            assert_eq!(r["allowed"], false, "{r}");
+            assert!(r.get("patch").is_none(), "{r}");
+            let causes = r["status"]["details"]["causes"].as_array().unwrap();
+            let gen_cause = causes
+                .iter()
+                .find(|c| c["field"] == "metadata.generateName")
+                .unwrap_or_else(|| panic!("{r}"));
+            assert!(
+                gen_cause["message"].as_str().unwrap().starts_with(
+                    "Invalid value: \"worker\": an AsyncActor is created with metadata.name"
+                ),
+                "{r}"
+            );
+        }
     }
 }
 
@@ -943,4 +1002,102 @@ fn a_queue_name_owned_by_another_namespace_is_refused_naming_both() {
     let mut body = review(actor_kind(), "UPDATE", Some(new), Some(old));
     body["request"]["namespace"] = json!("team-a");
     assert_eq!(env.run(Endpoint::ValidateActors, &body)["allowed"], true);
+}
+
+#[test]
+fn a_namespace_at_its_actor_limit_takes_no_new_actor() {
+    let mut env = Env::new();
+    env.config.policy.max_actors_per_namespace = Some(2);
+    for name in ["one", "two"] {
+        env.actors.insert(
+            ("team-a".into(), name.into()),
+            actor(name, json!({"image": "i", "handler": "m.f"})),
+        );
+    }
+    let new = actor("three", json!({"image": "i", "handler": "m.f"}));
+    let create = review(actor_kind(), "CREATE", Some(new.clone()), None);
+    let bytes = serde_json::to_vec(&create).unwrap();
+    for ep in [Endpoint::MutateActors, Endpoint::ValidateActors] {
+        for h in [
+            handle(ep, &bytes, &env.ctx()).unwrap(),
+            handle_general(ep, &bytes, &env.ctx()).unwrap(),
+        ] {
+            assert!(h.privilege.is_none());
+            let wire: Value = serde_json::from_slice(&encode_review(&h.review).unwrap()).unwrap();
+            let r = &wire["response"];
+            assert_eq!(r["allowed"], false, "{r}");
+            assert_eq!(
+                r["status"]["details"]["causes"][0]["field"],
+                "metadata.namespace"
+            );
+            let msg = r["status"]["message"].as_str().unwrap();
+            assert!(
+                msg.contains("namespace \"team-a\" already holds 2 AsyncActors, at the limit of 2 (policy.maxActorsPerNamespace in the cluster configuration)"),
+                "{msg}"
+            );
+        }
+    }
+    // An UPDATE of an actor already there is no new actor; another namespace has room.
+    let old = env.actors[&("team-a".to_string(), "one".to_string())].clone();
+    let mut edited = old.clone();
+    edited["spec"]["replicas"] = json!(2);
+    let r = env.run(
+        Endpoint::MutateActors,
+        &review(actor_kind(), "UPDATE", Some(edited), Some(old)),
+    );
+    assert_eq!(r["allowed"], true, "{r}");
+    let mut elsewhere = review(actor_kind(), "CREATE", Some(new), None);
+    elsewhere["request"]["namespace"] = json!("team-b");
+    elsewhere["request"]["object"]["metadata"]["namespace"] = json!("team-b");
+    assert_eq!(env.run(Endpoint::MutateActors, &elsewhere)["allowed"], true);
+    // No limit configured: the full namespace takes it.
+    env.config.policy.max_actors_per_namespace = None;
+    assert_eq!(env.run(Endpoint::MutateActors, &create)["allowed"], true);
+}
+
+#[test]
+fn an_actor_stored_before_the_spec_limit_was_lowered_still_gets_its_pods_injected() {
+    // Admission's own rules (the spec cap, names) are not asked of a stored actor: its pods
+    // are injected, on both parses. Only its next spec change meets the new limit.
+    let mut env = Env::new();
+    env.config.policy.max_spec_bytes = 64;
+    let spec = json!({"image": "python:3.13", "handler": "pkg.mod.run",
+                      "env": [{"name": "PAD", "value": "x".repeat(200)}]});
+    env.actors.insert(
+        ("team-a".into(), "echo".into()),
+        actor("echo", spec.clone()),
+    );
+    let p = pod(
+        json!({"asya.sh/inject": "true", "asya.sh/actor": "echo"}),
+        json!({}),
+    );
+    let rv = review(pod_kind(), "CREATE", Some(p), None);
+    let bytes = serde_json::to_vec(&rv).unwrap();
+    for h in [
+        handle(Endpoint::MutatePods, &bytes, &env.ctx()).unwrap(),
+        handle_general(Endpoint::MutatePods, &bytes, &env.ctx()).unwrap(),
+    ] {
+        let wire: Value = serde_json::from_slice(&encode_review(&h.review).unwrap()).unwrap();
+        assert_eq!(wire["response"]["allowed"], true, "{wire}");
+        assert!(wire["response"]["patch"].is_string(), "{wire}");
+    }
+    let mut edited = actor("echo", spec.clone());
+    edited["spec"]["replicas"] = json!(2);
+    let r = env.run(
+        Endpoint::MutateActors,
+        &review(
+            actor_kind(),
+            "UPDATE",
+            Some(edited),
+            Some(actor("echo", spec)),
+        ),
+    );
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("(policy.maxSpecBytes in the cluster configuration)"),
+        "{r}"
+    );
 }

@@ -477,10 +477,20 @@ fn crafted_actors() -> Vec<Value> {
     ] {
         out.push(actor("team-a", "echo", spec));
     }
-    // Identity from generateName, from the request's namespace, or from neither.
+    // A CREATE with generateName (refused: no identity is taken from it), with the
+    // generated name beside it (as the validating webhook sees it); identity from the
+    // request's namespace, or from neither.
     out.push(
         json!({"metadata": {"generateName": "gen-"}, "spec": {"image": "i", "handler": "m.f"}}),
     );
+    out.push(
+        json!({"metadata": {"generateName": "gen-", "name": "gen-x7k2p"},
+                    "spec": {"image": "i", "handler": "m.f"}}),
+    );
+    // Being deleted: the UPDATEs against every stored object below change its spec or not.
+    let mut deleting = actor("team-a", "echo", json!({"image": "i", "handler": "m.f"}));
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    out.push(deleting);
     out.push(json!({"spec": {"image": "i", "handler": "m.f"}}));
     out.push(json!({"metadata": null, "spec": {"image": "i", "handler": "m.f"}}));
     out.push(json!({"metadata": {"name": 1}, "spec": {"image": "i", "handler": "m.f"}}));
@@ -579,6 +589,54 @@ fn actor_reviews_answer_alike() {
     // The corpus exercises the fast path's patches (aliases and defaults rewritten), which
     // `same` compared byte for byte with the general path's.
     assert!(fast_patches > 0, "no fast mutating answer carried a patch");
+}
+
+/// Specs around `policy.maxSpecBytes`, some written with escapes the text parse keeps
+/// longer than the `Value` the reference measures: the same answer either way, the small
+/// ones the fast way, and those over the limit refused.
+#[test]
+fn specs_around_the_size_limit_answer_alike() {
+    let mut env = Env::new();
+    env.config.policy.max_spec_bytes = 400;
+    let (mut fast, mut refused) = (0, 0);
+    for n in (0..500).step_by(25) {
+        for escaped in [false, true] {
+            let a = actor(
+                "team-a",
+                "echo",
+                json!({"image": "i", "handler": "m.f",
+                "env": [{"name": "A", "value": "x".repeat(n)}]}),
+            );
+            let mut text =
+                serde_json::to_string(&review(actor_kind(), "CREATE", Some("team-a"), a, None))
+                    .unwrap();
+            if escaped {
+                // The API server may write `é` as `\u00e9`: six bytes of text, two in the Value.
+                text = text.replace(&"x".repeat(n), &"\\u00e9".repeat(n / 3));
+            }
+            if same(&env, text.as_bytes()) == Took::Actor {
+                fast += 1;
+            }
+            let h = handle(Endpoint::MutateActors, text.as_bytes(), &env.contexts()[0]).unwrap();
+            let r = h.review.response.unwrap();
+            if !r.allowed {
+                refused += 1;
+                assert!(
+                    r.result.message.contains("spec: Too long: "),
+                    "{}",
+                    r.result.message
+                );
+                assert!(
+                    r.result.message.contains(
+                        ", over the limit of 400 (policy.maxSpecBytes in the cluster configuration)"
+                    ),
+                    "{}",
+                    r.result.message
+                );
+            }
+        }
+    }
+    assert!(fast > 0 && refused > 0, "{fast} fast, {refused} refused");
 }
 
 /// Bodies the raw parse takes but the reference parse refused (or read differently):

@@ -215,7 +215,7 @@ fn examples_under_each_cluster_configuration() {
     assert_eq!(sqs.default_transport, "sqs");
     assert_eq!(
         sqs.service_account.actor_role_arn.as_deref(),
-        Some("arn:aws:iam::ACCOUNT:role/asya-actor-role")
+        Some("arn:aws:iam::ACCOUNT:role/asya-actor-role-{namespace}")
     );
     let rabbit = load_config("deploy/config/001-rabbitmq.config.yaml");
     let t = rabbit.transport("rabbitmq").unwrap();
@@ -349,5 +349,47 @@ fn cli_exits_2_on_unreadable_input() {
     assert!(
         err.starts_with("asya-webhook validate: deploy/examples/no-such-file.yaml: "),
         "{err}"
+    );
+}
+
+#[test]
+fn the_quota_example_counts_async_actors_by_their_resource_name() {
+    // `count/<plural>.<group>` of the CRD as generated: a typo here would count nothing,
+    // silently (the API server accepts any resource name in a quota).
+    let crd = std::fs::read_to_string(root().join("deploy/crds/asya.sh_asyncactors.yaml")).unwrap();
+    let crd: serde_json::Value = serde_yaml::from_str(&crd).unwrap();
+    let counted = format!(
+        "count/{}.{}",
+        crd["spec"]["names"]["plural"].as_str().unwrap(),
+        crd["spec"]["group"].as_str().unwrap()
+    );
+    assert_eq!(counted, "count/asyncactors.asya.sh");
+    let docs = read_documents(&[examples().join("quotas")]).unwrap();
+    assert_eq!(docs.len(), 1);
+    let quota: k8s_openapi::api::core::v1::ResourceQuota =
+        serde_json::from_value(docs[0].value.clone()).expect("a ResourceQuota");
+    let hard = quota.spec.and_then(|s| s.hard).unwrap_or_default();
+    assert!(hard.contains_key(&counted), "{hard:?}");
+    assert_eq!(quota.metadata.namespace.as_deref(), Some("production"));
+    // `kubectl apply -R` applies it after the actors it would otherwise race (path order).
+    assert!(examples().join("quotas") > examples().join("actors"));
+}
+
+#[test]
+fn validate_refuses_generate_name_as_admission_does() {
+    let docs = asya_webhook::cmd::validate::parse_documents(
+        "gen.yaml",
+        "apiVersion: asya.sh/v1alpha1\nkind: AsyncActor\nmetadata: {generateName: worker, namespace: team}\nspec: {image: i, handler: m.f}\n",
+    )
+    .unwrap();
+    let reports = validate_documents(&docs, &ClusterConfig::default());
+    assert_eq!(reports.len(), 1);
+    assert!(
+        reports[0]
+            .errors
+            .iter()
+            .any(|e| e.starts_with("metadata.generateName: Invalid value: \"worker\": ")),
+        "{}",
+        render(&reports)
     );
 }

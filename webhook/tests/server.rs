@@ -9,9 +9,13 @@ use asya_api::config::ClusterConfig;
 use asya_api::flavor::FlavorCatalog;
 use asya_certs::{ReloadingResolver, ServingSpec, generate_ca, issue_serving};
 use asya_webhook::client::Conn;
-use asya_webhook::server::{MAX_BODY, Shared, metrics_router, router, serve_tls};
+use asya_webhook::server::{
+    DEFAULT_MAX_BODY, Limits, Shared, metrics_router, router, serve_tls, serve_tls_from,
+};
+use asya_webhook::sources::{Allowlist, SourceGate};
 use bytes::Bytes;
 use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
 use tower::ServiceExt;
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -23,6 +27,11 @@ struct Running {
 }
 
 async fn start() -> Running {
+    start_with(Limits::default(), None).await
+}
+
+/// A server with `limits`, and connections only from `allowed` (any when `None`).
+async fn start_with(limits: Limits, allowed: Option<&[&str]>) -> Running {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let now = SystemTime::now();
     let ca = generate_ca("ca", now, DAY).unwrap();
@@ -36,21 +45,38 @@ async fn start() -> Running {
     let resolver = Arc::new(ReloadingResolver::new());
     resolver.set_pem(&srv.cert_pem, &srv.key_pem).unwrap();
     let actors: Arc<HashMap<(String, String), Value>> = Arc::new(HashMap::new());
-    let shared = Arc::new(Shared::fixed(
+    let mut shared = Shared::fixed(
         ClusterConfig::default(),
         FlavorCatalog::new(),
         actors,
         resolver.clone(),
-    ));
+    );
+    shared.limits = limits;
+    let shared = Arc::new(shared);
     shared.synced.store(false, Ordering::Release);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve_tls(
-        listener,
-        router(shared.clone()),
-        resolver,
-        std::future::pending(),
-    ));
+    match allowed {
+        None => tokio::spawn(serve_tls(
+            listener,
+            router(shared.clone()),
+            resolver,
+            std::future::pending(),
+        )),
+        Some(cidrs) => {
+            let gate = SourceGate::new(
+                Allowlist::parse(cidrs).unwrap(),
+                shared.metrics.refused_connections.clone(),
+            );
+            tokio::spawn(serve_tls_from(
+                listener,
+                router(shared.clone()),
+                resolver,
+                Arc::new(gate),
+                std::future::pending(),
+            ))
+        }
+    };
     Running {
         addr,
         ca: ca.cert_pem,
@@ -141,9 +167,14 @@ async fn bad_bodies_get_clean_http_errors_and_the_connection_survives() {
         .unwrap();
     assert_eq!(status, 400);
     assert!(String::from_utf8_lossy(&body).contains("not an AdmissionReview"));
-    let big = Bytes::from(vec![b' '; MAX_BODY + 1]);
-    let (status, _) = c.request("POST", "/mutate/pods", big).await.unwrap();
+    let big = Bytes::from(vec![b' '; DEFAULT_MAX_BODY + 1]);
+    let (status, body) = c.request("POST", "/mutate/pods", big).await.unwrap();
     assert_eq!(status, 413);
+    assert_eq!(
+        &body[..],
+        format!("AdmissionReview larger than {DEFAULT_MAX_BODY} bytes (--max-body-bytes)\n")
+            .as_bytes()
+    );
     // Unknown path and wrong method.
     let mut c = Conn::connect(s.addr, "localhost", &s.ca, false)
         .await
@@ -210,4 +241,142 @@ async fn metrics_count_requests_and_report_cert_expiry() {
         .and_then(|v| v.parse::<i64>().ok())
         .unwrap();
     assert!((86_000..=86_400).contains(&expiry), "{expiry}");
+}
+
+/// Polls `cond` until it holds, failing after 5 s.
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn metrics_text(shared: &Arc<Shared>) -> String {
+    let resp = metrics_router(shared.clone())
+        .oneshot(
+            axum::http::Request::get("/metrics")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn past_the_in_flight_limit_a_request_is_shed_at_once_with_a_status() {
+    let s = start_with(Limits::new(1, DEFAULT_MAX_BODY), None).await;
+    // A request whose body never comes holds the only place (until its client goes).
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let mut stalled = asya_webhook::client::connector(&s.ca, &[b"http/1.1"])
+        .unwrap()
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    stalled
+        .write_all(b"POST /validate/asyncactors HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{")
+        .await
+        .unwrap();
+    stalled.flush().await.unwrap();
+    until("the stalled review holds the place", || {
+        s.shared.limits.in_flight() == 1
+    })
+    .await;
+
+    let mut c = Conn::connect(s.addr, "localhost", &s.ca, false)
+        .await
+        .unwrap();
+    let (status, body) = c
+        .request("POST", "/mutate/asyncactors", review_body())
+        .await
+        .unwrap();
+    assert_eq!(status, 429);
+    let st: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(st["kind"], "Status");
+    assert_eq!(st["status"], "Failure");
+    assert_eq!(st["reason"], "TooManyRequests");
+    assert_eq!(st["code"], 429);
+    assert_eq!(
+        st["message"],
+        "asya-webhook is at its limit of 1 admission reviews in flight (--max-in-flight, chart webhook.maxInFlight): this request was shed; retry"
+    );
+    let text = metrics_text(&s.shared).await;
+    assert!(
+        text.contains(r#"asya_webhook_requests_shed_total{endpoint="mutate_asyncactors"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("asya_webhook_requests_in_flight 1"), "{text}");
+
+    // The stalled client goes: its place is free again, and the next review is answered.
+    drop(stalled);
+    until("the place freed", || s.shared.limits.in_flight() == 0).await;
+    let (status, _) = c
+        .request("POST", "/mutate/asyncactors", review_body())
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn the_body_limit_is_configurable() {
+    let s = start_with(Limits::new(8, 2048), None).await;
+    let mut c = Conn::connect(s.addr, "localhost", &s.ca, false)
+        .await
+        .unwrap();
+    let (status, body) = c
+        .request("POST", "/mutate/pods", Bytes::from(vec![b' '; 2049]))
+        .await
+        .unwrap();
+    assert_eq!(status, 413);
+    assert_eq!(
+        &body[..],
+        b"AdmissionReview larger than 2048 bytes (--max-body-bytes)\n"
+    );
+    // A review within it is answered.
+    assert!(review_body().len() <= 2048);
+    let (status, _) = c
+        .request("POST", "/validate/asyncactors", review_body())
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_peer_outside_the_allowed_sources_gets_no_handshake_and_is_counted() {
+    // Loopback is not the API server here: the connection is closed before TLS.
+    let s = start_with(Limits::default(), Some(&["10.0.0.0/8", "fd00::/8"])).await;
+    let err = Conn::connect(s.addr, "localhost", &s.ca, false).await;
+    assert!(err.is_err(), "the handshake must fail");
+    until("the refusal counted", || {
+        s.shared.metrics.refused_connections.get() == 1
+    })
+    .await;
+    let text = metrics_text(&s.shared).await;
+    assert!(
+        text.contains("asya_webhook_connections_refused_total 1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("asya_webhook_requests_total{"),
+        "nothing was read from it: {text}"
+    );
+
+    // Listed, the same client is served.
+    let s = start_with(Limits::default(), Some(&["10.0.0.0/8,127.0.0.1/32"])).await;
+    let mut c = Conn::connect(s.addr, "localhost", &s.ca, false)
+        .await
+        .unwrap();
+    let (status, _) = c
+        .request("POST", "/validate/asyncactors", review_body())
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(s.shared.metrics.refused_connections.get(), 0);
 }

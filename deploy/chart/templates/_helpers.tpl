@@ -89,6 +89,44 @@ app.kubernetes.io/component: {{ .component }}
 {{- concat (list "kube-system" .Release.Namespace) .Values.webhook.excludeNamespaces | uniq | toJson -}}
 {{- end -}}
 
+{{/* The sources allowed to reach the webhook's admission port, as a JSON list of CIDRs:
+     webhook.apiServerCIDRs when set; else, with webhook.apiServerCIDRsLookup, the API
+     server's addresses from the `kubernetes` EndpointSlices (or Endpoints) in `default` at
+     install or upgrade (/32, /128), leaving out loopback ones (an API server advertising
+     127.0.0.1 calls pods from another address); else, or when the lookup finds nothing
+     (`helm template`, a client-side dry run), empty: any source, as before. One list for
+     the NetworkPolicy and the webhook's --allowed-source-cidrs, so the two agree. */}}
+{{- define "asya.webhook.apiServerCIDRs" -}}
+{{- $w := .Values.webhook -}}
+{{- $cidrs := list -}}
+{{- if $w.apiServerCIDRs -}}
+{{- $cidrs = $w.apiServerCIDRs -}}
+{{- else if $w.apiServerCIDRsLookup -}}
+{{- $ips := list -}}
+{{- $slices := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "" | default dict -}}
+{{- range (get $slices "items" | default list) -}}
+{{- $labels := (get (.metadata | default dict) "labels") | default dict -}}
+{{- if eq (get $labels "kubernetes.io/service-name" | toString) "kubernetes" -}}
+{{- range (.endpoints | default list) -}}
+{{- range (.addresses | default list) -}}{{- $ips = append $ips (toString .) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $ips -}}
+{{- $ep := lookup "v1" "Endpoints" "default" "kubernetes" | default dict -}}
+{{- range (get $ep "subsets" | default list) -}}
+{{- range (.addresses | default list) -}}{{- $ips = append $ips (toString .ip) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range ($ips | uniq) -}}
+{{- if not (or (hasPrefix "127." .) (eq . "::1")) -}}
+{{- $cidrs = append $cidrs (printf "%s/%s" . (ternary "128" "32" (contains ":" .))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $cidrs -}}
+{{- end -}}
+
 {{- define "asya.clusterConfig" -}}
 {{- $transports := dict -}}
 {{- range $name, $t := .Values.transports -}}

@@ -151,38 +151,6 @@ fn default_open(v: &redis::Value) -> bool {
     false
 }
 
-#[cfg(test)]
-mod tests {
-    use super::default_open;
-    use redis::Value;
-
-    fn getuser(flags: &[&str]) -> Value {
-        Value::Array(vec![
-            Value::BulkString(b"flags".to_vec()),
-            Value::Array(
-                flags
-                    .iter()
-                    .map(|f| Value::BulkString(f.as_bytes().to_vec()))
-                    .collect(),
-            ),
-            Value::BulkString(b"passwords".to_vec()),
-            Value::Array(vec![]),
-        ])
-    }
-
-    #[test]
-    fn an_enabled_default_user_without_password_is_open() {
-        assert!(default_open(&getuser(&[
-            "on",
-            "nopass",
-            "sanitize-payload"
-        ])));
-        assert!(!default_open(&getuser(&["on", "sanitize-payload"])));
-        assert!(!default_open(&getuser(&["off", "nopass"])));
-        assert!(!default_open(&Value::Nil));
-    }
-}
-
 /// The platform's Redis admin client, built on first use with the password from the Secret
 /// the configuration names (in the provisioner's namespace), and built again after a
 /// failure to read it.
@@ -237,5 +205,37 @@ impl PlatformRedisAdmin {
         )?);
         *built = Some(admin.clone());
         Ok(admin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_open;
+    use redis::Value;
+
+    fn getuser(flags: &[&str]) -> Value {
+        Value::Array(vec![
+            Value::BulkString(b"flags".to_vec()),
+            Value::Array(
+                flags
+                    .iter()
+                    .map(|f| Value::BulkString(f.as_bytes().to_vec()))
+                    .collect(),
+            ),
+            Value::BulkString(b"passwords".to_vec()),
+            Value::Array(vec![]),
+        ])
+    }
+
+    #[test]
+    fn an_enabled_default_user_without_password_is_open() {
+        assert!(default_open(&getuser(&[
+            "on",
+            "nopass",
+            "sanitize-payload"
+        ])));
+        assert!(!default_open(&getuser(&["on", "sanitize-payload"])));
+        assert!(!default_open(&getuser(&["off", "nopass"])));
+        assert!(!default_open(&Value::Nil));
     }
 }

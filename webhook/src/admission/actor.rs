@@ -14,7 +14,9 @@ use super::response::{
     allowing, cannot_encode_patch, deny, deny_fields, handled, kind_mismatch, patched,
     with_warnings,
 };
-use super::{ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, collision, op_name, wire};
+use super::{
+    ACTOR_GROUP, ACTOR_KIND, Ctx, Endpoint, Handled, RawObject, collision, limits, op_name, wire,
+};
 
 /// The common AsyncActor admission (a CREATE or UPDATE whose spec has no unknown field), on
 /// either actor endpoint, through the cheaper parse of [`super::wire`]: the spec is parsed
@@ -43,19 +45,29 @@ pub fn handle_actor_fast(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Opti
     let object = wire::actor(req.object?)?;
     let operation = op_name(&req.operation);
     if let Some(old) = req.old_object.and_then(wire::actor) {
-        let deleting = object.metadata.deletion_timestamp.is_some();
-        // The specs as `Value`s, as [`settled_update`] compares them (key order aside).
+        // The specs as `Value`s, as [`update_kind`] compares them (key order aside).
         let spec = |s: Option<&RawValue>| s.map(|s| serde_json::from_str::<Value>(s.get()).ok());
-        let same_spec = match (spec(object.spec), spec(old.spec)) {
-            (Some(Some(a)), Some(Some(b))) => a == b,
+        match (spec(object.spec), spec(old.spec)) {
             (Some(None), _) | (_, Some(None)) => return None,
-            _ => false,
-        };
-        if deleting || same_spec {
-            return Some(handled(allowing(types, req.uid), operation));
+            (Some(Some(a)), Some(Some(b))) if a == b => {
+                return Some(handled(allowing(types, req.uid), operation));
+            }
+            (Some(Some(_)), Some(Some(_))) if object.metadata.deletion_timestamp.is_some() => {
+                let resp = terminating(allowing(types, req.uid), &req.name);
+                return Some(handled(resp, operation));
+            }
+            // Being deleted with no spec (absent or `null`) on a side: the general parse
+            // tells those apart.
+            _ if object.metadata.deletion_timestamp.is_some() => return None,
+            _ => {}
         }
     }
     let spec_text = object.spec?.get();
+    // Near the size limit the general parse decides, which measures the spec as a `Value`
+    // (the text may differ from it by a few bytes of escapes and number forms).
+    if spec_text.len() > ctx.config.policy.max_spec_bytes / 2 {
+        return None;
+    }
     let actor = ParsedActor::from_text(&object.metadata, spec_text)?;
     let mutating = endpoint == Endpoint::MutateActors;
     // What the mutation's patch is taken against: the spec alone, as the review's
@@ -78,6 +90,7 @@ pub fn handle_actor_fast(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Opti
     let mut review = review_parsed(actor, old, ns, ctx.catalog, ctx.config, wanted);
     if creating {
         collision::check_create(&mut review, ctx.actors);
+        limits::check_create(&mut review, ctx.actors, &ctx.config.policy);
     }
     let pending = PendingPrivilege::of(
         &review,
@@ -93,16 +106,27 @@ pub fn handle_actor_fast(endpoint: Endpoint, body: &[u8], ctx: &Ctx<'_>) -> Opti
     Some(h)
 }
 
-/// Whether an UPDATE (`old` is its stored object) cannot change what the actor means, so
-/// it is admitted as it is, with no review, warning or patch: the actor is being deleted
-/// (the provisioner's finalizer removal must pass whatever the policy and the flavors say
-/// now), or its spec is unchanged (finalizers, labels, annotations). The chart's
-/// `matchConditions` keep the API server from calling us for these at all; this is the same
-/// rule for API servers and configurations without them (docs/DESIGN.md §6).
-pub fn settled_update(obj: &Value, old: Option<&Value>) -> bool {
-    let Some(old) = old else {
-        return false;
-    };
+/// What admission does with an UPDATE (`old` is its stored object).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateKind {
+    /// The spec of a live actor changed: reviewed as a CREATE is.
+    Review,
+    /// The spec is unchanged (finalizers, labels, annotations), whether or not the actor is
+    /// being deleted: admitted as it is, with no review, warning or patch, so the
+    /// provisioner's finalizer removal passes whatever the policy and the flavors say now.
+    Settled,
+    /// The spec changed while the actor is being deleted: refused ([`terminating`]). The
+    /// provisioner is removing what the actor made; a new spec would apply to nothing, and
+    /// reviewing it would only let the edit through unchecked.
+    Terminating,
+}
+
+/// How admission treats an UPDATE; `None` for a CREATE (no `old`). The chart's
+/// `matchConditions` keep the API server from calling us for a [`UpdateKind::Settled`] one
+/// at all, so a finalizer removal passes with the webhook down; this is the same rule for
+/// API servers and configurations without them (docs/DESIGN.md §9).
+pub fn update_kind(obj: &Value, old: Option<&Value>) -> Option<UpdateKind> {
+    let old = old?;
     let deleting = obj
         .pointer("/metadata/deletionTimestamp")
         .is_some_and(|t| !t.is_null());
@@ -110,7 +134,31 @@ pub fn settled_update(obj: &Value, old: Option<&Value>) -> bool {
         (Some(a), Some(b)) => a == b,
         _ => false,
     };
-    deleting || same_spec
+    Some(if same_spec {
+        UpdateKind::Settled
+    } else if deleting {
+        // No spec on either side (absent or `null`) is no change either.
+        let spec = |v: &Value| v.get("spec").filter(|s| !s.is_null()).cloned();
+        if spec(obj).is_none() && spec(old).is_none() {
+            UpdateKind::Settled
+        } else {
+            UpdateKind::Terminating
+        }
+    } else {
+        UpdateKind::Review
+    })
+}
+
+/// The refusal of a spec change on an actor being deleted.
+fn terminating(resp: AdmissionResponse, name: &str) -> AdmissionResponse {
+    let mut errors = asya_api::error::FieldErrors::default();
+    errors.push(asya_api::error::FieldError::forbidden(
+        "spec",
+        "the AsyncActor is being deleted (metadata.deletionTimestamp is set): its spec cannot \
+         change any more, only its metadata (the provisioner's finalizer removal); create a new \
+         AsyncActor once this one is gone",
+    ));
+    deny_fields(resp, &format!("AsyncActor {name:?}"), &errors)
 }
 
 /// `mutated`: whether the caller needs [`ActorReview::mutated`] (only the mutating endpoint).
@@ -163,8 +211,10 @@ pub(super) fn actor(
         Operation::Update => req.old_object.as_ref().map(|o| &o.value),
         _ => None,
     };
-    if settled_update(obj, old) {
-        return (resp, None);
+    match update_kind(obj, old) {
+        Some(UpdateKind::Settled) => return (resp, None),
+        Some(UpdateKind::Terminating) => return (terminating(resp, &req.name), None),
+        Some(UpdateKind::Review) | None => {}
     }
     let ns = req.namespace.as_deref();
     let mutating = endpoint == Endpoint::MutateActors;
@@ -176,6 +226,7 @@ pub(super) fn actor(
     // as it is.
     if req.operation == Operation::Create {
         collision::check_create(&mut review, ctx.actors);
+        limits::check_create(&mut review, ctx.actors, &ctx.config.policy);
     }
     let pending = PendingPrivilege::of(
         &review,
@@ -226,41 +277,69 @@ fn validated(resp: AdmissionResponse, review: ActorReview, name: &str) -> Admiss
 
 #[cfg(test)]
 mod tests {
-    use super::settled_update;
+    use super::{UpdateKind, update_kind};
     use serde_json::json;
 
     #[test]
-    fn settled_updates_are_deletions_and_unchanged_specs() {
+    fn unchanged_specs_settle_and_a_deleted_actors_spec_cannot_change() {
+        use UpdateKind::{Review, Settled, Terminating};
         let spec = json!({"image": "i", "handler": "m.f"});
-        let deleting = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"image": "j"}});
+        let ts = json!("2026-01-01T00:00:00Z");
+        let deleting =
+            |spec: serde_json::Value| json!({"metadata": {"deletionTimestamp": ts}, "spec": spec});
         let table = [
-            // (new, old) → settled
-            (json!({"spec": spec}), None, false), // CREATE
-            (json!({"spec": spec}), Some(json!({"spec": spec})), true),
+            // (new, old) → kind
+            (json!({"spec": spec}), None, None), // CREATE
+            (
+                json!({"spec": spec}),
+                Some(json!({"spec": spec})),
+                Some(Settled),
+            ),
             // Key order does not matter: the specs are compared as values.
             (
                 json!({"spec": {"handler": "m.f", "image": "i"}}),
                 Some(json!({"spec": spec})),
-                true,
+                Some(Settled),
             ),
             (
                 json!({"spec": {"image": "j"}}),
                 Some(json!({"spec": spec})),
-                false,
+                Some(Review),
             ),
-            (deleting.clone(), Some(json!({"spec": spec})), true),
-            (deleting, None, false),
+            // Being deleted: the finalizer removal (spec unchanged) passes; an edit does not.
+            (
+                deleting(spec.clone()),
+                Some(json!({"spec": spec})),
+                Some(Settled),
+            ),
+            (
+                deleting(json!({"image": "j"})),
+                Some(json!({"spec": spec})),
+                Some(Terminating),
+            ),
+            (
+                deleting(json!(null)),
+                Some(json!({"spec": spec})),
+                Some(Terminating),
+            ),
+            (
+                json!({"metadata": {"deletionTimestamp": ts}}),
+                Some(json!({})),
+                Some(Settled),
+            ),
+            (deleting(json!({"image": "j"})), None, None),
             (
                 json!({"metadata": {"deletionTimestamp": null}, "spec": {"image": "j"}}),
                 Some(json!({"spec": spec})),
-                false,
+                Some(Review),
             ),
-            // No spec on either side: reviewed (the chart's CEL calls the webhook too).
-            (json!({}), Some(json!({})), false),
-            (json!({"spec": spec}), Some(json!({})), false),
+            // No spec on either side of a live actor: reviewed (the chart's CEL calls the
+            // webhook too).
+            (json!({}), Some(json!({})), Some(Review)),
+            (json!({"spec": spec}), Some(json!({})), Some(Review)),
         ];
         for (new, old, want) in table {
-            assert_eq!(settled_update(&new, old.as_ref()), want, "{new} {old:?}");
+            assert_eq!(update_kind(&new, old.as_ref()), want, "{new} {old:?}");
         }
     }
 }

@@ -38,6 +38,13 @@ pub trait ActorLookup: Send + Sync {
     fn claims_of(&self, _queues: &BTreeSet<String>) -> Vec<(String, QueueClaimSpec)> {
         Vec::new()
     }
+
+    /// How many AsyncActors `namespace` holds, for `policy.maxActorsPerNamespace`
+    /// ([`super::limits`]). A lookup that cannot list counts none (nothing is refused).
+    fn count_in(&self, namespace: &str) -> usize {
+        self.holders_in(&BTreeSet::from([namespace.to_string()]))
+            .len()
+    }
 }
 
 impl ActorLookup for HashMap<(String, String), Value> {

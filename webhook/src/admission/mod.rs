@@ -7,6 +7,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 mod actor;
 pub mod collision;
 mod context;
+pub mod limits;
 mod pod;
 pub mod privilege;
 mod raw_object;

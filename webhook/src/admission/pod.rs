@@ -6,7 +6,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::{Value, json};
 
-use super::actor::actor_review;
 use super::response::{allowing, deny, handled, kind_mismatch, patched};
 use super::{Ctx, Endpoint, Handled, PodSettings, RawObject, op_name, wire};
 use crate::inject::{ActorSettings, InjectedPod, inject, is_injected, wants_injection};
@@ -128,7 +127,15 @@ fn settings_of_actor(
     from_cache: bool,
     ctx: &Ctx<'_>,
 ) -> PodSettings {
-    let review = actor_review(obj, None, Some(ns), ctx, false);
+    // The actor as stored: what admitted it is not asked again (a spec admitted before
+    // policy.maxSpecBytes was lowered still gets its pods injected).
+    let review = asya_api::review::review_stored_decision(&asya_api::review::ReviewRequest {
+        object: obj,
+        old_object: None,
+        namespace: Some(ns),
+        catalog: ctx.catalog,
+        config: ctx.config,
+    });
     let source = if from_cache {
         format!("AsyncActor {ns}/{actor}")
     } else {

@@ -288,7 +288,7 @@ async fn run() -> anyhow::Result<()> {
     let resolver = Arc::new(ReloadingResolver::new());
     resolver.set_pem(&srv.cert_pem, &srv.key_pem)?;
 
-    let shared = Arc::new(Shared::fixed(
+    let mut shared = Shared::fixed(
         ClusterConfig::default(),
         catalog(),
         Arc::new(ActorStore {
@@ -297,7 +297,14 @@ async fn run() -> anyhow::Result<()> {
             claims: asya_webhook::cache::no_claims(),
         }),
         resolver.clone(),
-    ));
+    );
+    // Every connection's request in flight at once: the figures are the handler's, never a
+    // shed request's.
+    shared.limits = asya_webhook::server::Limits::new(
+        conns.max(asya_webhook::server::DEFAULT_MAX_IN_FLIGHT),
+        asya_webhook::server::DEFAULT_MAX_BODY,
+    );
+    let shared = Arc::new(shared);
     let l1 = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let webhook = l1.local_addr()?;
     tokio::spawn(serve_tls(

@@ -12,9 +12,10 @@ use asya_api::flavor::FlavorCatalog;
 use asya_certs::kube_backend::KubeBackend;
 use asya_certs::{FileWatcher, ManagedConfig, ReloadingResolver, ServingSpec};
 
-use crate::authority::KubeAuthority;
+use crate::authority::{KubeAuthority, RememberedAccess};
 use crate::cache;
 use crate::server::{self, Metrics, Shared};
+use crate::sources::{Allowlist, SourceGate};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -57,6 +58,17 @@ pub struct ServeArgs {
     /// Self-managed mode: how often the Secret and both caBundles are checked (three GETs).
     #[arg(long, default_value = "60s", value_parser = parse_secs)]
     pub self_managed_check_interval: Duration,
+    /// Admission reviews handled at once; past it a request is answered 429 at once (shed).
+    #[arg(long, default_value_t = server::DEFAULT_MAX_IN_FLIGHT, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_in_flight: usize,
+    /// Largest AdmissionReview body read, in bytes; a larger one is answered 413.
+    #[arg(long, default_value_t = server::DEFAULT_MAX_BODY, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_body_bytes: usize,
+    /// Peers allowed to connect to the admission port: the API server's addresses (CIDRs or
+    /// addresses; repeatable, or comma-separated). Others are closed before the TLS
+    /// handshake and counted. Empty: any peer (probes use the metrics port either way).
+    #[arg(long = "allowed-source-cidrs", value_delimiter = ',')]
+    pub allowed_source_cidrs: Vec<String>,
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
@@ -170,6 +182,7 @@ async fn shutdown_signal() {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Arc::new(load_config(args.config.as_ref())?);
+    let sources = Allowlist::parse(&args.allowed_source_cidrs)?;
     let client = client(args.kubeconfig.as_ref())
         .await
         .context("connecting to the API server")?;
@@ -213,10 +226,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         resolver: resolver.clone(),
         metrics: Metrics::new(),
         settings_memo: Default::default(),
-        authority: Arc::new(KubeAuthority::new(client.clone())),
+        authority: Arc::new(RememberedAccess::new(KubeAuthority::new(client.clone()))),
         traces: crate::spans::Traces::new(&asya_api::trace_context::TraceSettings::from_lookup(
             &|k| std::env::var(k).ok(),
         ))?,
+        limits: server::Limits::new(args.max_in_flight, args.max_body_bytes),
     });
     let caches = cache::start(client, shared.clone()).await;
     let _ = actors_store.set(caches);
@@ -224,12 +238,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .with_context(|| format!("binding {}", args.addr))?;
-    tracing::info!(addr = %args.addr, metrics = %args.metrics_addr, native_sidecar = native, "asya-webhook serving");
+    let allowed: Vec<String> = sources.nets().iter().map(ToString::to_string).collect();
+    tracing::info!(
+        addr = %args.addr,
+        metrics = %args.metrics_addr,
+        native_sidecar = native,
+        max_in_flight = args.max_in_flight,
+        max_body_bytes = args.max_body_bytes,
+        allowed_sources = if allowed.is_empty() { "any".to_string() } else { allowed.join(",") },
+        "asya-webhook serving"
+    );
     let metrics = tokio::spawn(server::serve_metrics(args.metrics_addr, shared.clone()));
-    let result = server::serve_tls(
+    let gate = SourceGate::new(sources, shared.metrics.refused_connections.clone());
+    let result = server::serve_tls_from(
         listener,
         server::router(shared.clone()),
         resolver,
+        Arc::new(gate),
         shutdown_signal(),
     )
     .await;
@@ -289,6 +314,40 @@ impl crate::admission::ActorLookup for LazyActors {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: super::ServeArgs,
+    }
+
+    #[test]
+    fn limits_and_sources_have_defaults_and_take_lists() {
+        let a = Cli::try_parse_from(["x"]).unwrap().serve;
+        assert_eq!(a.max_in_flight, crate::server::DEFAULT_MAX_IN_FLIGHT);
+        assert_eq!(a.max_body_bytes, 1024 * 1024);
+        assert!(a.allowed_source_cidrs.is_empty());
+        let a = Cli::try_parse_from([
+            "x",
+            "--max-in-flight=8",
+            "--max-body-bytes=65536",
+            "--allowed-source-cidrs=10.0.0.1/32,10.0.0.2/32",
+            "--allowed-source-cidrs=fd00::1/128",
+        ])
+        .unwrap()
+        .serve;
+        assert_eq!((a.max_in_flight, a.max_body_bytes), (8, 65536));
+        assert_eq!(
+            a.allowed_source_cidrs,
+            ["10.0.0.1/32", "10.0.0.2/32", "fd00::1/128"]
+        );
+        assert!(Cli::try_parse_from(["x", "--max-in-flight=0"]).is_err());
+        // A bad entry stops the server at start, naming it.
+        let err = crate::sources::Allowlist::parse(&["10.0.0.1/32", "nope"]).unwrap_err();
+        assert!(err.to_string().contains("\"nope\""), "{err}");
+    }
+
     #[test]
     fn native_sidecar_version_gate() {
         use super::supports_native_sidecar as s;
