@@ -238,3 +238,61 @@ def test_a_restricted_namespace_refuses_a_workload_template_that_is_not_hardened
     doc = {**actor("flat", PLAIN), "metadata": {"name": "flat", "namespace": ns}}
     p = kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
     assert p.returncode == 0, p.stderr
+
+
+FORGE = r"""
+import json, socket, ssl, sys
+review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+    "uid": "forged", "kind": {"group": "asya.sh", "version": "v1alpha1", "kind": "AsyncActor"},
+    "resource": {"group": "asya.sh", "version": "v1alpha1", "resource": "asyncactors"},
+    "operation": "CREATE", "namespace": sys.argv[1], "name": "probe",
+    "userInfo": {"username": "system:admin", "groups": ["system:masters"]},
+    "object": {"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+               "metadata": {"name": "probe", "namespace": sys.argv[1]},
+               "spec": {"image": "python:3.12-slim", "handler": "m.f",
+                        "volumes": [{"name": "root", "hostPath": {"path": "/"}}]}}}}
+body = json.dumps(review).encode()
+ctx = ssl.create_default_context()
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+try:
+    with socket.create_connection(("asya-webhook.asya-system.svc", 443), timeout=10) as raw:
+        with ctx.wrap_socket(raw) as s:
+            s.sendall(b"POST /mutate/asyncactors HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            print("ANSWERED", s.recv(200))
+except (OSError, ssl.SSLError) as e:
+    print("REFUSED", type(e).__name__, e)
+"""
+
+
+@pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
+                    reason="ASYA_TEST_NODE=0: the webhook runs as a local process, not behind its Service")
+def test_a_tenant_pod_cannot_post_a_forged_review_to_the_webhook(namespace):
+    """A tenant's pod reaches the webhook's Service, but only the API server's address may talk
+    to the admission port (webhook.apiServerCIDRs, --allowed-source-cidrs): its connection is
+    closed before TLS, so it cannot use the webhook as a SubjectAccessReview oracle for a
+    forged user (here system:masters, asking for a hostPath actor)."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "forger", "namespace": namespace},
+           "spec": {"restartPolicy": "Never", "tolerations": ON_TEST_NODE,
+                    "containers": [{"name": "forger", "image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                    "command": ["python3", "-c", FORGE, namespace],
+                                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                                        "allowPrivilegeEscalation": False,
+                                                        "capabilities": {"drop": ["ALL"]},
+                                                        "seccompProfile": {"type": "RuntimeDefault"}}}]}}
+    kubectl("apply", "-f", "-", input=json.dumps(pod))
+    wait_for("the forger pod to finish", lambda: kubectl(
+        "get", "pod", "forger", "-n", namespace, "-o", "jsonpath={.status.phase}").stdout in ("Succeeded", "Failed"),
+        timeout=180, interval=1.0)
+    out = kubectl("logs", "forger", "-n", namespace).stdout
+    assert out.startswith("REFUSED"), out
+    pod_ip = kubectl("get", "pod", "forger", "-n", namespace, "-o", "jsonpath={.status.podIP}").stdout
+    # The webhook says whom it refused (at most once a minute: any refusal line will do, and
+    # the first one after this pod names it unless another refusal came within the minute).
+    logs = kubectl("logs", "-n", "asya-system", "-l", "app.kubernetes.io/component=webhook",
+                   "--tail=-1", "--prefix").stdout
+    assert "connection to the admission port refused" in logs, logs[-2000:]
+    assert pod_ip, "the pod has no IP"
+    # The API server itself still gets answers: this actor is admitted and defaulted.
+    kubectl("apply", "-f", "-", input=json.dumps(actor("after", PLAIN) | {"metadata": {"name": "after", "namespace": namespace}}))
+    assert kubectl("get", "asyncactor", "after", "-n", namespace, "-o", "jsonpath={.spec.actor}").stdout == "after"
