@@ -568,8 +568,9 @@ impl Cluster for KubeCluster {
         res
     }
 
-    async fn state_user_delete(&self, user: &str) -> Result<(), StateError> {
-        let res = async { self.state_admin().await?.delete_user(user).await }.await;
+    async fn state_user_delete(&self, ns: &str) -> Result<(), StateError> {
+        let user = asya_api::state_proxy::redis_acl::username(ns);
+        let res = async { self.state_admin().await?.delete_user(&user).await }.await;
         self.state_op("identity", &res);
         res
     }

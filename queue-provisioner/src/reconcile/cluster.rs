@@ -236,8 +236,8 @@ pub trait Cluster: Send + Sync {
         ns: &str,
         password: &str,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
-    /// Deletes a namespace's Redis user and closes its connections.
-    fn state_user_delete(&self, user: &str) -> impl Future<Output = Result<(), StateError>> + Send;
+    /// Deletes namespace `ns`'s Redis user and closes its connections.
+    fn state_user_delete(&self, ns: &str) -> impl Future<Output = Result<(), StateError>> + Send;
     /// Marks namespace `ns`'s state as the namespace `uid`'s unless it is marked: the mark
     /// before (`None`: this call set it).
     fn state_owner_claim(

@@ -471,13 +471,14 @@ impl Cluster for Fake {
         Ok(())
     }
 
-    async fn state_user_delete(&self, user: &str) -> Result<(), StateError> {
+    async fn state_user_delete(&self, ns: &str) -> Result<(), StateError> {
         let mut w = self.world();
         if !w.redis_up {
             return Err(StateError::Unavailable("redis down".into()));
         }
+        let user = asya_api::state_proxy::redis_acl::username(ns);
         w.log.push(format!("delete redis user {user}"));
-        w.redis_users.remove(user);
+        w.redis_users.remove(&user);
         Ok(())
     }
 

@@ -196,27 +196,35 @@ pub async fn release<C: Cluster>(rec: &Reconciler<C>, ns: &str, actor: &str) {
     if !rest.is_empty() {
         return;
     }
-    // Only a namespace that had a user has a Secret: the others cost no Redis call.
+    // The user goes whether or not its Secret is still there: when the namespace itself is
+    // deleted, its Secrets may go before its actors' finalizers run.
     let secret = match c.read_secret(ns, TENANT_REDIS_SECRET).await {
-        Ok(Some(s)) if managed_by_us(&s.metadata) => s,
-        Ok(_) => return,
+        Ok(s) => s.filter(|s| managed_by_us(&s.metadata)),
         Err(e) => {
             tracing::warn!(namespace = %ns, error = %e, "could not read the namespace's Redis Secret");
-            return;
+            None
         }
     };
     let user = state::user(ns);
-    if let Err(e) = c.state_user_delete(&user).await {
-        tracing::warn!(namespace = %ns, user = %user, error = %e, "could not delete the namespace's Redis user; it stays until removed by hand");
+    match c.state_user_delete(ns).await {
+        Ok(()) => {}
+        // A namespace that never had a user: nothing was left behind.
+        Err(e) if secret.is_none() => {
+            tracing::debug!(namespace = %ns, user = %user, error = %e, "no Redis user deleted")
+        }
+        Err(e) => {
+            tracing::warn!(namespace = %ns, user = %user, error = %e, "could not delete the namespace's Redis user; it stays until removed by hand")
+        }
     }
-    if let Err(e) = c
-        .delete(
-            ObjectKind::Secret,
-            ns,
-            TENANT_REDIS_SECRET,
-            secret.metadata.uid.as_deref(),
-        )
-        .await
+    if let Some(secret) = secret
+        && let Err(e) = c
+            .delete(
+                ObjectKind::Secret,
+                ns,
+                TENANT_REDIS_SECRET,
+                secret.metadata.uid.as_deref(),
+            )
+            .await
     {
         tracing::warn!(namespace = %ns, error = %e, "could not delete the namespace's Redis Secret");
     }

@@ -312,3 +312,21 @@ async fn an_unreachable_redis_holds_the_workload_and_says_why() {
         "{log:#?}"
     );
 }
+
+#[tokio::test]
+async fn the_user_goes_even_when_the_namespace_deletion_took_its_secret_first() {
+    let r = reconciler(config());
+    let mut a = actor("a", "redis-buffered-cas");
+    step(&r, &mut a).await;
+    // The namespace is being deleted: its Secrets may go before the actors' finalizers run.
+    r.cluster
+        .world()
+        .objects
+        .remove(&key(ObjectKind::Secret, "n", "asya-state-redis"));
+    r.cluster.take_log();
+    a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(log.iter().any(|l| l == "delete redis user asya-ns-n"), "{log:#?}");
+    assert!(r.cluster.world().redis_users.is_empty());
+}
