@@ -34,6 +34,16 @@ fn admin() -> RedisAdmin {
     .expect("admin client")
 }
 
+/// A connection as the admin (the test server's default user, ASYA_TEST_REDIS_URL).
+async fn root() -> redis::aio::MultiplexedConnection {
+    let url = std::env::var("ASYA_TEST_REDIS_URL").expect("ASYA_TEST_REDIS_URL");
+    redis::Client::open(url)
+        .expect("admin URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin connection")
+}
+
 /// A connection as `user`, or the error Redis answers to its AUTH.
 async fn connect_as(
     user: &str,
@@ -134,12 +144,7 @@ async fn a_namespace_user_reaches_its_own_keys_and_nothing_else() {
     admin.delete_user(&ub).await.unwrap();
 
     // Clean up as the admin.
-    let url = std::env::var("ASYA_TEST_REDIS_URL").unwrap();
-    let mut root = redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut root = root().await;
     run(&mut root, &["DEL", &ka, &format!("{b}/x")])
         .await
         .unwrap();
@@ -166,12 +171,7 @@ async fn the_owner_mark_is_set_once_and_kept() {
         admin.claim_owner(&ns, "uid-2").await.unwrap(),
         Some("uid-1".into())
     );
-    let url = std::env::var("ASYA_TEST_REDIS_URL").unwrap();
-    let mut root = redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut root = root().await;
     run(&mut root, &["DEL", &plan::owner_key(&ns)])
         .await
         .unwrap();

@@ -8,31 +8,22 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 
 import pytest
 
 from asya_e2e.actors import EXAMPLES_IMAGE, POD_TIMEOUT, apply_on_node, pods, running_ready, wait_running
 from asya_e2e.brokers import TRANSPORTS, Collected
 from asya_e2e.kube import kubectl
+from asya_e2e.s3 import bucket, s3  # noqa: F401 (bucket: a fixture)
 from asya_e2e.wait import wait_for
 
 pytestmark = pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
                                 reason="ASYA_TEST_NODE=0: the test cluster runs without a node")
 
 HOST_IP = os.environ.get("ASYA_TEST_HOST_IP", "10.245.0.1")
-S3_ENDPOINT = os.environ.get("ASYA_TEST_S3_ENDPOINT", "http://127.0.0.1:4566")
 # A bare name: the chart's stateProxy.image (tests/e2e/up: localhost/asya-rs, tag dev) runs.
 CONNECTOR_IMAGE = "asya-state-proxy"
 MOUNT = "/state/checkpoints"
-
-
-def s3():
-    import boto3
-
-    return boto3.client("s3", endpoint_url=S3_ENDPOINT, region_name="us-east-1",
-                        aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "test"),
-                        aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "test"))
 
 
 def s3_checkpoints_flavor(name: str, ns: str, bucket: str) -> dict:
@@ -69,17 +60,6 @@ def checkpoints_flavor(namespace, bucket):
     kubectl("apply", "-f", "-", input=json.dumps(s3_checkpoints_flavor(name, namespace, bucket)))
     yield name
     kubectl("delete", "flavor.asya.sh", name, "--wait=false", check=False)
-
-
-@pytest.fixture
-def bucket():
-    name = f"asya-e2e-state-{uuid.uuid4().hex[:12]}"
-    client = s3()
-    client.create_bucket(Bucket=name)
-    yield name
-    for obj in client.list_objects_v2(Bucket=name).get("Contents", []):
-        client.delete_object(Bucket=name, Key=obj["Key"])
-    client.delete_bucket(Bucket=name)
 
 
 def objects(bucket: str, prefix: str) -> dict[str, dict]:

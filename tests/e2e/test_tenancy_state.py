@@ -27,23 +27,16 @@ import pytest
 from asya_e2e.actors import EXAMPLES_IMAGE, POD_TIMEOUT, apply_on_node, wait_running
 from asya_e2e.brokers import TRANSPORTS
 from asya_e2e.kube import kubectl, kubectl_json
+from asya_e2e.s3 import bucket, keys  # noqa: F401 (bucket: a fixture)
 from asya_e2e.wait import wait_for
 
 pytestmark = pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
                                 reason="ASYA_TEST_NODE=0: the test cluster runs without a node")
 
 HOST_IP = os.environ.get("ASYA_TEST_HOST_IP", "10.245.0.1")
-S3_ENDPOINT = os.environ.get("ASYA_TEST_S3_ENDPOINT", "http://127.0.0.1:4566")
 REDIS_PORT = os.environ.get("ASYA_TEST_REDIS_PORT", "6379")
 REDIS_ADMIN_PASSWORD = os.environ.get("ASYA_TEST_REDIS_PASSWORD", "asya-test-redis-admin")
 CACHE, CKPT = "/state/cache", "/state/ckpt"
-
-
-def s3():
-    import boto3
-    return boto3.client("s3", endpoint_url=S3_ENDPOINT, region_name="us-east-1",
-                        aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "test"),
-                        aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "test"))
 
 
 def redis_cli(*args: str, user: str | None = None, password: str | None = None) -> str:
@@ -77,17 +70,6 @@ def s3_connector(bucket: str, prefix: str | None = None) -> dict:
 REDIS_ENTRY = {"name": "cache", "mount": {"path": CACHE},
                "connector": {"image": "asya-state-proxy", "imagePullPolicy": "IfNotPresent",
                              "env": [{"name": "ASYA_CONNECTOR", "value": "redis-buffered-cas"}]}}
-
-
-@pytest.fixture
-def bucket():
-    name = f"asya-e2e-tenancy-{uuid.uuid4().hex[:12]}"
-    client = s3()
-    client.create_bucket(Bucket=name)
-    yield name
-    for obj in client.list_objects_v2(Bucket=name).get("Contents", []):
-        client.delete_object(Bucket=name, Key=obj["Key"])
-    client.delete_bucket(Bucket=name)
 
 
 @pytest.fixture
@@ -189,8 +171,8 @@ def test_a_handler_reaches_only_its_own_namespaces_state_on_both_backends(two_na
     # In the backends themselves, each namespace's file is under its own namespace.
     assert redis_value(f"{a}/secret.txt") == f"A's secret in {CACHE}"
     assert redis_value(f"{b}/secret.txt") == "B's overwrite"
-    keys = sorted(o["Key"] for o in s3().list_objects_v2(Bucket=bucket).get("Contents", []))
-    assert keys == sorted([f"{a}/secret.txt", f"{b}/secret.txt"]), keys
+    stored = keys(bucket)
+    assert stored == sorted([f"{a}/secret.txt", f"{b}/secret.txt"]), stored
 
     # Each namespace's connector runs as its own Redis user, from its own Secret.
     for ns in (a, b):
@@ -214,8 +196,8 @@ def test_an_inline_prefix_naming_another_namespace_stays_inside_its_own(two_name
     refused(pb("read", f"{CKPT}/model.bin"), "FileNotFoundError")
     ok(pb("write", f"{CKPT}/model.bin", data="B's model"))
     assert ok(pa("read", f"{CKPT}/model.bin"))["data"] == "A's model"
-    keys = sorted(o["Key"] for o in s3().list_objects_v2(Bucket=bucket).get("Contents", []))
-    assert keys == sorted([f"{a}/model.bin", f"{b}/{a}/model.bin"]), keys
+    stored = keys(bucket)
+    assert stored == sorted([f"{a}/model.bin", f"{b}/{a}/model.bin"]), stored
 
 
 def namespace_redis_user(ns: str) -> tuple[str, str]:

@@ -25,12 +25,12 @@ fn actor(name: &str) -> AsyncActor {
     .expect("actor fixture")
 }
 
-fn reconciler(cfg: ClusterConfig) -> Reconciler<Fake> {
+pub(super) fn reconciler(cfg: ClusterConfig) -> Reconciler<Fake> {
     Reconciler::new(Fake::default(), Arc::new(cfg))
 }
 
 /// One reconcile of an actor the cache holds, as the API server hands it to the next.
-async fn step(r: &Reconciler<Fake>, a: &mut AsyncActor) {
+pub(super) async fn step(r: &Reconciler<Fake>, a: &mut AsyncActor) {
     {
         let mut w = r.cluster.world();
         let name = a.metadata.name.clone();
@@ -48,7 +48,7 @@ async fn step(r: &Reconciler<Fake>, a: &mut AsyncActor) {
     a.status = w.status.clone();
 }
 
-fn at(log: &[String], prefix: &str) -> usize {
+pub(super) fn at(log: &[String], prefix: &str) -> usize {
     log.iter()
         .position(|l| l.starts_with(prefix))
         .unwrap_or_else(|| panic!("no {prefix:?} in {log:#?}"))

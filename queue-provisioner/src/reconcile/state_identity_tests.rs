@@ -2,7 +2,6 @@
 //! Redis user before the workload, only for actors on the platform's Redis, the owner mark
 //! against a namespace made again, rotation, removal with the last actor.
 
-use std::sync::Arc;
 
 use asya_api::AsyncActor;
 use asya_api::config::{ClusterConfig, PlatformRedis, SecretKeySelector};
@@ -10,9 +9,9 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
+use super::Reconciler;
 use super::fake::{Fake, key};
-use super::plan;
-use super::{FINALIZER, Reconciler};
+use super::identity_tests::{at, reconciler, step};
 use crate::broker_identity::plan::{ROTATE_ANNOTATION, SecretView};
 use crate::model::ObjectKind;
 use crate::state_identity::plan::VERSION_ANNOTATION;
@@ -42,34 +41,6 @@ fn actor(name: &str, connector: &str) -> AsyncActor {
                                   {"name": "STATE_BUCKET", "value": "b"}]}}]}
     }))
     .expect("actor fixture")
-}
-
-fn reconciler(cfg: ClusterConfig) -> Reconciler<Fake> {
-    Reconciler::new(Fake::default(), Arc::new(cfg))
-}
-
-async fn step(r: &Reconciler<Fake>, a: &mut AsyncActor) {
-    {
-        let mut w = r.cluster.world();
-        let name = a.metadata.name.clone();
-        w.actors.retain(|x| x.metadata.name != name);
-        w.actors.push(Arc::new(a.clone()));
-    }
-    r.reconcile(a).await.expect("reconcile");
-    let w = r.cluster.world();
-    if !plan::has_finalizer(a) {
-        a.metadata
-            .finalizers
-            .get_or_insert_default()
-            .push(FINALIZER.into());
-    }
-    a.status = w.status.clone();
-}
-
-fn at(log: &[String], prefix: &str) -> usize {
-    log.iter()
-        .position(|l| l.starts_with(prefix))
-        .unwrap_or_else(|| panic!("no {prefix:?} in {log:#?}"))
 }
 
 fn state_secret(r: &Reconciler<Fake>) -> Option<SecretView> {
@@ -327,6 +298,9 @@ async fn the_user_goes_even_when_the_namespace_deletion_took_its_secret_first() 
     a.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
     step(&r, &mut a).await;
     let log = r.cluster.take_log();
-    assert!(log.iter().any(|l| l == "delete redis user asya-ns-n"), "{log:#?}");
+    assert!(
+        log.iter().any(|l| l == "delete redis user asya-ns-n"),
+        "{log:#?}"
+    );
     assert!(r.cluster.world().redis_users.is_empty());
 }
