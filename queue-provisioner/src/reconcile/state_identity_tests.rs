@@ -2,7 +2,6 @@
 //! Redis user before the workload, only for actors on the platform's Redis, the owner mark
 //! against a namespace made again, rotation, removal with the last actor.
 
-
 use asya_api::AsyncActor;
 use asya_api::config::{ClusterConfig, PlatformRedis, SecretKeySelector};
 use k8s_openapi::api::core::v1::Secret;
