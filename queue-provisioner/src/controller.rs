@@ -291,6 +291,26 @@ pub async fn run(
         .default_backoff()
         .reflect(sa_w),
     );
+    // Each namespace's uid (metadata only: a namespace made again under a name has another;
+    // queue claims, state and report tokens are bound to it), so a reconcile reads no
+    // namespace from the API server.
+    let (namespaces, ns_w) = reflector::store();
+    drive(
+        watcher(
+            Api::<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>::all(client.clone()),
+            watcher::Config::default().any_semantic(),
+        )
+        .default_backoff()
+        .modify(|n| {
+            n.metadata = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: n.metadata.name.take(),
+                uid: n.metadata.uid.take(),
+                deletion_timestamp: n.metadata.deletion_timestamp.take(),
+                ..Default::default()
+            }
+        })
+        .reflect(ns_w),
+    );
     // Whose each queue name is (a namespace's permissions name only its claimed queues):
     // name and spec only.
     let (claims, claims_w) = reflector::store::<asya_api::queue_claim::QueueClaim>();
@@ -440,6 +460,7 @@ pub async fn run(
         stateful_sets,
         scaled_objects,
         service_accounts,
+        namespaces,
         trigger_auths,
         hpas,
         actors: store.clone(),

@@ -101,6 +101,8 @@ pub struct KubeCluster {
     pub state_redis: Option<Arc<crate::state_identity::redis_admin::PlatformRedisAdmin>>,
     /// Platform passwords found copied into actor namespaces (`crate::exposure`).
     pub exposure: Option<Arc<crate::exposure::Ledger>>,
+    /// Namespaces' names, uids and deletion marks (metadata only).
+    pub namespaces: Store<PartialObjectMeta<Namespace>>,
     /// The QueueClaims (name and spec): whose each queue name is, for the namespaces'
     /// permissions. The claim step itself reads the API server.
     pub claims: Store<QueueClaim>,
@@ -292,6 +294,10 @@ impl Cluster for KubeCluster {
             .wait_until_ready()
             .await
             .map_err(stopped("QueueClaim"))?;
+        self.namespaces
+            .wait_until_ready()
+            .await
+            .map_err(stopped("Namespace"))?;
         Ok(())
     }
 
@@ -446,6 +452,14 @@ impl Cluster for KubeCluster {
     }
 
     async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
+        // From the watch's cache; the API server only for a namespace the cache has not seen
+        // (just made) or sees going (its successor may be there already).
+        if let Some(n) = self.namespaces.get(&ObjectRef::new(ns))
+            && n.metadata.deletion_timestamp.is_none()
+            && let Some(uid) = n.metadata.uid.clone()
+        {
+            return Ok(Some(uid));
+        }
         let api: Api<Namespace> = Api::all(self.client.clone());
         Ok(api.get_metadata_opt(ns).await?.and_then(|m| m.metadata.uid))
     }
