@@ -587,11 +587,16 @@ def test_fresh_apply_costs_bounded_work_per_actor(namespace):
     assert per["reconciles"] <= 2 + keda + periodic, per
     # Issue 26 (finding 6): before each object it applies (ServiceAccount, workload,
     # ScaledObject) the provisioner reads who holds the name, one GET each: ~15-16.5 measured.
+    # Issue 34: the queue's claim is created (its GET and the namespace's are cached): 17.8.
     assert per["api"] <= 20, per
     # Broker work follows the reconciles: a declare and an existence check per actor, at most a
     # count per reconcile (measured 1.4-2.1 above the reconciles per actor), and each periodic
-    # look in the window checks existence again besides its count.
-    assert per["broker"] <= 3 + per["reconciles"] + periodic, per
+    # look in the window checks existence again besides its count. Issue 34: a new queue is
+    # claimed only once no other enabled transport holds the name for another owner (a claim
+    # holds the name on all of them), one owner-record read on each of the others: 8.4 per
+    # actor measured with three transports enabled (4.0-4.6 before).
+    others = len([t for t in cluster_config().get("transports", {}).values() if t.get("enabled", True)]) - 1
+    assert per["broker"] <= 3 + per["reconciles"] + periodic + others, per
 
 
 def settled(ns: str, name: str) -> bool:
