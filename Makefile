@@ -46,6 +46,8 @@ lint:
 	cargo fmt --all -- --check
 	cd $(BUILD_TREE) && cargo clippy --workspace --all-targets --locked -- -D warnings
 	$(HOME)/.cache/asya-rs/bin/actionlint .github/workflows/*.yml
+	# One version: workspace, chart, Dockerfiles, examples' image tags, CHANGELOG.md.
+	python3 scripts/check-version
 
 # The container images, as OCI archives under target/images/ (NAME.oci.tar), built from the
 # binaries of IMAGE_PROFILE and Debian's packages: no registry is needed (deploy/images/ocibuild.py).
