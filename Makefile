@@ -48,6 +48,8 @@ lint:
 	$(HOME)/.cache/asya-rs/bin/actionlint .github/workflows/*.yml
 	# One version: workspace, chart, Dockerfiles, examples' image tags, CHANGELOG.md.
 	python3 scripts/check-version
+	# docs/ARCHITECTURE.md's test index is the one the test files' headers give.
+	python3 scripts/test-index --check
 
 # The container images, as OCI archives under target/images/ (NAME.oci.tar), built from the
 # binaries of IMAGE_PROFILE and Debian's packages: no registry is needed (deploy/images/ocibuild.py).

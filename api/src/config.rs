@@ -729,5 +729,4 @@ impl Transport {
 }
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;
