@@ -77,7 +77,7 @@ unit: export ASYA_METRICS_DUMP_DIR = $(CARGO_TARGET_DIR)/metrics-dump
 unit:
 	rm -rf $(ASYA_METRICS_DUMP_DIR)
 	source tests/cluster/env && cd $(BUILD_TREE) && ASYA_REQUIRE_SERVICES=1 cargo test --profile $(PROFILE) --workspace --locked
-	# The runtime's state proxy hooks run against the Rust connector too: binaries and S3.
+	# The runtime's state proxy hooks run against the Rust connector: binaries and S3.
 	cd $(BUILD_TREE) && cargo build --profile $(PROFILE) --workspace --locked --bins
 	source tests/cluster/env && ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q sidecar/runtime/tests
 	ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q -p no:cacheprovider tests/monitoring
