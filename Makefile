@@ -46,6 +46,10 @@ lint:
 	cargo fmt --all -- --check
 	cd $(BUILD_TREE) && cargo clippy --workspace --all-targets --locked -- -D warnings
 	$(HOME)/.cache/asya-rs/bin/actionlint .github/workflows/*.yml
+	# One version: workspace, chart, Dockerfiles, examples' image tags, CHANGELOG.md.
+	python3 scripts/check-version
+	# docs/ARCHITECTURE.md's test index is the one the test files' headers give.
+	python3 scripts/test-index --check
 
 # The container images, as OCI archives under target/images/ (NAME.oci.tar), built from the
 # binaries of IMAGE_PROFILE and Debian's packages: no registry is needed (deploy/images/ocibuild.py).
@@ -73,7 +77,7 @@ unit: export ASYA_METRICS_DUMP_DIR = $(CARGO_TARGET_DIR)/metrics-dump
 unit:
 	rm -rf $(ASYA_METRICS_DUMP_DIR)
 	source tests/cluster/env && cd $(BUILD_TREE) && ASYA_REQUIRE_SERVICES=1 cargo test --profile $(PROFILE) --workspace --locked
-	# The runtime's state proxy hooks run against the Rust connector too: binaries and S3.
+	# The runtime's state proxy hooks run against the Rust connector: binaries and S3.
 	cd $(BUILD_TREE) && cargo build --profile $(PROFILE) --workspace --locked --bins
 	source tests/cluster/env && ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q sidecar/runtime/tests
 	ASYA_REQUIRE_SERVICES=1 python3 -m pytest -q -p no:cacheprovider tests/monitoring

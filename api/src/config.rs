@@ -350,7 +350,7 @@ pub struct Policy {
     /// The Pod Security level an actor's pod must meet in a namespace without the
     /// `pod-security.kubernetes.io/enforce` label (with it, the label's level).
     #[serde(default)]
-    pub default_pod_security_level: crate::privilege::Level,
+    pub default_pod_security_level: crate::basics::Level,
     /// Largest `spec` admitted, in bytes of compact JSON, on CREATE and on UPDATEs that change
     /// it: what the webhook's and the provisioner's caches keep of an actor is bounded by it.
     #[serde(default = "default_max_spec_bytes")]
@@ -477,7 +477,7 @@ impl Default for Policy {
             require_resource_limits: false,
             max_replicas: default_max_replicas(),
             namespaced_flavor_fields: default_namespaced_flavor_fields(),
-            default_pod_security_level: crate::privilege::Level::Baseline,
+            default_pod_security_level: crate::basics::Level::Baseline,
             max_spec_bytes: DEFAULT_MAX_SPEC_BYTES,
             max_actors_per_namespace: None,
         }
@@ -593,7 +593,7 @@ impl ClusterConfig {
             ));
         }
         if let Some(r) = &self.state_proxy.redis {
-            if let Err(rule) = crate::state_proxy::redis_endpoint(&r.url) {
+            if let Err(rule) = crate::basics::redis_endpoint(&r.url) {
                 // Never quoted whole: the rule broken may be a password in it.
                 let shown = match r.url.split_once('@') {
                     Some((_, after)) => format!("***@{after}"),
@@ -729,5 +729,4 @@ impl Transport {
 }
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

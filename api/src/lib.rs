@@ -6,6 +6,7 @@
 //! cache, a file, an AdmissionReview) and get back decisions they can act on.
 
 pub mod amqp;
+pub mod basics;
 pub mod config;
 pub mod crd;
 pub mod duration;

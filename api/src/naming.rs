@@ -101,7 +101,7 @@ pub fn splits(joined: &str) -> Vec<(&str, &str)> {
         .match_indices('-')
         .map(|(i, _)| (&joined[..i], &joined[i + 1..]))
         .filter(|(ns, actor)| {
-            crate::validate::is_dns_label(ns)
+            crate::basics::is_dns_label(ns)
                 && actor
                     .bytes()
                     .next()

@@ -24,51 +24,9 @@ use crate::resolved::ResolvedActor;
 use crate::restricted;
 use crate::types::AsyncActorSpec;
 
-/// The namespace label whose value is the Pod Security level the API server enforces.
-pub const ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
-
-/// A Pod Security Standards level.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    Privileged,
-    #[default]
-    Baseline,
-    Restricted,
-}
-
-impl Level {
-    /// The level for a namespace: its `enforce` label when set, else `default` (the policy's
-    /// `defaultPodSecurityLevel`, `baseline` unless set).
-    pub fn of_namespace(labels: Option<&BTreeMap<String, String>>, default: Level) -> Level {
-        Level::labelled(labels).unwrap_or(default)
-    }
-
-    /// The level a namespace's `enforce` label sets, `None` without the label. A value that is
-    /// not a level reads as `restricted`, as the API server's PodSecurity admission reads it.
-    pub fn labelled(labels: Option<&BTreeMap<String, String>>) -> Option<Level> {
-        let value = labels.and_then(|l| l.get(ENFORCE_LABEL))?;
-        Some(match value.as_str() {
-            "privileged" => Level::Privileged,
-            "baseline" => Level::Baseline,
-            _ => Level::Restricted,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Privileged => "privileged",
-            Level::Baseline => "baseline",
-            Level::Restricted => "restricted",
-        }
-    }
-}
-
-impl fmt::Display for Level {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+// The Pod Security level is a leaf rule (`basics`), named here too for the crates that
+// read it as `privilege::Level`.
+pub use crate::basics::{ENFORCE_LABEL, Level};
 
 /// Why a setting is a privilege.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

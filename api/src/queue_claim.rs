@@ -172,7 +172,7 @@ mod tests {
         // Two DNS labels joined: a valid object name (a DNS subdomain), at most 132 chars.
         let long = ClaimOwner::new(&"n".repeat(63), "u", &"a".repeat(63)).queue();
         assert_eq!(claim_name(&long).len(), 132);
-        assert!(crate::validate::is_dns_label(&"n".repeat(63)));
+        assert!(crate::basics::is_dns_label(&"n".repeat(63)));
     }
 
     #[test]

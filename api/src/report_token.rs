@@ -10,7 +10,7 @@
 //! The first format, `asya-report.{namespace}.{signature}` (label `asya-report/v1`, bound to
 //! the name only), is recognised only to be refused with a message that says so.
 
-use crate::validate::is_dns_label;
+use crate::basics::is_dns_label;
 use ring::{digest, hmac};
 
 /// What every report token starts with; the gateway's client tokens may not.

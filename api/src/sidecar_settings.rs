@@ -8,7 +8,7 @@
 
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, SecretKeySelector};
 
-use crate::validate::is_dns_label;
+use crate::basics::is_dns_label;
 
 /// The variable names of the sidecar's environment.
 pub mod env {

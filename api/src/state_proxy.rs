@@ -53,6 +53,8 @@ pub const MAX_NAME_LEN: usize = 63 - CONTAINER_PREFIX.len();
 pub const RESERVED_PATHS: [&str; 3] = ["/opt/asya", "/var/run/asya", "/tmp"];
 
 pub use crate::config::{DEFAULT_STATE_PROXY_IMAGE, PlatformRedis, StateProxyConfig};
+// A Redis URL's endpoint is a leaf rule (`basics`): the cluster configuration checks it too.
+pub use crate::basics::{RedisEndpoint, redis_endpoint};
 
 /// The repository name of our connector image (any registry, tag or digest).
 pub const OUR_IMAGE: &str = "asya-state-proxy";
@@ -203,7 +205,7 @@ pub fn validate(entries: &[StateProxy], config: &StateProxyConfig) -> FieldError
 
 fn validate_name(entries: &[StateProxy], i: usize, sp: &StateProxy, p: &str, e: &mut FieldErrors) {
     let name = sp.name.as_str();
-    if !crate::validate::is_dns_label(name) || name.len() > MAX_NAME_LEN {
+    if !crate::basics::is_dns_label(name) || name.len() > MAX_NAME_LEN {
         e.push(FieldError::invalid(
             format!("{p}.name"),
             name,
@@ -226,12 +228,12 @@ fn validate_connector(sp: &StateProxy, p: &str, e: &mut FieldErrors) {
         return;
     };
     if let Some(pp) = c.image_pull_policy.as_deref()
-        && !crate::validate::PULL_POLICIES.contains(&pp)
+        && !crate::basics::PULL_POLICIES.contains(&pp)
     {
         e.push(FieldError::unsupported(
             format!("{p}.connector.imagePullPolicy"),
             pp,
-            &crate::validate::PULL_POLICIES,
+            &crate::basics::PULL_POLICIES,
         ));
     }
     for (k, env) in c.env.iter().enumerate() {
@@ -290,48 +292,6 @@ fn env_set(sp: &StateProxy, name: &str) -> bool {
 /// Whether the entry runs one of the Redis connectors (`ASYA_CONNECTOR=redis-…`).
 pub fn is_redis(sp: &StateProxy) -> bool {
     env_value(sp, ENV_CONNECTOR).is_some_and(|c| c.starts_with("redis-"))
-}
-
-/// Where a Redis URL points: scheme (TLS or not), host, port. Credentials are refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisEndpoint {
-    pub tls: bool,
-    pub host: String,
-    pub port: u16,
-}
-
-/// Parses `redis://host[:port][/db]` or `rediss://…`. The error is the rule broken.
-pub fn redis_endpoint(url: &str) -> Result<RedisEndpoint, &'static str> {
-    let (tls, rest) = if let Some(r) = url.strip_prefix("rediss://") {
-        (true, r)
-    } else if let Some(r) = url.strip_prefix("redis://") {
-        (false, r)
-    } else {
-        return Err("must be redis://HOST[:PORT][/DB] or rediss://… (TLS)");
-    };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    if authority.contains('@') {
-        return Err(
-            "must carry no user or password: a password in a URL is readable by everyone who \
-             can read the object that holds it; connectors on the platform's Redis get their \
-             namespace's own user by injection",
-        );
-    }
-    let (host, port) = match authority.rsplit_once(':') {
-        // An IPv6 literal: `[::1]:6379` or `[::1]`.
-        Some((h, p)) if !p.contains(']') => {
-            (h, p.parse().map_err(|_| "has a port that is not a number")?)
-        }
-        _ => (authority, 6379),
-    };
-    if host.is_empty() {
-        return Err("must name a host");
-    }
-    Ok(RedisEndpoint {
-        tls,
-        host: host.to_ascii_lowercase(),
-        port,
-    })
 }
 
 /// Whether the entry's connector runs on the platform's Redis under the namespace's own

@@ -8,6 +8,8 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde_json::json;
 
+// Leaf rules (`basics`), also named here for the crates that import them from `validate`.
+pub use crate::basics::{PULL_POLICIES, is_dns_label};
 use crate::config::ClusterConfig;
 use crate::duration::DurationSpec;
 use crate::error::{FieldError, FieldErrors};
@@ -17,13 +19,10 @@ use crate::naming;
 use crate::resolved;
 use crate::types::{AsyncActorSpec, Resiliency};
 
-static DNS_LABEL: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$").expect("static regex"));
 static HANDLER: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$").expect("static regex")
 });
 
-pub const PULL_POLICIES: [&str; 3] = ["Always", "IfNotPresent", "Never"];
 pub const HANDLER_MODES: [&str; 2] = ["payload", "envelope"];
 pub const BACKOFFS: [&str; 3] = ["constant", "linear", "exponential"];
 pub const WORKLOAD_KINDS: [&str; 2] = ["Deployment", "StatefulSet"];
@@ -34,10 +33,6 @@ pub struct Context<'a> {
     /// metadata.namespace of the actor.
     pub namespace: &'a str,
     pub config: &'a ClusterConfig,
-}
-
-pub fn is_dns_label(s: &str) -> bool {
-    s.len() <= 63 && DNS_LABEL.is_match(s)
 }
 
 pub fn is_handler(s: &str) -> bool {

@@ -80,7 +80,8 @@ pub fn spans(answer: &Value) -> Vec<Span> {
                     tag_str(tags, "error.type"),
                     tag_str(tags, "otel.status_description"),
                 ) {
-                    (Some(t), Some(d)) if !d.is_empty() => format!("{t}: {d}"),
+                    // Sidecars built before issue 37 put the type in the description too.
+                    (Some(t), Some(d)) if !d.is_empty() && d != t => format!("{t}: {d}"),
                     (Some(t), _) => t,
                     (None, Some(d)) => d,
                     (None, None) => "error".to_string(),
@@ -296,6 +297,20 @@ mod tests {
         );
         assert_eq!(h[0].at_ms, Some(1000));
         assert_eq!(h[0].duration_ms, Some(2));
+    }
+
+    #[test]
+    fn a_description_repeating_the_type_is_shown_once() {
+        let mut a = answer();
+        let call = a["data"][0]["spans"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|s| s["spanID"] == "b2r")
+            .unwrap();
+        call["tags"].as_array_mut().unwrap()[3]["value"] = json!("ValueError");
+        let h = hops(&spans(&a));
+        assert_eq!(h[2].outcome, "failed: ValueError");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::gateway_client::{Report, Reporter};
 use crate::metrics::Metrics;
 use crate::routing::{self, Answer, Queues};
 use crate::runtime_client::RuntimeClient;
-use crate::spans::{Hop, RuntimeCall, Spans};
+use crate::spans::{CallFailure, Hop, RuntimeCall, Spans};
 use asya_transport::envelope::{self, Envelope};
 use asya_transport::resiliency::{self, Decision, FailReason, Failure};
 use asya_transport::trace_context::{self, IdSource};
@@ -441,8 +441,11 @@ impl<T: Transport> Processor<T> {
             span_id: self.ids.span_id(),
             start: call_start,
             end: call_end,
-            error_type: match &answer {
-                Answer::Failure(f) => Some(f.error_type.clone()),
+            failure: match &answer {
+                Answer::Failure(f) => Some(CallFailure {
+                    error_type: f.error_type.clone(),
+                    message: f.message.clone(),
+                }),
                 Answer::Results(_) => None,
             },
         });

@@ -105,7 +105,7 @@ pub struct HopRecord {
     pub span: TraceParent,
     pub envelope_id: String,
     pub start: SystemTime,
-    /// The runtime call: its span id, start, end and error type (if it failed).
+    /// The runtime call: its span id, start, end and failure (if it failed).
     pub runtime: Option<RuntimeCall>,
     /// Each send: producer span id, destination queue.
     pub sends: Vec<(u64, String)>,
@@ -119,7 +119,39 @@ pub struct RuntimeCall {
     pub span_id: u64,
     pub start: SystemTime,
     pub end: SystemTime,
-    pub error_type: Option<String>,
+    pub failure: Option<CallFailure>,
+}
+
+/// Why a runtime call failed, as x-sump's `x-asya-error` says it: the error type (an
+/// exception class, or the platform's `ActorTimeout`, `RuntimeCrashed`, ...) and its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallFailure {
+    pub error_type: String,
+    pub message: String,
+}
+
+/// The longest status description a runtime call's span carries: a handler's message may be
+/// large (a payload echoed in an exception), the trace backend needs only its start.
+pub const MAX_STATUS_DESCRIPTION: usize = 512;
+
+impl CallFailure {
+    /// The span's status description: the message, cut at [`MAX_STATUS_DESCRIPTION`] bytes
+    /// on a character boundary; the type alone when there is no message. The type itself is
+    /// the `error.type` attribute, so the trace shows `ValueError: bad input 3` as x-sump does.
+    pub fn status_description(&self) -> String {
+        let m = self.message.trim();
+        if m.is_empty() {
+            return self.error_type.clone();
+        }
+        if m.len() <= MAX_STATUS_DESCRIPTION {
+            return m.to_string();
+        }
+        let mut end = MAX_STATUS_DESCRIPTION;
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &m[..end])
+    }
 }
 
 /// The sidecar's span recorder: a no-op when tracing is off.
@@ -195,8 +227,8 @@ impl Spans {
                 "messaging.message.id",
                 hop.envelope_id.clone(),
             )];
-            if let Some(t) = &call.error_type {
-                attributes.push(KeyValue::new("error.type", t.clone()));
+            if let Some(f) = &call.failure {
+                attributes.push(KeyValue::new("error.type", f.error_type.clone()));
             }
             spans.push(SpanRecord {
                 name: "runtime call".into(),
@@ -207,7 +239,7 @@ impl Spans {
                 start: call.start,
                 end: call.end,
                 attributes,
-                error: call.error_type.clone(),
+                error: call.failure.as_ref().map(CallFailure::status_description),
             });
         }
         let send_start = hop.runtime.as_ref().map_or(hop.start, |c| c.end);
@@ -282,7 +314,10 @@ mod tests {
             span_id: 8,
             start: SystemTime::now(),
             end: SystemTime::now(),
-            error_type: Some("ValueError".into()),
+            failure: Some(CallFailure {
+                error_type: "ValueError".into(),
+                message: "bad input 3".into(),
+            }),
         });
         hop.note_send(9, "asya-ns-x-sump");
         let spans = Spans {
@@ -305,7 +340,13 @@ mod tests {
             (runtime.span.span_id, runtime.parent),
             (8, Some(parent.child(7)))
         );
-        assert_eq!(runtime.error.as_deref(), Some("ValueError"));
+        // The message is the status, the type an attribute: not `ValueError` twice.
+        assert_eq!(runtime.error.as_deref(), Some("bad input 3"));
+        assert!(
+            runtime
+                .attributes
+                .contains(&KeyValue::new("error.type", "ValueError"))
+        );
         assert_eq!(send.kind, SpanKind::Producer);
         assert_eq!(send.span.trace_id, parent.trace_id);
         assert_eq!((send.span.span_id, send.remote_parent), (9, false));
@@ -313,6 +354,24 @@ mod tests {
             "messaging.destination.name",
             "asya-ns-x-sump"
         )));
+    }
+
+    #[test]
+    fn a_failures_status_is_its_message_bounded_else_its_type() {
+        let f = |m: &str| CallFailure {
+            error_type: "ValueError".into(),
+            message: m.into(),
+        };
+        assert_eq!(f(" bad input 3\n").status_description(), "bad input 3");
+        assert_eq!(f("").status_description(), "ValueError");
+        // Cut on a character boundary: 'é' is two bytes and straddles the limit.
+        let long = format!(
+            "{}é{}",
+            "x".repeat(MAX_STATUS_DESCRIPTION - 1),
+            "y".repeat(100)
+        );
+        let d = f(&long).status_description();
+        assert_eq!(d, format!("{}…", "x".repeat(MAX_STATUS_DESCRIPTION - 1)));
     }
 
     /// A writer into a shared buffer, for the log test.

@@ -213,7 +213,7 @@ async fn fan_out_then_failure_is_one_linked_trace(kind: Kind) {
     let failing = fresh_trace_id(kind);
     let env = json!({"id": "t2", "route": {"actors": ["a", "b"], "current": 0},
         "headers": {"traceparent": format!("00-{failing}-{caller}-01")},
-        "payload": {"do": "raise"}});
+        "payload": {"do": "raise", "key": "bad input 3"}});
     input.send(&a.queue(), &env).await;
     assert_eq!(sump.take(1, WAIT).await.len(), 1, "nothing reached x-sump");
     let spans = spans_of(&failing, 3);
@@ -223,6 +223,12 @@ async fn fan_out_then_failure_is_one_linked_trace(kind: Kind) {
         .expect("a runtime call span");
     assert_eq!(tag(call, "error").unwrap(), true, "{call}");
     assert_eq!(tag(call, "error.type").unwrap(), "ValueError");
+    // The handler's message is the status, as x-sump's `x-asya-error` has it (issue 37:
+    // `asya trace` showed `ValueError: ValueError`).
+    assert_eq!(
+        tag(call, "otel.status_description").unwrap(),
+        "handler failed on purpose: bad input 3"
+    );
     assert!(
         spans
             .iter()

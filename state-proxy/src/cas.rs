@@ -1,7 +1,8 @@
 //! Compare-and-set: which condition a write carries, and what its refusal means. The
-//! version a connector read (an S3 ETag, a Redis version) is remembered per key in this
-//! process, so a CAS guards a handler's read-modify-write against writes by other pods;
-//! two threads of one pod share what was read (as in the original).
+//! version a connector last saw of a key (an S3 ETag, a Redis version), by a read or by its
+//! own write, is remembered per key in this process, so a CAS guards a handler's
+//! read-modify-write, and a write after its own, against writes by other pods in between;
+//! two threads of one pod share what was seen (as in the original).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -28,9 +29,10 @@ pub enum Condition {
     IfMatch(String),
 }
 
-/// The decision: an exclusive create is always `IfAbsent`; in a CAS mode a write after a
-/// read carries what the read saw; a write with no read before it (a blind `open(p, "w")`)
-/// is last-writer-wins, as in the original.
+/// The decision: an exclusive create is always `IfAbsent`; in a CAS mode a write carries what
+/// this connector last saw of the key (its read, or its own last write); only a write to a
+/// key it has not seen (a first blind `open(p, "w")`, or one forgotten) is last-writer-wins,
+/// as in the original.
 pub fn write_condition(cas: bool, exclusive: bool, seen: Option<&Seen>) -> Condition {
     if exclusive {
         return Condition::IfAbsent;

@@ -425,6 +425,115 @@ async fn redis_buffered_cas_conflict() {
     }
 }
 
+/// What a stale writer gets: pod `a` reads the key, pod `b` writes over it, then `a` writes
+/// what it made of its (now stale) read. Returns the status of `a`'s write and what the key
+/// holds afterwards.
+async fn stale_write(a: &Connector, b: &Connector, key: &str) -> (u16, Bytes) {
+    let path = format!("/keys/{key}");
+    assert_eq!(a.call("PUT", &path, b"0").await.0, 200);
+    assert_eq!(&a.call("GET", &path, b"").await.2[..], b"0");
+    assert_eq!(b.call("PUT", &path, b"1 from b").await.0, 200);
+    let (status, _, _) = a.call("PUT", &path, b"1 from a, read 0").await;
+    (status, b.call("GET", &path, b"").await.2)
+}
+
+/// The difference between the two buffered S3 connectors (issue 37): under `s3-buffered-lww`
+/// the stale writer wins and `b`'s write is lost; under `s3-buffered-cas` it is refused (409)
+/// and `b`'s stays. The CAS connector also remembers its own write's version: `a` writing
+/// twice with no read in between is refused when `b` wrote in between, and a first write to
+/// a key it has never seen is last-writer-wins in both.
+#[tokio::test]
+async fn s3_a_stale_writer_wins_under_lww_and_loses_under_cas() {
+    if !s3() {
+        return;
+    }
+    s3_client().await;
+    let prefix = unique("stale");
+    let lww = (
+        Connector::start("s3-buffered-lww", &prefix, &[]).await,
+        Connector::start("s3-buffered-lww", &prefix, &[]).await,
+    );
+    let cas = (
+        Connector::start("s3-buffered-cas", &prefix, &[]).await,
+        Connector::start("s3-buffered-cas", &prefix, &[]).await,
+    );
+
+    let (status, now) = stale_write(&lww.0, &lww.1, "lww").await;
+    assert_eq!(status, 200, "lww sends no condition");
+    assert_eq!(&now[..], b"1 from a, read 0", "lww: b's write is lost");
+
+    let (status, now) = stale_write(&cas.0, &cas.1, "cas").await;
+    assert_eq!(status, 409, "cas: the stale writer is refused");
+    assert_eq!(&now[..], b"1 from b", "cas: b's write stays");
+
+    // Its own write is what a CAS connector last saw: a's second blind write is refused once
+    // b wrote in between; under lww it goes through.
+    for (pair, expect) in [(&cas, 409), (&lww, 200)] {
+        let (a, b) = pair;
+        let key = format!("/keys/own-{expect}");
+        assert_eq!(a.call("PUT", &key, b"a1").await.0, 200);
+        assert_eq!(b.call("PUT", &key, b"b1").await.0, 200);
+        assert_eq!(a.call("PUT", &key, b"a2").await.0, expect);
+    }
+    // A key neither read nor written by this connector: its write is unconditional, also
+    // under cas (as in the original), so it overwrites.
+    assert_eq!(cas.1.call("PUT", "/keys/blind", b"b").await.0, 200);
+    assert_eq!(cas.0.call("PUT", "/keys/blind", b"a").await.0, 200);
+    assert_eq!(&cas.1.call("GET", "/keys/blind", b"").await.2[..], b"a");
+}
+
+/// A Redis Cluster node (a real redis-server in cluster mode, serving no slot: every key's
+/// answer is CLUSTERDOWN, as a node of a real cluster answers MOVED for others' slots): the
+/// connector says Redis Cluster is unsupported instead of passing on the bare answer.
+#[tokio::test]
+async fn redis_cluster_is_named_as_unsupported() {
+    if !redis() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut server = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args([
+            "--cluster-enabled",
+            "yes",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server (Debian's, as tests/services runs)");
+    let url = format!("redis://127.0.0.1:{port}");
+    let c = Connector::start("redis-buffered-cas", "t/cluster", &[("REDIS_URL", &url)]).await;
+    // Waits for the server to listen: the connector answers 503 until then.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (status, body) = loop {
+        let (s, _, b) = c.call("PUT", "/keys/a", b"x").await;
+        if s != 503 || Instant::now() > deadline {
+            break (s, b);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(status, 502, "{body:?}");
+    let msg = json(&body)["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        msg.contains("Redis Cluster") && msg.contains("does not support"),
+        "{msg}"
+    );
+}
+
 /// The connector's peak resident memory (VmHWM), in MiB.
 fn peak_rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

@@ -1,3 +1,7 @@
+//! What makes an actor's pod privileged (`privilege.rs`), in the flat and the workload shape:
+//! hostPath, host namespaces, privileged containers, capabilities, another ServiceAccount,
+//! the rest of baseline; a privilege from a flavor names the flavor; the namespace's level.
+
 use serde_json::{Value, json};
 
 use super::*;

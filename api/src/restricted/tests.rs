@@ -1,3 +1,6 @@
+//! Pod Security "restricted" (`restricted.rs`): the checker names each field a container or
+//! pod breaks, and the hardening of what we add or render meets the level and is idempotent.
+
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, HostPathVolumeSource, PodSecurityContext, PodSpec, SecurityContext,
     Volume,

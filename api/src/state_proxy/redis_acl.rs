@@ -63,7 +63,7 @@ pub fn key_pattern(ns: &str) -> String {
 /// The user's permissions: the keys under `{ns}/`, no Pub/Sub channel, no command but
 /// [`COMMANDS`]. Each rule is one argument of `ACL SETUSER`.
 pub fn rules(ns: &str) -> Result<Vec<String>, AclError> {
-    if !crate::validate::is_dns_label(ns) {
+    if !crate::basics::is_dns_label(ns) {
         return Err(AclError::Namespace(ns.to_string()));
     }
     let mut r: Vec<String> = vec![

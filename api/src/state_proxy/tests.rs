@@ -1,3 +1,7 @@
+//! Every `stateProxy` rule (`state_proxy.rs`, docs/DESIGN.md §10): names, mount paths and
+//! their overlaps, write modes, connector image and env, what injection reserves, the
+//! platform's Redis and its URL, static AWS keys.
+
 use super::*;
 use serde_json::json;
 

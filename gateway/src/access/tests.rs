@@ -1,3 +1,7 @@
+//! Who may do what at the gateway (`access`): token kinds on their routes, limited clients
+//! to their tools and namespaces, report tokens to their namespace's envelopes, children only
+//! under a known parent, a report token of a namespace made again refused.
+
 use super::*;
 
 fn only(v: &[&str]) -> Scope {

@@ -1,3 +1,7 @@
+//! The namespace's gateway report token Secret (`gateway_report`): its content and labels, a
+//! new key or namespace uid changing it, a foreign Secret never written nor deleted, key
+//! errors that never show the key.
+
 use asya_api::config::SecretKeySelector;
 use asya_api::report_token::ReportKey;
 use k8s_openapi::ByteString;

@@ -1,3 +1,7 @@
+//! KEDA's RabbitMQ identity (`keda_identity`): the monitor user reads statistics only, its
+//! Secret in KEDA's namespace, TLS, the refusal without the management API, SQS without one,
+//! a restart keeping the password, a foreign Secret left alone.
+
 use std::collections::BTreeMap;
 
 use asya_api::config::ClusterConfig;

@@ -23,17 +23,17 @@ pub mod queues;
 pub mod state_identity;
 
 #[cfg(test)]
-mod claims_tests;
-#[cfg(test)]
 mod fake;
 #[cfg(test)]
-mod gateway_report_tests;
-#[cfg(test)]
-mod identity_tests;
-#[cfg(test)]
-mod state_identity_tests;
-#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_claims;
+#[cfg(test)]
+mod tests_gateway_report;
+#[cfg(test)]
+mod tests_identity;
+#[cfg(test)]
+mod tests_state_identity;
 
 pub use cluster::{Answer, Cluster, Object};
 pub use memory::Memory;

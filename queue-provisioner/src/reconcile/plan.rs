@@ -717,5 +717,4 @@ pub fn backoff(failures: u32) -> Duration {
 }
 
 #[cfg(test)]
-#[path = "plan_tests.rs"]
 mod tests;

@@ -1,3 +1,7 @@
+//! What the provisioner renders for an actor (`render`): the Deployment or StatefulSet, its
+//! labels, grace period and rollout annotation, fixed replicas, KEDA's ScaledObjects for
+//! RabbitMQ and SQS with their credentials, the transport Secrets, Pod Security restricted.
+
 use std::collections::BTreeMap;
 
 use asya_api::config::ClusterConfig;

@@ -1,3 +1,7 @@
+//! The actor's status (`status`): failing pods classified by container and reason, a crash
+//! loop between back-offs, phases, fields and conditions, pods that cannot be created, when
+//! an actor has messages.
+
 use super::*;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;

@@ -1,14 +1,14 @@
-"""A state proxy connector for the runtime's tests: the wire contract of docs/DESIGN.md §10
-(the original Asya's), served over HTTP/1.1 on a Unix socket, storing keys as files under a
-directory. It is a real process speaking the wire; the Rust connector can take its place.
+"""A faulty state proxy connector for the runtime's tests: the wire of docs/DESIGN.md §10 over
+HTTP/1.1 on a Unix socket, answering only with the faults the Rust connector cannot be made to
+produce. The runtime's hooks are tested against the Rust connector (test_state_proxy.py); this
+stores nothing.
 
-    python3 state_connector.py SOCKET ROOT
+    python3 state_connector.py SOCKET
 
-Test hooks (not part of the contract): a key whose first segment is `_status` and second a
-number NNN is answered with that HTTP status and an error body; `_sleep/S/...` waits S
-seconds before answering; `_early/NNN/...` answers NNN before reading the body and hangs
-up. Attributes: `url` (read-only) and `content_type`, `ttl`
-(writable) exist; any other is 400 (unsupported).
+A key (or listing prefix) `_status/NNN/...` is answered with HTTP status NNN and an error body,
+after the request's body is read; `_early/NNN/...` answers NNN before reading the body and
+hangs up (a size limit); `_sleep/S/...` waits S seconds, then answers 404. Any other key is
+501: nothing else is served. `GET /healthz` answers 200.
 """
 
 import http.server
@@ -17,13 +17,8 @@ import os
 import socket
 import socketserver
 import sys
-import tempfile
 import time
 import urllib.parse
-
-ATTRS = ("url", "content_type", "ttl")
-WRITABLE = ("content_type", "ttl")
-
 
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     address_family = socket.AF_UNIX
@@ -87,201 +82,48 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 left -= len(piece)
                 yield piece
 
-    def route(self):
-        """(kind, key, query) with kind keys | list | meta | healthz, or None."""
+    def key(self):
+        """The key (or listing prefix) of a /keys/ or /meta/ request, or None (healthz)."""
         url = urllib.parse.urlsplit(self.path)
-        query = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
         if url.path == "/healthz":
-            return "healthz", "", query
-        for kind in ("keys", "meta"):
-            if url.path.startswith("/%s/" % kind):
-                raw = url.path[len(kind) + 2 :]
-                key = "/".join(urllib.parse.unquote(s) for s in raw.split("/"))
-                if kind == "keys" and key == "" and "prefix" in query:
-                    return "list", "", query
-                return kind, key, query
-        return None
-
-    def file(self, key):
-        if not key or key.startswith("/") or any(s in ("", ".", "..") for s in key.split("/")):
             return None
-        return os.path.join(self.server.root, "data", key)
+        query = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+        raw = url.path.split("/", 2)[2] if url.path.count("/") >= 2 else ""
+        key = "/".join(urllib.parse.unquote(s) for s in raw.split("/"))
+        return query.get("prefix", "") if key == "" and "prefix" in query else key
 
-    def hooks(self, key):
-        """Answers the test hooks; True when the request was answered."""
+    def answer(self, head=False):
+        key = self.key()
+        if key is None:
+            return self.send(200, b'{"status": "ready"}', {"Content-Type": "application/json"}, head=head)
         parts = key.split("/")
+        if parts[0] == "_early" and len(parts) > 1:
+            self.close_connection = True
+            return self.error(int(parts[1]), "test", "refused before the body")
+        for _ in self.body_chunks():
+            pass
+        if parts[0] == "_status" and len(parts) > 1:
+            return self.error(int(parts[1]), "test", "status %s asked for" % parts[1])
         if parts[0] == "_sleep" and len(parts) > 1:
             time.sleep(float(parts[1]))
-        if parts[0] == "_early" and len(parts) > 1:
-            # A refusal before the body is read, then the connection closes (a size limit).
-            self.close_connection = True
-            self.error(int(parts[1]), "test", "refused before the body")
-            return True
-        if parts[0] == "_status" and len(parts) > 1:
-            for _ in self.body_chunks():
-                pass
-            self.error(int(parts[1]), "test", "status %s asked for" % parts[1])
-            return True
-        return False
-
-    # -- methods -------------------------------------------------------------------------------
-    def do_GET(self):
-        r = self.route()
-        if r is None:
-            return self.error(404, "no_route", self.path)
-        kind, key, query = r
-        if kind == "healthz":
-            return self.send(200, b'{"status": "ready"}', {"Content-Type": "application/json"})
-        if self.hooks(query.get("prefix", "") if kind == "list" else key):
-            return
-        if kind == "list":
-            return self.list(query.get("prefix", ""), query.get("delimiter", ""))
-        path = self.file(key)
-        if path is None:
-            return self.error(400, "bad_key", key)
-        if kind == "meta":
-            return self.get_meta(key, path, query.get("attr"))
-        if not os.path.isfile(path):
             return self.error(404, "key_not_found", key)
-        size = os.path.getsize(path)
-        self.send_response(200)
-        self.send_header("Content-Length", str(size))
-        self.end_headers()
-        with open(path, "rb") as f:
-            while True:
-                piece = f.read(1 << 20)
-                if not piece:
-                    break
-                self.wfile.write(piece)
+        return self.error(501, "not_served", "this test connector serves only _status, _early and _sleep keys")
+
+    def do_GET(self):
+        self.answer()
 
     def do_HEAD(self):
-        r = self.route()
-        if r is None or r[0] != "keys":
-            return self.send(404, head=True)
-        key = r[1]
-        if self.hooks(key):
-            return
-        path = self.file(key)
-        if path is None:
-            return self.send(400, head=True)
-        if os.path.isfile(path):
-            mtime = self.date_time_string(os.path.getmtime(path))
-            headers = {"Content-Length": str(os.path.getsize(path)), "X-Is-File": "true", "Last-Modified": mtime}
-            return self.send(200, headers=headers, head=True)
-        if os.path.isdir(path):
-            return self.send(200, headers={"Content-Length": "0", "X-Is-File": "false"}, head=True)
-        return self.send(404, head=True)
+        self.answer(head=True)
 
     def do_PUT(self):
-        r = self.route()
-        if r is None:
-            return self.error(404, "no_route", self.path)
-        kind, key, query = r
-        if self.hooks(key):
-            return
-        path = self.file(key)
-        if path is None:
-            return self.error(400, "bad_key", key)
-        if kind == "meta":
-            return self.put_meta(key, path, query.get("attr"))
-        if self.headers.get("If-None-Match") == "*" and os.path.exists(path):
-            for _ in self.body_chunks():
-                pass
-            return self.error(412, "exists", key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        # Written aside and renamed: a reader never sees a partial object.
-        fd, tmp = tempfile.mkstemp(dir=os.path.join(self.server.root, "tmp"))
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for piece in self.body_chunks():
-                    f.write(piece)
-            if self.headers.get("If-None-Match") == "*":
-                try:
-                    os.link(tmp, path)
-                except FileExistsError:
-                    return self.error(412, "exists", key)
-            else:
-                os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        self.send(204)
+        self.answer()
 
     def do_DELETE(self):
-        r = self.route()
-        if r is None or r[0] != "keys":
-            return self.error(404, "no_route", self.path)
-        key = r[1]
-        if self.hooks(key):
-            return
-        path = self.file(key)
-        if path is None:
-            return self.error(400, "bad_key", key)
-        if not os.path.isfile(path):
-            return self.error(404, "key_not_found", key)
-        os.unlink(path)
-        self.send(204)
-
-    # -- listing and attributes ----------------------------------------------------------------
-    def list(self, prefix, delimiter):
-        data = os.path.join(self.server.root, "data")
-        keys, prefixes = [], set()
-        for dirpath, _, files in os.walk(data):
-            for name in files:
-                k = os.path.relpath(os.path.join(dirpath, name), data)
-                if not k.startswith(prefix):
-                    continue
-                rest = k[len(prefix) :]
-                if delimiter and delimiter in rest:
-                    prefixes.add(prefix + rest.split(delimiter)[0] + delimiter)
-                else:
-                    keys.append(k)
-        body = json.dumps({"keys": sorted(keys), "prefixes": sorted(prefixes)}).encode()
-        self.send(200, body, {"Content-Type": "application/json"})
-
-    def meta_file(self, path):
-        data = os.path.join(self.server.root, "data")
-        return os.path.join(self.server.root, "meta", os.path.relpath(path, data) + ".json")
-
-    def load_meta(self, path):
-        try:
-            with open(self.meta_file(path)) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return {}
-
-    def get_meta(self, key, path, attr):
-        if not os.path.isfile(path):
-            return self.error(404, "key_not_found", key)
-        if attr is None:
-            return self.send(200, json.dumps({"attrs": list(ATTRS)}).encode(), {"Content-Type": "application/json"})
-        if attr not in ATTRS:
-            return self.error(400, "unsupported_attribute", attr)
-        value = "file://" + key if attr == "url" else self.load_meta(path).get(attr, "")
-        self.send(200, json.dumps({"attr": attr, "value": value}).encode(), {"Content-Type": "application/json"})
-
-    def put_meta(self, key, path, attr):
-        value = b"".join(self.body_chunks()).decode("utf-8")
-        if not os.path.isfile(path):
-            return self.error(404, "key_not_found", key)
-        if attr not in ATTRS:
-            return self.error(400, "unsupported_attribute", str(attr))
-        if attr not in WRITABLE:
-            return self.error(403, "read_only", attr)
-        meta = self.load_meta(path)
-        meta[attr] = value
-        os.makedirs(os.path.dirname(self.meta_file(path)), exist_ok=True)
-        with open(self.meta_file(path), "w") as f:
-            json.dump(meta, f)
-        self.send(204)
+        self.answer()
 
 
 def main(argv):
-    sock, root = argv[1], argv[2]
-    for d in ("data", "tmp", "meta"):
-        os.makedirs(os.path.join(root, d), exist_ok=True)
-    server = Server(sock, Handler)
-    server.root = root
+    server = Server(argv[1], Handler)
     server.serve_forever()
 
 

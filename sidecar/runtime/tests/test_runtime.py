@@ -1,3 +1,8 @@
+"""The Python runtime (`asya_runtime.py`) on its Unix socket, without a sidecar: payload and
+envelope modes, fan-out by list and generator, handler errors with their traceback, class
+handlers, large payloads, refusals at start, SIGTERM (finishing or answering the calls in
+flight), an abandoned call, connections served in order."""
+
 import json
 import os
 import signal

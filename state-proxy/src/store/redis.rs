@@ -64,9 +64,24 @@ const TX_ATTEMPTS: usize = 10;
 pub const INDEX_NAME: &str = "asya-state-proxy-index";
 pub const COUNTER_NAME: &str = "asya-state-proxy-version";
 
+/// What a Redis Cluster node answers for a key it does not serve. This connector speaks to
+/// one Redis (a primary): a write's transaction WATCHes the file's hash and writes it with the
+/// namespace's index and version counter, keys a cluster would put in different slots, and
+/// the client follows no redirection. So a cluster is named as the cause, not passed on as an
+/// unexplained MOVED (state-proxy/README.md, "Redis").
+fn is_cluster_answer(e: &redis::RedisError) -> bool {
+    e.is_cluster_error() || e.code() == Some("CROSSSLOT")
+}
+
 /// A Redis failure as the contract's error: no connection is 503, a timeout 504.
 fn redis_error(e: redis::RedisError, timeout: Duration) -> ProxyError {
-    if e.is_timeout() {
+    if is_cluster_answer(&e) {
+        ProxyError::Backend(format!(
+            "REDIS_URL is a Redis Cluster node, which redis-buffered-cas does not support \
+             (it needs one Redis primary: a write's transaction spans the file's key and its \
+             namespace's index and counter): {e}"
+        ))
+    } else if e.is_timeout() {
         ProxyError::Timeout(timeout.as_secs())
     } else if e.is_io_error() || e.is_connection_refusal() || e.is_connection_dropped() {
         ProxyError::Unavailable(e.to_string())

@@ -21,9 +21,9 @@ mod state_proxy;
 use sidecar::sidecar_container;
 pub use state_proxy::HEALTHCHECK;
 #[cfg(test)]
-mod restricted_tests;
-#[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_restricted;
 
 pub use injected_pod::InjectedPod;
 

@@ -1,3 +1,7 @@
+//! Admission's privilege check (`admission/privilege.rs`) against a fake authority: a plain
+//! actor asks nothing, a privilege needs the author's right to create the workload (asked by
+//! SubjectAccessReview), the namespace's level binds everybody, no answer refuses.
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::Reconciler;
 use super::fake::{Fake, key};
-use super::identity_tests::{at, reconciler, step};
+use super::tests_identity::{at, reconciler, step};
 use crate::broker_identity::plan::{ROTATE_ANNOTATION, SecretView};
 use crate::model::ObjectKind;
 use crate::state_identity::plan::VERSION_ANNOTATION;

@@ -1,3 +1,7 @@
+//! Table tests of the reconcile's pure decisions (`reconcile/plan.rs`): requeue times and
+//! back-off, the finalizer step, the replica handoff to KEDA, KEDA objects, status writes and
+//! events, cleanup's bound and `skip-cleanup`, excluded namespaces.
+
 use super::*;
 use crate::queue::QueueError;
 
