@@ -69,7 +69,7 @@ if [ ! -x "$tools/actionlint-$ACTIONLINT_VERSION" ]; then
   echo "deps: building actionlint $ACTIONLINT_VERSION (Go module)"
   mkdir -p "$tools"
   tmp="$(mktemp -d)"
-  (cd / && GOBIN="$tmp" GOFLAGS=-buildvcs=false go install "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION")
+  (cd / && GOBIN="$tmp" GOFLAGS=-buildvcs=false go install -ldflags "-s -w" "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION")
   mv "$tmp/actionlint" "$tools/actionlint-$ACTIONLINT_VERSION"
   rmdir "$tmp"
 fi
