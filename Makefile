@@ -62,6 +62,8 @@ lint-static:
 	$(HOME)/.cache/asya-rs/bin/actionlint .github/workflows/*.yml
 	# One version: workspace, chart, Dockerfiles, examples' image tags, CHANGELOG.md.
 	python3 scripts/check-version
+	# One source for the images: the Dockerfiles are the ones deploy/images/images.toml gives.
+	python3 deploy/images/dockerfiles.py --check
 	# docs/ARCHITECTURE.md's test index is the one the test files' headers give.
 	python3 scripts/test-index --check
 

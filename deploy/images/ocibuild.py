@@ -7,8 +7,9 @@ script.
 
     ocibuild.py --out target/images --bin-dir DIR [--only NAME]... [--keda-dir DIR]
 
-The Dockerfiles beside this file build the same images with `docker build` where registries
-are reachable; tests/images checks that both say the same user, entry point and labels.
+What the images are (names, descriptions, ports, users, environment, Debian packages,
+handlers, extra files) is deploy/images/images.toml, the table the Dockerfiles beside this
+file are generated from (dockerfiles.py); this script holds only how an archive is written.
 
 Every archive is a deterministic function of its inputs (sorted entries, fixed owners and
 times, gzip without a timestamp, `created` from the commit): the same inputs give the same
@@ -34,26 +35,26 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-REPO_URL = "https://github.com/asya-rs/asya-rs"
+import table
+from table import ROOT, TableError
+
+try:
+    TABLE = table.load()
+except TableError as e:
+    sys.exit(f"deploy/images/ocibuild.py: {e}")
 NAME_PREFIX = "localhost/asya-rs"
-NONROOT = 65532  # distroless' "nonroot": a uid no host account uses
+NONROOT = int(TABLE.common.user.split(":")[0])
 MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MT_CONFIG = "application/vnd.oci.image.config.v1+json"
 MT_INDEX = "application/vnd.oci.image.index.v1+json"
 MT_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
-# Debian releases the Python bases are made from: the host's own (bookworm) with its updates.
-DEBIAN_SUITE = "bookworm"
+# Debian releases the Python bases are made from: the table's suite with its updates.
+DEBIAN_SUITE = TABLE.python_suite
 DEBIAN_SOURCES = [
-    "deb http://deb.debian.org/debian bookworm main",
-    "deb http://deb.debian.org/debian bookworm-updates main",
-    "deb http://deb.debian.org/debian-security bookworm-security main",
+    f"deb http://deb.debian.org/debian {DEBIAN_SUITE} main",
+    f"deb http://deb.debian.org/debian {DEBIAN_SUITE}-updates main",
+    f"deb http://deb.debian.org/debian-security {DEBIAN_SUITE}-security main",
 ]
-# The Debian packages of each Python image's base; each list is its own base, cached by it.
-PYTHON_PACKAGES = ["python3"]
-# The crew stores envelopes in S3 with boto3 over HTTPS (hence the CA certificates).
-CREW_PACKAGES = ["python3", "python3-boto3", "ca-certificates"]
 # Part of a layer's identity: the same files at another level are other bytes, another digest.
 GZIP_LEVEL = 6
 
@@ -285,7 +286,7 @@ class Image:
     layers: list[tuple[bytes, str]]  # (uncompressed tar, what it holds)
     env: list[str]
     labels: dict[str, str]
-    user: str = f"{NONROOT}:{NONROOT}"
+    user: str = TABLE.common.user
     workdir: str = "/"
     ports: list[str] = dataclasses.field(default_factory=list)
     tags: tuple[str, ...] = ()  # default: dev and the workspace version
@@ -302,28 +303,25 @@ def source_facts() -> tuple[str, str, int]:
     """(version, revision, epoch). The revision says -dirty when the tree has changes, so an
     image never claims a commit it was not built from; the epoch is the commit's time (or
     SOURCE_DATE_EPOCH), for reproducible timestamps."""
-    cargo = (ROOT / "Cargo.toml").read_text()
-    m = re.search(r'^\[workspace\.package\][^\[]*?^version\s*=\s*"([^"]+)"', cargo, re.M | re.S)
-    if not m:
-        raise BuildError("Cargo.toml has no [workspace.package] version")
+    version = table.workspace_version()
     rev = git("rev-parse", "HEAD") or "unknown"
     if rev != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
         rev += "-dirty"
     epoch = os.environ.get("SOURCE_DATE_EPOCH") or git("log", "-1", "--format=%ct") or "0"
-    return m.group(1), rev, int(epoch)
+    return version, rev, int(epoch)
 
 
 def base_labels(name: str, description: str, version: str, revision: str, created: str) -> dict[str, str]:
     return {
         "org.opencontainers.image.title": name,
         "org.opencontainers.image.description": description,
-        "org.opencontainers.image.source": REPO_URL,
-        "org.opencontainers.image.url": REPO_URL,
+        "org.opencontainers.image.source": TABLE.common.source,
+        "org.opencontainers.image.url": TABLE.common.source,
         "org.opencontainers.image.revision": revision,
         "org.opencontainers.image.version": version,
-        "org.opencontainers.image.licenses": "Apache-2.0",
+        "org.opencontainers.image.licenses": TABLE.common.licenses,
         "org.opencontainers.image.created": created,
-        "org.opencontainers.image.vendor": "asya-rs",
+        "org.opencontainers.image.vendor": TABLE.common.vendor,
     }
 
 
@@ -433,37 +431,8 @@ def static_image(name: str, binary: Path, desc: str, version: str, revision: str
                  layers=[(layer.tar_bytes(epoch), name)], env=["PATH=/"], labels=labels, tags=("dev", version))
 
 
-# The Rust images: name (= the binary) -> (description, exposed ports).
-RUST_IMAGES = {
-    "asya-webhook": ("Asya admission webhook: validation, defaulting, policy and sidecar injection", ["8443", "9090"]),
-    "asya-queue-provisioner": ("Asya queue provisioner: queues, workloads and KEDA scaling for AsyncActors", ["8080"]),
-    "asya-sidecar": ("Asya actor sidecar: queue <-> runtime bridge with routing and resiliency", ["8080"]),
-    "asya-gateway": ("Asya gateway: actor pipelines as MCP tools and REST, envelope status in PostgreSQL", ["8080"]),
-    # A Unix socket, no port: ASYA_METRICS_ADDR opens one when the webhook asks for metrics.
-    "asya-state-proxy": ("Asya state proxy: handlers' files under a state mount, stored in S3 or Redis over a Unix socket", []),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class PythonImage:
-    description: str
-    packages: list[str]  # the Debian packages of its base
-    handlers: str  # the directory whose *.py files are the handlers
-    under: str  # where they go in the image (on PYTHONPATH=/app)
-
-
-# The Python images: the runtime plus handlers on a Debian base with Python 3.
-PYTHON_IMAGES = {
-    "asya-examples": PythonImage(
-        "Asya example handlers on Python 3 (Debian), with the Asya runtime",
-        PYTHON_PACKAGES, "deploy/examples/handlers", "app"),
-    # A package, `handlers`: the chart and seed 001 name handlers.end_handlers.happy_end_handler.
-    "asya-crew": PythonImage(
-        "Asya crew: the end actors that store finished and failed envelopes in S3 (boto3), with the Asya runtime",
-        CREW_PACKAGES, "deploy/crew/handlers", "app/handlers"),
-}
 # What --only accepts; asya-pause is built only when named.
-KNOWN_IMAGES = [*RUST_IMAGES, *PYTHON_IMAGES, "asya-pause"]
+KNOWN_IMAGES = [*TABLE.names(), "asya-pause"]
 
 
 def define_images(bin_dir: Path, cache: Path, only: set[str], keda_dir: Path | None = None) -> list[Image]:
@@ -472,49 +441,49 @@ def define_images(bin_dir: Path, cache: Path, only: set[str], keda_dir: Path | N
     arch = debian_arch()
     runtime_py = (ROOT / "sidecar/runtime/asya_runtime.py").read_bytes()
     images: list[Image] = []
-    wanted_rust = [n for n in RUST_IMAGES if not only or n in only]
+    wanted_rust = [n for n in TABLE.rust if not only or n in only]
     if wanted_rust:
-        binaries = {n: bin_dir / n for n in RUST_IMAGES}
+        binaries = {n: bin_dir / n for n in TABLE.rust}
         for n, b in binaries.items():
             if not b.is_file():
                 raise BuildError(f"{b} is missing: build it first (make images, or cargo build --release -p {n})")
         # One base for all of them (built from all their libraries), so a node stores it once.
         base, packages = rust_base_layer(list(binaries.values()), epoch)
         for n in wanted_rust:
-            desc, ports = RUST_IMAGES[n]
-            extra = {"usr/share/asya/asya_runtime.py": runtime_py} if n == "asya-sidecar" else None
+            rust = TABLE.rust[n]
+            desc, ports = rust.description, rust.ports
+            extra = {dst: (ROOT / src).read_bytes() for dst, src in rust.files.items()}
             labels = base_labels(n, desc, version, revision, created)
             labels["sh.asya.base.debian-packages"] = ",".join(f"{p}={v}" for p, v in sorted(packages.items()))
             images.append(Image(
-                name=n, description=desc, entrypoint=[f"/usr/local/bin/{n}"],
+                name=n, description=desc, entrypoint=rust.entrypoint,
                 layers=[(base, f"base: {', '.join(sorted(packages))}"),
                         (binary_layer(f"usr/local/bin/{n}", binaries[n], epoch, extra), n)],
-                env=["PATH=/usr/local/bin:/usr/bin:/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"],
+                # PATH is the base's (distroless sets it); the rest is the table's.
+                env=["PATH=/usr/local/bin:/usr/bin:/bin", *(f"{k}={v}" for k, v in TABLE.rust_env.items())],
                 labels=labels, ports=ports,
             ))
-    for name, py in PYTHON_IMAGES.items():
+    for name, py in TABLE.python.items():
         if only and name not in only:
             continue
         handlers = sorted((ROOT / py.handlers).glob("*.py"))
         if not handlers:
             raise BuildError(f"{py.handlers} has no handlers (*.py)")
-        base = python_base(cache, epoch, py.packages)
+        base = python_base(cache, epoch, py.debian_packages)
         app = Layer()
-        app.file("opt/asya/asya_runtime.py", runtime_py, mode=0o755)
+        app.file(TABLE.python_runtime, runtime_py, mode=0o755)
         for f in handlers:
             app.file(f"{py.under}/{f.name}", f.read_bytes())
         labels = base_labels(name, py.description, version, revision, created)
         labels["sh.asya.base.debian-suite"] = DEBIAN_SUITE
         images.append(Image(
             name=name, description=py.description,
-            entrypoint=["python3", "/opt/asya/asya_runtime.py"],
-            layers=[(base, f"base: Debian {DEBIAN_SUITE} with {', '.join(py.packages)}"),
+            entrypoint=TABLE.python_entrypoint,
+            layers=[(base, f"base: Debian {DEBIAN_SUITE} with {', '.join(py.debian_packages)}"),
                     (app.tar_bytes(epoch), f"runtime and handlers ({py.handlers})")],
-            # The handlers under /app, not /opt/asya: the injected pod mounts the runtime's
-            # emptyDir over /opt/asya, which would hide them.
-            env=["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONPATH=/app",
-                 "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1", "HOME=/tmp"],
-            labels=labels, workdir="/app",
+            # PATH is the base's (python:*-slim sets it); the rest is the table's.
+            env=["PATH=/usr/local/bin:/usr/bin:/bin", *(f"{k}={v}" for k, v in TABLE.python_env.items())],
+            labels=labels, workdir=TABLE.python_workdir,
         ))
     if "asya-pause" in only:
         images.append(pause_image(version, revision, created, epoch))
@@ -650,7 +619,7 @@ def main() -> int:
             digest, written, size = write_archive(img, store, args.out, version, arch)
             state = "written" if written else "unchanged"
             log(f"{img.name}: {state} {args.out / (img.name + '.oci.tar')} ({size / 1e6:.1f} MB compressed, {digest[:19]}…)")
-    except BuildError as e:
+    except (BuildError, TableError) as e:
         print(f"deploy/images/ocibuild.py: {e}", file=sys.stderr)
         return 1
     return 0

@@ -18,6 +18,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -32,12 +33,15 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "target" / "images"
 CTL = os.environ.get("ASYA_TEST_CONTAINERD_CTL", str(ROOT / "tests/services/containerd"))
 NS = "asya-image-tests"
-RUST_IMAGES = ["asya-webhook", "asya-queue-provisioner", "asya-sidecar", "asya-gateway", "asya-state-proxy"]
+# Which images there are is deploy/images/images.toml, the table make images builds from: every
+# image it names is checked here. What each must contain and answer is written below.
+sys.path.insert(0, str(ROOT / "deploy/images"))
+import table as image_table  # noqa: E402
+
+TABLE = image_table.load()
+RUST_IMAGES = list(TABLE.rust)
 # The Python images: the handlers of each (source directory -> directory in the image).
-PYTHON_IMAGES = {
-    "asya-examples": ("deploy/examples/handlers", "app"),
-    "asya-crew": ("deploy/crew/handlers", "app/handlers"),
-}
+PYTHON_IMAGES = {n: (img.handlers, img.under.strip("/")) for n, img in TABLE.python.items()}
 ALL_IMAGES = RUST_IMAGES + list(PYTHON_IMAGES)
 NONROOT = 65532
 # The sidecar image is pulled on every node that runs an actor (issue budget: 20 MB).
