@@ -35,7 +35,7 @@ mod state_identity_tests;
 #[cfg(test)]
 mod tests;
 
-pub use cluster::{Answer, Cluster, Object};
+pub use cluster::{Answer, Cached, Cluster, Object};
 pub use memory::Memory;
 pub use plan::{FinalizerStep, Next};
 
