@@ -233,7 +233,9 @@ fn cached_in<K: Resource<DynamicType = ()> + Clone>(
 }
 
 fn cached_meta<K: Resource>(obj: Option<&K>) -> Cached {
-    obj.map_or(Cached::Missing, |o| Cached::Present(o.meta().clone()))
+    obj.map_or(Cached::Missing, |o| {
+        Cached::Present(Box::new(o.meta().clone()))
+    })
 }
 
 fn deployment_obs(d: &Deployment) -> WorkloadObs {

@@ -128,7 +128,6 @@ async fn reconcile<C: Cluster>(
     };
 
     // 2. Kubernetes objects.
-    let labels = actor.labels().clone();
     let owner = actor
         .controller_owner_ref(&())
         .ok_or(Error::Finalizer("actor has no uid".into()))?;
@@ -140,7 +139,6 @@ async fn reconcile<C: Cluster>(
         rec,
         actor,
         &resolved,
-        &labels,
         &owner,
         &mut o,
         &objects::FromBroker {

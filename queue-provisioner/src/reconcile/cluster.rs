@@ -36,7 +36,7 @@ pub enum Cached {
     /// The cache does not hold it: absent, or present without our label (the caches watch
     /// only objects that carry it).
     Missing,
-    Present(ObjectMeta),
+    Present(Box<ObjectMeta>),
 }
 
 impl Cached {

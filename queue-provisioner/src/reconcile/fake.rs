@@ -247,7 +247,7 @@ impl Cluster for Fake {
                 let mut meta: ObjectMeta =
                     serde_json::from_value(s.body["metadata"].clone()).unwrap_or_default();
                 meta.generation = Some(s.generation);
-                Cached::Present(meta)
+                Cached::Present(Box::new(meta))
             }
             None => Cached::Missing,
         }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use asya_api::config::TRANSPORT_RABBITMQ;
 use asya_api::{AsyncActor, ResolvedActor, naming};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt;
 use kube::api::DynamicObject;
 
 use crate::apply_skip::{self, Applied, ApplyDecision};
@@ -42,7 +43,7 @@ async fn holder_meta<C: Cluster>(
     name: &str,
 ) -> Result<Option<ObjectMeta>, kube::Error> {
     match c.cached(kind, ns, name) {
-        Cached::Present(m) => Ok(Some(m)),
+        Cached::Present(m) => Ok(Some(*m)),
         Cached::Missing | Cached::NotCached => c.metadata(kind, ns, name).await,
     }
 }
@@ -76,7 +77,7 @@ async fn write_if_ours<C: Cluster>(
 ) -> Result<Answer, ApplyError> {
     let (kind, name) = (obj.kind(), obj.name());
     let seen = match cached {
-        Cached::Present(m) => Some(m),
+        Cached::Present(m) => Some(*m),
         Cached::Missing => None,
         Cached::NotCached => c.metadata(kind, ns, &name).await?,
     };
@@ -230,12 +231,12 @@ pub async fn apply<C: Cluster>(
     rec: &Reconciler<C>,
     actor: &AsyncActor,
     r: &ResolvedActor,
-    labels: &BTreeMap<String, String>,
     owner: &OwnerReference,
     o: &mut Observed,
     broker: &FromBroker,
     made: &mut Vec<EventSpec>,
 ) -> Result<(), ApplyError> {
+    let labels: &BTreeMap<String, String> = &actor.labels().clone();
     let queue_url = broker.queue_url.as_deref();
     let c = &rec.cluster;
     let config = &rec.config;

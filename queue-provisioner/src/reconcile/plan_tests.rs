@@ -387,9 +387,12 @@ fn what_a_reconcile_made_and_its_phase_are_one_event_and_warnings_their_own() {
         )]
     );
     // One thing alone keeps its own reason; nothing made: the phase event as it was.
-    assert_eq!(announcement(vec![], Some(phase.clone())), [phase.clone()]);
+    assert_eq!(
+        announcement(vec![], Some(phase.clone())),
+        vec![phase.clone()]
+    );
     let one = made(Reason::ScaledObjectCreated, "KEDA ScaledObject a created");
-    assert_eq!(announcement(vec![one.clone()], None), [one]);
+    assert_eq!(announcement(vec![one.clone()], None), vec![one]);
     assert_eq!(announcement(vec![], None), []);
     // A Warning is never folded into the Normal story.
     let recreated = EventSpec::warning(Reason::QueueRecreated, "queue q recreated".into());
