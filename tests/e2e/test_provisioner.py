@@ -599,7 +599,8 @@ def test_fresh_apply_costs_bounded_work_per_actor(namespace):
     # Issue 34: the queue's claim is created (its GET and the namespace's are cached): 17.8.
     # Issue 38: the holder comes from the caches (creations conditioned instead), one Event
     # instead of four: 8 requests per further actor of a namespace in the unit test
-    # (reconcile/tests.rs), plus what KEDA's and the Deployment's later reports bring about.
+    # (reconcile/tests.rs), plus what KEDA's and the Deployment's later reports bring about:
+    # 9.53 measured (17.55 before; docs/benchmarks.md).
     assert per["api"] <= API_REQUESTS_PER_NEW_ACTOR, per
     # Broker work follows the reconciles: a declare and an existence check per actor, at most a
     # count per reconcile (measured 1.4-2.1 above the reconciles per actor), and each periodic
