@@ -28,6 +28,7 @@ use tracing::{info, warn};
 use crate::apply_skip::{Applied, REASSERT, desired_hash};
 use crate::model::ObjectKind;
 use crate::reconcile::memory::{ObjectKey, RECHECK};
+use crate::reconcile::ownership::Write;
 use crate::reconcile::plan::{EventSpec, Reason};
 use crate::reconcile::{Cluster, Object, Reconciler, actor_key};
 use crate::render::workload::MANAGED_BY;
@@ -329,9 +330,19 @@ pub async fn ensure<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &st
         mem.forget_issued(ns);
         return Issued::Nothing;
     }
-    // Forced only over our own Secret; a create is not, so one made meanwhile is not taken.
-    let force = existing.is_some();
-    match rec.cluster.apply(ns, &Object::Secret(desired), force).await {
+    // Forced only over our own Secret (the one read); a create is not, and fails if one was
+    // made meanwhile.
+    let write = match &existing {
+        Some(s) => Write::Update {
+            uid: s.metadata.uid.clone(),
+        },
+        None => Write::Create,
+    };
+    match rec
+        .cluster
+        .apply(ns, &Object::Secret(desired), &write)
+        .await
+    {
         Ok(answer) => {
             for what in ["read", "foreign", "apply"] {
                 mem.resolved(&format!("{what}/{}", actor_key(actor)));

@@ -23,15 +23,17 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::warn;
 
-use crate::apply_skip::{self, Live};
 use crate::broker_identity::permissions::Permissions;
 use crate::metrics::Metrics;
 use crate::model::{ObjectKind, WorkloadKind};
 use crate::queue::Backend;
 use crate::queue::owner::QueueRecord;
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
+use crate::reconcile::ownership::Write;
 use crate::reconcile::plan::EventSpec;
-use crate::reconcile::{Answer, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object};
+use crate::reconcile::{
+    Answer, Cached, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object,
+};
 use crate::render::{TransportCredentials, workload};
 use crate::state_identity::StateError;
 use crate::status::{self, WorkloadObs};
@@ -125,19 +127,43 @@ fn tenant_admin<'a>(
     })
 }
 
-/// Forced only over our own objects ([`crate::reconcile::ownership`]): a create that meets
-/// an object made meanwhile by someone else fails on its conflicts instead of taking it.
+/// Forced only over our own objects ([`crate::reconcile::ownership`]).
 fn apply_params(force: bool) -> PatchParams {
     let p = PatchParams::apply(MANAGER);
     if force { p.force() } else { p }
 }
 
-async fn apply_typed<K>(api: Api<K>, obj: &K, force: bool) -> Result<K, kube::Error>
+/// The `metadata.resourceVersion` a creation is applied with. An apply that names a
+/// resourceVersion is refused (409 Conflict) unless the stored object has that version, and
+/// no stored object has this one (etcd's revisions of written keys start above 1); with no
+/// object the apply creates it, the version ignored. So a creation never lands on an object
+/// someone made under the name, without a read before it.
+pub const CREATE_ONLY_VERSION: &str = "1";
+
+/// `obj` with the condition `write` puts on its apply, and whether the apply is forced.
+fn conditioned<K: Resource + Clone>(obj: &K, write: &Write) -> (K, bool) {
+    let mut obj = obj.clone();
+    let force = match write {
+        Write::Create => {
+            obj.meta_mut().resource_version = Some(CREATE_ONLY_VERSION.into());
+            false
+        }
+        // An apply naming a uid is refused unless the stored object has it.
+        Write::Update { uid } => {
+            obj.meta_mut().uid = uid.clone();
+            true
+        }
+    };
+    (obj, force)
+}
+
+async fn apply_typed<K>(api: Api<K>, obj: &K, write: &Write) -> Result<K, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
     let name = obj.meta().name.clone().unwrap_or_default();
-    api.patch(&name, &apply_params(force), &Patch::Apply(obj))
+    let (obj, force) = conditioned(obj, write);
+    api.patch(&name, &apply_params(force), &Patch::Apply(&obj))
         .await
 }
 
@@ -198,24 +224,18 @@ where
     Ok(())
 }
 
-/// The cached object as [`apply_skip::decide_apply`] compares it.
-fn live_of(meta: Option<&ObjectMeta>) -> Live {
-    match meta {
-        Some(m) => Live::Present {
-            generation: m.generation,
-            applied: apply_skip::applied_hash(&m.annotations),
-        },
-        None => Live::Missing,
-    }
+fn cached_in<K: Resource<DynamicType = ()> + Clone>(
+    store: &Store<K>,
+    ns: &str,
+    name: &str,
+) -> Cached {
+    cached_meta(store.get(&ObjectRef::new(name).within(ns)).as_deref())
 }
 
-fn live_in<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>, ns: &str, name: &str) -> Live {
-    live_of(
-        store
-            .get(&ObjectRef::new(name).within(ns))
-            .as_deref()
-            .map(Resource::meta),
-    )
+fn cached_meta<K: Resource>(obj: Option<&K>) -> Cached {
+    obj.map_or(Cached::Missing, |o| {
+        Cached::Present(Box::new(o.meta().clone()))
+    })
 }
 
 fn deployment_obs(d: &Deployment) -> WorkloadObs {
@@ -332,28 +352,26 @@ impl Cluster for KubeCluster {
         self.keda_identity.problem(transport)
     }
 
-    fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live {
+    fn cached(&self, kind: ObjectKind, ns: &str, name: &str) -> Cached {
         match kind {
-            ObjectKind::ServiceAccount => live_in(&self.service_accounts, ns, name),
-            ObjectKind::Deployment => live_in(&self.deployments, ns, name),
-            ObjectKind::StatefulSet => live_in(&self.stateful_sets, ns, name),
+            ObjectKind::ServiceAccount => cached_in(&self.service_accounts, ns, name),
+            ObjectKind::Deployment => cached_in(&self.deployments, ns, name),
+            ObjectKind::StatefulSet => cached_in(&self.stateful_sets, ns, name),
             ObjectKind::ScaledObject => match (&self.scaled_objects, &self.keda) {
-                (Some(s), Some((so, _))) => live_of(
+                (Some(s), Some((so, _))) => cached_meta(
                     s.get(&ObjectRef::new_with(name, so.clone()).within(ns))
-                        .as_deref()
-                        .map(Resource::meta),
+                        .as_deref(),
                 ),
-                _ => Live::NotCached,
+                _ => Cached::NotCached,
             },
             ObjectKind::TriggerAuthentication => match (&self.trigger_auths, &self.keda) {
-                (Some(s), Some((_, ta))) => live_of(
+                (Some(s), Some((_, ta))) => cached_meta(
                     s.get(&ObjectRef::new_with(name, ta.clone()).within(ns))
-                        .as_deref()
-                        .map(Resource::meta),
+                        .as_deref(),
                 ),
-                _ => Live::NotCached,
+                _ => Cached::NotCached,
             },
-            ObjectKind::Secret | ObjectKind::Pod => Live::NotCached,
+            ObjectKind::Secret | ObjectKind::Pod => Cached::NotCached,
         }
     }
 
@@ -613,33 +631,33 @@ impl Cluster for KubeCluster {
         }
     }
 
-    async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {
+    async fn apply(&self, ns: &str, obj: &Object, write: &Write) -> Result<Answer, kube::Error> {
         let c = || self.client.clone();
         let generation = |m: &ObjectMeta| m.generation;
         Ok(match obj {
             Object::Secret(s) => {
-                let out = apply_typed(Api::<Secret>::namespaced(c(), ns), s, force).await?;
+                let out = apply_typed(Api::<Secret>::namespaced(c(), ns), s, write).await?;
                 Answer {
                     generation: generation(&out.metadata),
                     workload: None,
                 }
             }
             Object::ServiceAccount(s) => {
-                let out = apply_typed(Api::<ServiceAccount>::namespaced(c(), ns), s, force).await?;
+                let out = apply_typed(Api::<ServiceAccount>::namespaced(c(), ns), s, write).await?;
                 Answer {
                     generation: generation(&out.metadata),
                     workload: None,
                 }
             }
             Object::Deployment(d) => {
-                let out = apply_typed(Api::<Deployment>::namespaced(c(), ns), d, force).await?;
+                let out = apply_typed(Api::<Deployment>::namespaced(c(), ns), d, write).await?;
                 Answer {
                     generation: generation(&out.metadata),
                     workload: Some(deployment_obs(&out)),
                 }
             }
             Object::StatefulSet(s) => {
-                let out = apply_typed(Api::<StatefulSet>::namespaced(c(), ns), s, force).await?;
+                let out = apply_typed(Api::<StatefulSet>::namespaced(c(), ns), s, write).await?;
                 Answer {
                     generation: generation(&out.metadata),
                     workload: Some(stateful_set_obs(&out)),
@@ -655,11 +673,7 @@ impl Cluster for KubeCluster {
                 } else {
                     ta
                 };
-                let name = o.metadata.name.clone().unwrap_or_default();
-                let out = self
-                    .dynamic(ns, ar)
-                    .patch(&name, &apply_params(force), &Patch::Apply(o))
-                    .await?;
+                let out = apply_typed(self.dynamic(ns, ar), o, write).await?;
                 Answer {
                     generation: generation(&out.metadata),
                     workload: None,

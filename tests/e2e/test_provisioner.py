@@ -23,7 +23,8 @@ from asya_e2e.brokers import RABBIT_CTL, rabbit_publish, rabbit_queues, rabbit_s
 from asya_e2e.components import component_log, process_stopped
 from asya_e2e.env import ROOT, STATE, cluster_config, provisioner_url, webhook_enabled
 from asya_e2e.kube import apply, get, keda_running, kubectl, kubectl_json, no_namespace_terminating, status
-from asya_e2e.provisioner import all_converged, http_get, metric_total, provisioner_metrics, work_counters
+from asya_e2e.provisioner import (API_REQUESTS_PER_NEW_ACTOR, all_converged, http_get, metric_total,
+                                  provisioner_metrics, work_counters)
 from asya_e2e.wait import wait_for
 
 
@@ -106,8 +107,16 @@ def test_rabbitmq_actor_gets_queue_workload_scaledobject_and_status(namespace):
     row = out.splitlines()[1].split()
     assert row[0] == "doubler" and row[1] == st["phase"]
 
-    events = kubectl("get", "events", "-n", ns, "-o", "json").stdout
-    assert "QueueCreated" in events and "ScaledObjectCreated" in events
+    # One Normal event tells what the reconcile made and the phase it led to (issue 38: not
+    # QueueCreated, WorkloadCreated, ScaledObjectCreated and the phase's, four requests), and
+    # `kubectl describe` shows it.
+    told = " ".join(e.get("message") or e.get("note") or "" for e in events_about(ns, "Provisioned", ""))
+    for made in (f"queue asya-{ns}-doubler created on rabbitmq", "Deployment doubler created",
+                 "KEDA ScaledObject doubler created"):
+        assert made in told, told
+    assert not events_about(ns, "QueueCreated", "") and not events_about(ns, "ScaledObjectCreated", "")
+    described = kubectl("describe", "asyncactor", "doubler", "-n", ns).stdout
+    assert "Provisioned" in described and f"queue asya-{ns}-doubler created" in described, described
 
 
 def test_pods_get_the_sidecar_injected(namespace):
@@ -586,9 +595,13 @@ def test_fresh_apply_costs_bounded_work_per_actor(namespace):
     keda = 2 if keda_running() else 0
     assert per["reconciles"] <= 2 + keda + periodic, per
     # Issue 26 (finding 6): before each object it applies (ServiceAccount, workload,
-    # ScaledObject) the provisioner reads who holds the name, one GET each: ~15-16.5 measured.
+    # ScaledObject) the provisioner read who holds the name, one GET each: ~15-16.5 measured.
     # Issue 34: the queue's claim is created (its GET and the namespace's are cached): 17.8.
-    assert per["api"] <= 20, per
+    # Issue 38: the holder comes from the caches (creations conditioned instead), one Event
+    # instead of four: 8 requests per further actor of a namespace in the unit test
+    # (reconcile/tests.rs), plus what KEDA's and the Deployment's later reports bring about:
+    # 9.53 measured (17.55 before; docs/benchmarks.md).
+    assert per["api"] <= API_REQUESTS_PER_NEW_ACTOR, per
     # Broker work follows the reconciles: a declare and an existence check per actor, at most a
     # count per reconcile (measured 1.4-2.1 above the reconciles per actor), and each periodic
     # look in the window checks existence again besides its count. Issue 34: a new queue is

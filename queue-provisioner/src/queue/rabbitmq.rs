@@ -445,9 +445,9 @@ impl RabbitQueues {
         format!("{}/{}", self.display.trim_end_matches('/'), name)
     }
 
-    /// Message count of an existing queue, `None` when it does not exist (the broker then
-    /// closes `ch`; otherwise it stays open for the caller).
-    async fn passive_on(ch: &Channel, name: &str) -> Result<Option<u32>, QueueError> {
+    /// Ready messages and consumers of an existing queue, `None` when it does not exist (the
+    /// broker then closes `ch`; otherwise it stays open for the caller).
+    async fn passive_on(ch: &Channel, name: &str) -> Result<Option<(u32, u32)>, QueueError> {
         let res = ch
             .queue_declare(
                 name.into(),
@@ -459,14 +459,14 @@ impl RabbitQueues {
             )
             .await;
         match res {
-            Ok(q) => Ok(Some(q.message_count())),
+            Ok(q) => Ok(Some((q.message_count(), q.consumer_count()))),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(unavailable(e)),
         }
     }
 
-    /// Message count of an existing queue, `None` when it does not exist.
-    async fn passive(&self, name: &str) -> Result<Option<u32>, QueueError> {
+    /// Ready messages and consumers of an existing queue, `None` when it does not exist.
+    async fn passive(&self, name: &str) -> Result<Option<(u32, u32)>, QueueError> {
         let ch = self.channel().await?;
         let res = Self::passive_on(&ch, name).await;
         if matches!(res, Ok(Some(_))) {
@@ -545,19 +545,38 @@ impl QueueOps for RabbitQueues {
             }
         }
         // Not in the listing: AMQP says whether it exists (the listing may be a second old).
-        let queued = self
+        let counts = self
             .bounded(&format!("count {name}"), self.passive(name))
             .await?;
-        Ok(queued.map(|n| QueueDepth {
-            queued: Some(i64::from(n)),
-            processing: None,
-        }))
+        Ok(
+            counts
+                .map(|(ready, consumers)| amqp_depth(ready, consumers, self.management.is_some())),
+        )
+    }
+}
+
+/// A queue's depth as AMQP tells it: ready messages, and none in process when it has no
+/// consumer (a message is unacknowledged only on a consumer's channel: the sidecars consume,
+/// none takes with `basic.get`). With consumers AMQP cannot tell, and without the management
+/// API the status never says it (`None`), so a fresh queue does not flip it there.
+fn amqp_depth(ready: u32, consumers: u32, management: bool) -> QueueDepth {
+    QueueDepth {
+        queued: Some(i64::from(ready)),
+        processing: (management && consumers == 0).then_some(0),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{delay_queues, depths_from_listing, redact};
+    use super::{amqp_depth, delay_queues, depths_from_listing, redact};
+
+    #[test]
+    fn amqp_tells_nothing_in_process_only_without_consumers_and_where_the_listing_would() {
+        assert_eq!(amqp_depth(3, 0, true).processing, Some(0));
+        assert_eq!(amqp_depth(3, 0, true).queued, Some(3));
+        assert_eq!(amqp_depth(3, 1, true).processing, None);
+        assert_eq!(amqp_depth(3, 0, false).processing, None);
+    }
     use crate::queue::QueueDepth;
 
     #[test]

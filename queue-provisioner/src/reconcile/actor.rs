@@ -18,23 +18,44 @@ pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
-/// Writes the status only when it changed, announcing a phase change first.
+/// Writes the status only when it changed, with one event for what the reconcile made
+/// (`made`) and the phase change ([`plan::announcement`]).
 pub async fn write_status<C: Cluster>(
     c: &C,
     actor: &AsyncActor,
     new: AsyncActorStatus,
+    made: Vec<EventSpec>,
 ) -> Result<(), kube::Error> {
     let old = actor.status.clone().unwrap_or_default();
-    let Some(event) = plan::status_write(&old, &new) else {
-        return Ok(());
-    };
-    if let Some(ev) = event {
+    let write = plan::status_write(&old, &new);
+    let phase = write.clone().flatten();
+    for ev in plan::announcement(made, phase) {
         c.event(actor, ev).await;
     }
-    c.patch_status(actor, &new).await
+    match write {
+        Some(_) => c.patch_status(actor, &new).await,
+        None => Ok(()),
+    }
 }
 
+/// The reconcile of a live actor. What it made is announced with its status write, or on
+/// its own when it fails before that.
 pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<Next, Error> {
+    let mut made = Vec::new();
+    let res = reconcile(rec, actor, &mut made).await;
+    if res.is_err() {
+        for ev in plan::announcement(std::mem::take(&mut made), None) {
+            rec.cluster.event(actor, ev).await;
+        }
+    }
+    res
+}
+
+async fn reconcile<C: Cluster>(
+    rec: &Reconciler<C>,
+    actor: &AsyncActor,
+    made: &mut Vec<EventSpec>,
+) -> Result<Next, Error> {
     let c = &rec.cluster;
     let key = actor_key(actor);
     let prev = actor.status.clone().unwrap_or_default();
@@ -42,13 +63,14 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     let (resolved, mut o) = match plan::resolution(actor, review) {
         Ok(r) => r,
         Err(o) => {
-            write_status(c, actor, status::derive(&prev, &o, now())).await?;
+            let st = status::derive(&prev, &o, now());
+            write_status(c, actor, st, std::mem::take(made)).await?;
             return Ok(Next::After(plan::UNRESOLVED_RETRY));
         }
     };
 
     // 1. Queues: the namespace's end queues, then the actor's.
-    o.transport = match queues::ensure(rec, actor, &resolved).await {
+    o.transport = match queues::ensure(rec, actor, &resolved, made).await {
         Ok(t) => t,
         Err(e) => {
             if let crate::queue::QueueError::NotOurs(not_ours) = &e {
@@ -60,7 +82,8 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
                 Retry::Backoff { at_least } => rec.memory.backoff(&key, true).max(at_least),
             };
             o.transport = obs;
-            write_status(c, actor, status::derive(&prev, &o, now())).await?;
+            let st = status::derive(&prev, &o, now());
+            write_status(c, actor, st, std::mem::take(made)).await?;
             return Ok(Next::After(wait));
         }
     };
@@ -76,7 +99,8 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
                 .backoff(&key, true)
                 .max(e.retry_after().min(std::time::Duration::from_secs(5)));
             o.transport = obs;
-            write_status(c, actor, status::derive(&prev, &o, now())).await?;
+            let st = status::derive(&prev, &o, now());
+            write_status(c, actor, st, std::mem::take(made)).await?;
             return Ok(Next::After(wait));
         }
     };
@@ -97,13 +121,13 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
                 .memory
                 .backoff(&key, true)
                 .max(e.retry_after().min(std::time::Duration::from_secs(5)));
-            write_status(c, actor, status::derive(&prev, &o, now())).await?;
+            let st = status::derive(&prev, &o, now());
+            write_status(c, actor, st, std::mem::take(made)).await?;
             return Ok(Next::After(wait));
         }
     };
 
     // 2. Kubernetes objects.
-    let labels = actor.labels().clone();
     let owner = actor
         .controller_owner_ref(&())
         .ok_or(Error::Finalizer("actor has no uid".into()))?;
@@ -115,7 +139,6 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         rec,
         actor,
         &resolved,
-        &labels,
         &owner,
         &mut o,
         &objects::FromBroker {
@@ -123,6 +146,7 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
             credential_version,
             state_credential_version,
         },
+        made,
     )
     .await;
     if let Err(e) = res {
@@ -181,7 +205,7 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         &resolved.actor,
         crate::actor_gauges::ActorValues::of_status(&new),
     );
-    write_status(c, actor, new).await?;
+    write_status(c, actor, new, std::mem::take(made)).await?;
     let backoff = rec.memory.backoff(&key, failed);
     Ok(plan::next(
         &key,

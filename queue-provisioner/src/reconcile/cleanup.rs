@@ -91,7 +91,7 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     o.transport = TransportObs::NotAttempted;
     let prev = actor.status.clone().unwrap_or_default();
     let terminating = status::derive(&prev, &o, now());
-    let _ = write_status(c, actor, terminating.clone()).await;
+    let _ = write_status(c, actor, terminating.clone(), vec![]).await;
 
     let closing = match delete_queue(rec, actor, &t).await {
         Ok(delay_queues) => plan::queue_deleted_event(&t.queue, &delay_queues),

@@ -25,7 +25,33 @@ use crate::status::WorkloadObs;
 use asya_api::queue_claim::{QueueClaim, QueueClaimSpec};
 
 use super::Error;
+use super::ownership::Write;
 use super::plan::EventSpec;
+
+/// What a watch cache says of an object's metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cached {
+    /// No cache watches that kind (Secrets, pods; KEDA's kinds without KEDA).
+    NotCached,
+    /// The cache does not hold it: absent, or present without our label (the caches watch
+    /// only objects that carry it).
+    Missing,
+    Present(Box<ObjectMeta>),
+}
+
+impl Cached {
+    /// The cached object as [`crate::apply_skip::decide_apply`] compares it.
+    pub fn live(&self) -> Live {
+        match self {
+            Cached::NotCached => Live::NotCached,
+            Cached::Missing => Live::Missing,
+            Cached::Present(m) => Live::Present {
+                generation: m.generation,
+                applied: crate::apply_skip::applied_hash(&m.annotations),
+            },
+        }
+    }
+}
 
 /// An object the controller applies (server-side apply, its field manager; forced only
 /// over an object that is ours, see [`super::ownership`]).
@@ -118,8 +144,8 @@ pub trait Cluster: Send + Sync {
     /// Why KEDA cannot read the transport's queue depth (its monitor identity could not be
     /// ensured, [`crate::keda_identity`]); `None` when it can or nothing was tried yet.
     fn keda_identity_problem(&self, transport: &str) -> Option<String>;
-    /// The cached object as [`crate::apply_skip::decide_apply`] compares it.
-    fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live;
+    /// The cached object's metadata (generation, applied hash, labels, owners).
+    fn cached(&self, kind: ObjectKind, ns: &str, name: &str) -> Cached;
     /// What the cached workload says of itself.
     fn cached_workload(&self, kind: WorkloadKind, ns: &str, name: &str) -> Option<WorkloadObs>;
     /// Whether the ScaledObject cache holds this one.
@@ -262,16 +288,18 @@ pub trait Cluster: Send + Sync {
         password: &str,
     ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
 
-    /// Server-side apply; `force` only for an object that is ours ([`super::ownership`]): a
-    /// create is not forced, so an object someone made meanwhile is not taken over.
+    /// Server-side apply under the condition `write` says ([`super::ownership::Write`]): a
+    /// creation fails with 409 Conflict when the name is held after all; an update is forced
+    /// and fails when the object is not the one seen.
     fn apply(
         &self,
         ns: &str,
         obj: &Object,
-        force: bool,
+        write: &Write,
     ) -> impl Future<Output = Result<Answer, kube::Error>> + Send;
     /// The live object's metadata, read from the API server (the caches hold only objects
-    /// with our label): who holds the name ([`super::ownership::claim`]).
+    /// with our label): who holds the name ([`super::ownership::claim`]), when no cache
+    /// says.
     fn metadata(
         &self,
         kind: ObjectKind,

@@ -12,13 +12,13 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use crate::apply_skip::{self, Live};
 use crate::broker_identity::permissions::Permissions;
 use crate::model::{ObjectKind, WorkloadKind};
 use crate::queue::owner::{self, QueueRecord};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
+use crate::reconcile::ownership::Write;
 use crate::reconcile::plan::EventSpec;
-use crate::reconcile::{Answer, Cluster, Error, FINALIZER, Object};
+use crate::reconcile::{Answer, Cached, Cluster, Error, FINALIZER, Object};
 use crate::render::TransportCredentials;
 use crate::render::workload::MANAGED_BY;
 use crate::state_identity::StateError;
@@ -89,6 +89,8 @@ pub struct World {
     pub end_queue_candidates: BTreeSet<(String, String)>,
     /// Every write, in order: `apply Deployment n/a`, `event Warning QueueRecreated: …`.
     pub log: Vec<String>,
+    /// Every request to the API server, reads included, refused ones too, in order.
+    pub requests: Vec<String>,
     pub events: Vec<EventSpec>,
     pub status: Option<AsyncActorStatus>,
     /// The actor cache.
@@ -155,6 +157,7 @@ impl Default for World {
             unforced: BTreeSet::new(),
             end_queue_candidates: BTreeSet::new(),
             log: vec![],
+            requests: vec![],
             events: vec![],
             status: None,
             actors: vec![],
@@ -186,6 +189,11 @@ impl Fake {
         std::mem::take(&mut self.world().log)
     }
 
+    /// Counts a request to the API server.
+    fn request(&self, what: String) {
+        self.world().requests.push(what);
+    }
+
     fn broker(&self) -> Result<(), QueueError> {
         match self.world().broker {
             Broker::Up => Ok(()),
@@ -194,6 +202,12 @@ impl Fake {
             Broker::Rejected => Err(QueueError::Rejected("access denied".into())),
         }
     }
+}
+
+fn conflict(what: &str) -> kube::Error {
+    kube::Error::Api(Box::new(
+        kube::core::Status::failure(what, "Conflict").with_code(409),
+    ))
 }
 
 fn refused(what: &str) -> kube::Error {
@@ -219,25 +233,23 @@ impl Cluster for Fake {
         self.world().keda_identity_problem.clone()
     }
 
-    fn live(&self, kind: ObjectKind, ns: &str, name: &str) -> Live {
+    fn cached(&self, kind: ObjectKind, ns: &str, name: &str) -> Cached {
         let w = self.world();
         match kind {
-            ObjectKind::Secret | ObjectKind::Pod => return Live::NotCached,
+            ObjectKind::Secret | ObjectKind::Pod => return Cached::NotCached,
             ObjectKind::ScaledObject | ObjectKind::TriggerAuthentication if !w.keda => {
-                return Live::NotCached;
+                return Cached::NotCached;
             }
             _ => {}
         }
         match w.objects.get(&key(kind, ns, name)).filter(|s| s.managed) {
             Some(s) => {
-                let meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta =
+                let mut meta: ObjectMeta =
                     serde_json::from_value(s.body["metadata"].clone()).unwrap_or_default();
-                Live::Present {
-                    generation: Some(s.generation),
-                    applied: apply_skip::applied_hash(&meta.annotations),
-                }
+                meta.generation = Some(s.generation);
+                Cached::Present(Box::new(meta))
             }
-            None => Live::Missing,
+            None => Cached::Missing,
         }
     }
 
@@ -365,10 +377,12 @@ impl Cluster for Fake {
     }
 
     async fn claim_get(&self, name: &str) -> Result<Option<QueueClaim>, kube::Error> {
+        self.request(format!("get QueueClaim {name}"));
         Ok(self.world().claims.get(name).cloned())
     }
 
     async fn claim_create(&self, claim: &QueueClaim) -> Result<bool, kube::Error> {
+        self.request("create QueueClaim".into());
         let mut w = self.world();
         let name = claim.metadata.name.clone().unwrap_or_default();
         if w.claim_before_create
@@ -394,6 +408,7 @@ impl Cluster for Fake {
     }
 
     async fn claim_delete(&self, name: &str, uid: &str) -> Result<bool, kube::Error> {
+        self.request(format!("delete QueueClaim {name}"));
         let mut w = self.world();
         let same = w
             .claims
@@ -435,6 +450,7 @@ impl Cluster for Fake {
     }
 
     async fn read_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
+        self.request(format!("get Secret {ns}/{name}"));
         let mut w = self.world();
         w.log.push(format!("read Secret {ns}/{name}"));
         w.objects
@@ -540,24 +556,38 @@ impl Cluster for Fake {
         Ok(())
     }
 
-    async fn apply(&self, ns: &str, obj: &Object, force: bool) -> Result<Answer, kube::Error> {
+    async fn apply(&self, ns: &str, obj: &Object, write: &Write) -> Result<Answer, kube::Error> {
         let mut w = self.world();
         let kind = obj.kind();
         let name = obj.name();
+        w.requests.push(format!("apply {kind} {ns}/{name}"));
+        let k = key(kind, ns, &name);
+        let stored_uid = w.objects.get(&k).map(|s| {
+            s.body
+                .pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
+        let exists = stored_uid.is_some();
+        let stored_uid = stored_uid.flatten();
+        match write {
+            // A creation (resourceVersion precondition) refused: the name is held.
+            Write::Create if exists => {
+                w.log.push(format!("create refused {kind} {ns}/{name}"));
+                return Err(conflict("the object has been modified"));
+            }
+            Write::Update { uid: Some(want) } if stored_uid.as_ref() != Some(want) => {
+                w.log.push(format!("update refused {kind} {ns}/{name}"));
+                return Err(conflict("uid mismatch"));
+            }
+            _ => {}
+        }
         w.log.push(format!("apply {kind} {ns}/{name}"));
         if w.refuse.contains(&kind) {
             return Err(refused(kind.as_str()));
         }
-        let k = key(kind, ns, &name);
-        if !force {
+        if *write == Write::Create {
             w.unforced.insert(k.clone());
-            // An unforced apply over another manager's object fails on its conflicts.
-            if w.objects.get(&k).is_some_and(|s| !s.managed) {
-                return Err(kube::Error::Api(Box::new(
-                    kube::core::Status::failure("Apply failed with conflicts", "Conflict")
-                        .with_code(409),
-                )));
-            }
         }
         let mut body = match obj {
             Object::Secret(o) => serde_json::to_value(o),
@@ -618,6 +648,7 @@ impl Cluster for Fake {
         ns: &str,
         name: &str,
     ) -> Result<Option<i32>, kube::Error> {
+        self.request(format!("get {kind} {ns}/{name}"));
         let w = self.world();
         Ok(w.objects
             .get(&key(kind.object(), ns, name))
@@ -631,6 +662,7 @@ impl Cluster for Fake {
         name: &str,
         n: i32,
     ) -> Result<(), kube::Error> {
+        self.request(format!("apply {kind} {ns}/{name} replicas"));
         let mut w = self.world();
         w.log.push(format!("claim replicas {kind} {ns}/{name} {n}"));
         if let Some(s) = w.objects.get_mut(&key(kind.object(), ns, name)) {
@@ -645,6 +677,7 @@ impl Cluster for Fake {
         ns: &str,
         name: &str,
     ) -> Result<Option<ObjectMeta>, kube::Error> {
+        self.request(format!("get {kind} {ns}/{name}"));
         let w = self.world();
         w.objects
             .get(&key(kind, ns, name))
@@ -660,6 +693,7 @@ impl Cluster for Fake {
         name: &str,
         uid: Option<&str>,
     ) -> Result<bool, kube::Error> {
+        self.request(format!("delete {kind} {ns}/{name}"));
         let mut w = self.world();
         w.log.push(format!("delete {kind} {ns}/{name}"));
         let stored_uid = w
@@ -682,6 +716,7 @@ impl Cluster for Fake {
     }
 
     async fn delete_owned_secret(&self, ns: &str, name: &str) -> Result<bool, kube::Error> {
+        self.request(format!("get Secret {ns}/{name}"));
         let mut w = self.world();
         let k = key(ObjectKind::Secret, ns, name);
         let ours = w.objects.get(&k).is_some_and(|s| {
@@ -698,10 +733,12 @@ impl Cluster for Fake {
     }
 
     async fn injection_works(&self, _pod: &Pod) -> bool {
+        self.request("create Pod (dry run)".into());
         self.world().injection_works
     }
 
     async fn event(&self, _actor: &AsyncActor, ev: EventSpec) {
+        self.request("create Event".into());
         let mut w = self.world();
         let ty = if ev.warning { "Warning" } else { "Normal" };
         w.log
@@ -714,6 +751,7 @@ impl Cluster for Fake {
         _actor: &AsyncActor,
         status: &AsyncActorStatus,
     ) -> Result<(), kube::Error> {
+        self.request("patch AsyncActor status".into());
         let mut w = self.world();
         w.log.push(format!(
             "status {}",
@@ -724,6 +762,7 @@ impl Cluster for Fake {
     }
 
     async fn add_finalizer(&self, actor: &AsyncActor) -> Result<AsyncActor, Error> {
+        self.request("patch AsyncActor".into());
         self.world().log.push("add finalizer".into());
         let mut a = actor.clone();
         a.metadata
@@ -734,6 +773,7 @@ impl Cluster for Fake {
     }
 
     async fn remove_finalizer(&self, _actor: &AsyncActor) -> Result<(), Error> {
+        self.request("patch AsyncActor".into());
         self.world().log.push("remove finalizer".into());
         Ok(())
     }

@@ -18,6 +18,7 @@ use crate::model::ObjectKind;
 use crate::queue::QueueError;
 
 use super::memory::{IdentitySet, RECHECK};
+use super::ownership::Write;
 use super::ownership::managed_by_us;
 use super::plan::{EventSpec, Reason};
 use super::{Cluster, Object, Reconciler};
@@ -156,7 +157,7 @@ pub async fn ensure<C: Cluster>(
             }
             let s = id::identity_secret(ns, &r.transport, &password, version);
             // A create (never forced): a Secret made meanwhile by someone else is not taken.
-            c.apply(ns, &Object::Secret(s), false)
+            c.apply(ns, &Object::Secret(s), &Write::Create)
                 .await
                 .map_err(|e| kube_err(&format!("writing Secret {ns}/{secret_name}"), e))?;
             let note = format!(

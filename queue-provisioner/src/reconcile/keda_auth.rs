@@ -9,7 +9,6 @@
 use asya_api::config::Transport;
 use asya_api::{AsyncActor, ResolvedActor, naming};
 
-use crate::apply_skip::Live;
 use crate::model::ObjectKind;
 use crate::render::keda;
 use crate::status::{Observed, TransportObs};
@@ -73,8 +72,8 @@ pub async fn remove_legacy_rabbitmq<C: Cluster>(
     let ns = &r.namespace;
     let ta = naming::trigger_authentication_name(&r.name);
     if matches!(
-        c.live(ObjectKind::TriggerAuthentication, ns, &ta),
-        Live::Present { .. }
+        c.cached(ObjectKind::TriggerAuthentication, ns, &ta),
+        super::Cached::Present(_)
     ) {
         // Only the actor's own (owner uid): a same-named one of someone else's stays.
         let _ = super::objects::delete_if_ours(c, us, ObjectKind::TriggerAuthentication, ns, &ta)

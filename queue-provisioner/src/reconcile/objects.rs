@@ -7,19 +7,20 @@ use std::time::Instant;
 
 use asya_api::config::TRANSPORT_RABBITMQ;
 use asya_api::{AsyncActor, ResolvedActor, naming};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt;
 use kube::api::DynamicObject;
 
-use crate::apply_skip::{self, Applied, ApplyDecision, Live};
+use crate::apply_skip::{self, Applied, ApplyDecision};
 use crate::broker_identity::plan::VERSION_ANNOTATION;
 use crate::model::{ObjectKind, WorkloadKind};
 use crate::render::{self, keda, workload};
 use crate::status::{Observed, WorkloadObs};
 
 use super::memory::ObjectKey;
-use super::ownership::{self, Claim, DeleteStep, Us};
+use super::ownership::{self, Claim, DeleteStep, Us, Write, WriteStep};
 use super::plan::{self, EventSpec, ObjectsSeen, Reason, ScalingPlan, WorkloadPlan};
-use super::{Answer, Cluster, Object, Reconciler, keda_auth};
+use super::{Answer, Cached, Cluster, Object, Reconciler, keda_auth};
 
 /// Why an object step did not write.
 #[derive(Debug, thiserror::Error)]
@@ -32,19 +33,22 @@ pub enum ApplyError {
     NotOurs(String),
 }
 
-/// Who holds `kind` `ns/name` now, read from the API server.
-async fn claim_of<C: Cluster>(
+/// The metadata of whatever holds `kind` `ns/name`: the cache's when it holds the object,
+/// else read from the API server (the caches hold only objects with our label, and a delete
+/// must not miss one of ours that lost it).
+async fn holder_meta<C: Cluster>(
     c: &C,
-    us: Us<'_>,
     kind: ObjectKind,
     ns: &str,
     name: &str,
-) -> Result<Claim, kube::Error> {
-    let meta = c.metadata(kind, ns, name).await?;
-    Ok(ownership::claim(kind, meta.as_ref(), us))
+) -> Result<Option<ObjectMeta>, kube::Error> {
+    match c.cached(kind, ns, name) {
+        Cached::Present(m) => Ok(Some(*m)),
+        Cached::Missing | Cached::NotCached => c.metadata(kind, ns, name).await,
+    }
 }
 
-/// Deletes the object if it is the actor's (and still the object read). `Ok(Err(message))`:
+/// Deletes the object if it is the actor's (and still the object seen). `Ok(Err(message))`:
 /// it is someone else's and was kept; `Ok(Ok(deleted))` otherwise.
 pub async fn delete_if_ours<C: Cluster>(
     c: &C,
@@ -53,11 +57,45 @@ pub async fn delete_if_ours<C: Cluster>(
     ns: &str,
     name: &str,
 ) -> Result<Result<bool, String>, kube::Error> {
-    let meta = c.metadata(kind, ns, name).await?;
+    let meta = holder_meta(c, kind, ns, name).await?;
     match ownership::delete_step(kind, ns, name, meta.as_ref(), us) {
         DeleteStep::Nothing => Ok(Ok(false)),
         DeleteStep::Delete { uid } => Ok(Ok(c.delete(kind, ns, name, uid.as_deref()).await?)),
         DeleteStep::Keep { message } => Ok(Err(message)),
+    }
+}
+
+/// Applies `obj` only over what is the actor's ([`ownership::write_step`]), asking the
+/// caches who holds the name (a kind without a cache: a read). A creation the API server
+/// refuses because the name is held after all reads the holder and decides again, once.
+async fn write_if_ours<C: Cluster>(
+    c: &C,
+    us: Us<'_>,
+    ns: &str,
+    obj: &Object,
+    cached: Cached,
+) -> Result<Answer, ApplyError> {
+    let (kind, name) = (obj.kind(), obj.name());
+    let seen = match cached {
+        Cached::Present(m) => Some(*m),
+        Cached::Missing => None,
+        Cached::NotCached => c.metadata(kind, ns, &name).await?,
+    };
+    let write = match ownership::write_step(kind, ns, &name, seen.as_ref(), us) {
+        WriteStep::Write(w) => w,
+        WriteStep::Keep { message } => return Err(ApplyError::NotOurs(message)),
+    };
+    match c.apply(ns, obj, &write).await {
+        Err(kube::Error::Api(s)) if s.code == 409 && write == Write::Create => {
+            let meta = c.metadata(kind, ns, &name).await?;
+            match ownership::write_step(kind, ns, &name, meta.as_ref(), us) {
+                WriteStep::Write(w @ Write::Update { .. }) => Ok(c.apply(ns, obj, &w).await?),
+                // Gone again since: the next reconcile creates it.
+                WriteStep::Write(Write::Create) => Err(kube::Error::Api(s).into()),
+                WriteStep::Keep { message } => Err(ApplyError::NotOurs(message)),
+            }
+        }
+        res => Ok(res?),
     }
 }
 
@@ -67,8 +105,8 @@ pub fn not_ours_event(message: &str) -> EventSpec {
 }
 
 /// Applies `desired` (server-side apply, with its hash in [`apply_skip::APPLIED_HASH`])
-/// unless the last apply sent the same and the live object (`live`, from a cache) is still
-/// the one it produced, or a restarted controller finds it carrying that hash. `initial`:
+/// unless the last apply sent the same and the live object (`cached`) is still the one it
+/// produced, or a restarted controller finds it carrying that hash. `initial`:
 /// replicas set only when creating, after the hash is taken, so later applies leave them
 /// out without it counting as a change. `None` when skipped.
 async fn apply_changed<C: Cluster>(
@@ -76,14 +114,14 @@ async fn apply_changed<C: Cluster>(
     us: Us<'_>,
     ns: &str,
     mut desired: Object,
-    live: Live,
+    cached: Cached,
     initial: Option<i32>,
 ) -> Result<Option<Answer>, ApplyError> {
     let key = ObjectKey::new(desired.kind(), ns, &desired.name());
     let hash = desired.hash();
     let now = Instant::now();
     let last = r.memory.applied(&key);
-    let answer = match apply_skip::decide_apply(last.as_ref(), hash, live, now) {
+    let answer = match apply_skip::decide_apply(last.as_ref(), hash, cached.live(), now) {
         ApplyDecision::Skip => return Ok(None),
         ApplyDecision::Adopt { generation } => {
             let at = now;
@@ -98,18 +136,8 @@ async fn apply_changed<C: Cluster>(
             return Ok(None);
         }
         ApplyDecision::Apply => {
-            // Read first: a name held by someone else is not taken over; ours is applied
-            // with force, a creation without (docs/DESIGN.md §9).
-            let kind = desired.kind();
-            let name = desired.name();
-            let force = match claim_of(&r.cluster, us, kind, ns, &name).await? {
-                Claim::Absent => false,
-                Claim::Ours => true,
-                Claim::Foreign { holder } => {
-                    let m = ownership::not_ours_message(kind, ns, &name, &holder);
-                    return Err(ApplyError::NotOurs(m));
-                }
-            };
+            // A name held by someone else is not taken over; ours is applied with force, a
+            // creation without (docs/DESIGN.md §9).
             if let Some(n) = initial {
                 desired.set_replicas(n);
             }
@@ -118,7 +146,7 @@ async fn apply_changed<C: Cluster>(
                 .annotations
                 .get_or_insert_default()
                 .insert(apply_skip::APPLIED_HASH.into(), format!("{hash:016x}"));
-            r.cluster.apply(ns, &desired, force).await?
+            write_if_ours(&r.cluster, us, ns, &desired, cached).await?
         }
     };
     let applied = Applied {
@@ -166,10 +194,10 @@ async fn apply_workload<C: Cluster>(
     wp: &WorkloadPlan,
     ns: &str,
     desired: Object,
-    live: Live,
+    cached: Cached,
 ) -> Result<WorkloadObs, ApplyError> {
     let name = desired.name();
-    let sent = apply_changed(r, us, ns, desired, live, wp.initial).await?;
+    let sent = apply_changed(r, us, ns, desired, cached, wp.initial).await?;
     if let (Some(n), Some(_)) = (wp.initial, &sent) {
         r.cluster.claim_replicas(wp.kind, ns, &name, n).await?;
     }
@@ -196,18 +224,19 @@ async fn hand_replicas_over<C: Cluster>(
     }
 }
 
-/// The objects step. Workload and KEDA failures are recorded in `o` (and announced); an
-/// error returned is one of the steps around them, which the caller records as a workload
-/// error.
+/// The objects step. Workload and KEDA failures are recorded in `o` (and announced); what
+/// it creates is added to `made`, announced with the status. An error returned is one of the
+/// steps around them, which the caller records as a workload error.
 pub async fn apply<C: Cluster>(
     rec: &Reconciler<C>,
     actor: &AsyncActor,
     r: &ResolvedActor,
-    labels: &BTreeMap<String, String>,
     owner: &OwnerReference,
     o: &mut Observed,
     broker: &FromBroker,
+    made: &mut Vec<EventSpec>,
 ) -> Result<(), ApplyError> {
+    let labels: &BTreeMap<String, String> = &actor.labels().clone();
     let queue_url = broker.queue_url.as_deref();
     let c = &rec.cluster;
     let config = &rec.config;
@@ -222,7 +251,7 @@ pub async fn apply<C: Cluster>(
     // Transport credentials in the actor's namespace (shared by its actors: one apply).
     if let (Some(t), Ok(creds)) = (transport, c.transport(&r.transport).await) {
         for s in render::transport_secrets(ns, &r.transport, t, &creds) {
-            apply_changed(rec, us, ns, Object::Secret(s), Live::NotCached, None).await?;
+            apply_changed(rec, us, ns, Object::Secret(s), Cached::NotCached, None).await?;
         }
     }
     // SQS without shared keys nor an IRSA role: the pods cannot authenticate; say so. Keys
@@ -238,14 +267,14 @@ pub async fn apply<C: Cluster>(
     // goes on the pod template below, so a new token rolls the pods onto it.
     let report_token = crate::gateway_report::ensure(rec, actor, ns).await;
     let sa = render::service_account(r, labels, owner, config);
-    let sa_live = c.live(
+    let sa_cached = c.cached(
         ObjectKind::ServiceAccount,
         ns,
         &naming::service_account_name(&r.name),
     );
     // A ServiceAccount of that name that is not the actor's stops the step here: its pods
     // would run as someone else's identity.
-    apply_changed(rec, us, ns, Object::ServiceAccount(sa), sa_live, None).await?;
+    apply_changed(rec, us, ns, Object::ServiceAccount(sa), sa_cached, None).await?;
 
     // What to do with the workload and KEDA's objects, from what the caches and this
     // process know before any of it is written.
@@ -254,11 +283,12 @@ pub async fn apply<C: Cluster>(
     let ta_name = naming::trigger_authentication_name(&r.name);
     let kind = WorkloadKind::of(r.workload_kind());
     let keda_installed = c.keda_installed();
+    let workload_cached = c.cached(kind.object(), ns, &name);
     let seen = ObjectsSeen {
         keda: keda_installed,
         so_cached: keda_installed && c.scaled_object_cached(ns, &so_name),
         transport_known: transport.is_some(),
-        workload_live: c.live(kind.object(), ns, &name),
+        workload_live: workload_cached.live(),
         workload_applied_before: rec
             .memory
             .was_applied(&ObjectKey::new(kind.object(), ns, &name)),
@@ -267,7 +297,13 @@ pub async fn apply<C: Cluster>(
     let wp = &plan.workload;
 
     // The workload; the other kind goes when the actor switched kinds.
-    if wp.hand_over && claim_of(c, us, kind.object(), ns, &name).await? == Claim::Ours {
+    if wp.hand_over
+        && ownership::claim(
+            kind.object(),
+            holder_meta(c, kind.object(), ns, &name).await?.as_ref(),
+            us,
+        ) == Claim::Ours
+    {
         hand_replicas_over(rec, kind, ns, &name).await?;
     }
     if let Some(other) = wp.remove {
@@ -298,12 +334,11 @@ pub async fn apply<C: Cluster>(
     if let Some(v) = report_token.version() {
         set_template_annotation(&mut desired, crate::gateway_report::VERSION_ANNOTATION, v);
     }
-    match apply_workload(rec, us, wp, ns, desired, seen.workload_live).await {
+    match apply_workload(rec, us, wp, ns, desired, workload_cached).await {
         Ok(w) => {
             if wp.announce {
                 let note = format!("{kind} {name} created");
-                c.event(actor, EventSpec::normal(Reason::WorkloadCreated, note))
-                    .await;
+                made.push(EventSpec::normal(Reason::WorkloadCreated, note));
             }
             o.workload = Some(w);
         }
@@ -375,14 +410,14 @@ pub async fn apply<C: Cluster>(
             let res = async {
                 let mut ta_sent = false;
                 if let Some(ta) = ta {
-                    let ta_live = c.live(ObjectKind::TriggerAuthentication, ns, &ta_name);
+                    let ta_cached = c.cached(ObjectKind::TriggerAuthentication, ns, &ta_name);
                     let obj = Object::TriggerAuthentication(ta);
-                    ta_sent = apply_changed(rec, us, ns, obj, ta_live, None)
+                    ta_sent = apply_changed(rec, us, ns, obj, ta_cached, None)
                         .await?
                         .is_some();
                 }
-                let so_live = c.live(ObjectKind::ScaledObject, ns, &so_name);
-                apply_changed(rec, us, ns, Object::ScaledObject(so), so_live, None).await?;
+                let so_cached = c.cached(ObjectKind::ScaledObject, ns, &so_name);
+                apply_changed(rec, us, ns, Object::ScaledObject(so), so_cached, None).await?;
                 Ok::<_, ApplyError>(ta_sent)
             }
             .await;
@@ -404,9 +439,8 @@ pub async fn apply<C: Cluster>(
                         keda_auth::announce_shared(c, actor, r, t).await;
                     }
                     if announce {
-                        let note = "KEDA ScaledObject successfully created".to_string();
-                        c.event(actor, EventSpec::normal(Reason::ScaledObjectCreated, note))
-                            .await;
+                        let note = format!("KEDA ScaledObject {so_name} created");
+                        made.push(EventSpec::normal(Reason::ScaledObjectCreated, note));
                     }
                 }
                 Err(ApplyError::NotOurs(m)) => {

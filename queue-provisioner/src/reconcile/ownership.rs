@@ -1,7 +1,9 @@
 //! Whether an object that holds a name the actor needs is the actor's (docs/DESIGN.md §9,
 //! issue 26 finding 6). The provisioner names an actor's objects after it, so a name alone
-//! proves nothing: before it writes or deletes one, it reads the live object and asks
-//! [`claim`]. Pure; the read is [`super::Cluster::metadata`].
+//! proves nothing: before it writes or deletes one, it asks [`claim`] of the live object's
+//! metadata, from the watch caches when they hold it (they hold the objects with our label),
+//! else from a read ([`super::Cluster::metadata`]); an object the caches do not hold is
+//! created with a condition the API server enforces ([`Write::Create`]). Pure.
 //!
 //! - A Secret (the namespace's transport credentials, shared by its actors, no owner) is
 //!   ours when it carries our managed-by label.
@@ -104,6 +106,48 @@ pub fn not_ours_message(kind: ObjectKind, ns: &str, name: &str, holder: &str) ->
         "{kind} {ns}/{name} exists and is not this actor's ({holder}); left untouched: delete or \
          rename it, or rename the actor"
     )
+}
+
+/// How an apply is conditioned so that it never writes over an object that is not ours.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Nothing holds the name as far as the caches know: create it, not forced. The API
+    /// server refuses it (409 Conflict) if an object exists after all (one without our label,
+    /// which the caches do not hold, or one made since): then its holder is read and asked.
+    Create,
+    /// Ours: apply with force, over that very object only (its uid, when known: one
+    /// replaced since it was seen is refused).
+    Update { uid: Option<String> },
+}
+
+/// What an apply does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteStep {
+    Write(Write),
+    /// Not ours: leave it, and say so with this message.
+    Keep {
+        message: String,
+    },
+}
+
+/// What an apply over `kind` `ns/name` does, for `meta` the holder's metadata (`None`: no
+/// holder as far as the caller knows).
+pub fn write_step(
+    kind: ObjectKind,
+    ns: &str,
+    name: &str,
+    meta: Option<&ObjectMeta>,
+    us: Us<'_>,
+) -> WriteStep {
+    match claim(kind, meta, us) {
+        Claim::Absent => WriteStep::Write(Write::Create),
+        Claim::Ours => WriteStep::Write(Write::Update {
+            uid: meta.and_then(|m| m.uid.clone()),
+        }),
+        Claim::Foreign { holder } => WriteStep::Keep {
+            message: not_ours_message(kind, ns, name, &holder),
+        },
+    }
 }
 
 /// What a delete of an object the actor may own does.
@@ -221,6 +265,28 @@ mod tests {
                 holder: "managed by \"Helm\"".into()
             }
         );
+    }
+
+    #[test]
+    fn write_steps_create_absent_names_and_update_only_the_object_seen() {
+        assert_eq!(
+            write_step(ObjectKind::ServiceAccount, "n", "asya-a", None, US),
+            WriteStep::Write(Write::Create)
+        );
+        let ours = meta(json!({"name": "a", "uid": "d-1",
+            "ownerReferences": [owner("AsyncActor", "a", "uid-1")]}));
+        assert_eq!(
+            write_step(ObjectKind::Deployment, "n", "a", Some(&ours), US),
+            WriteStep::Write(Write::Update {
+                uid: Some("d-1".into())
+            })
+        );
+        let labelled = meta(json!({"name": "a", "uid": "d-2",
+            "labels": {"app.kubernetes.io/managed-by": "asya-queue-provisioner"}}));
+        assert!(matches!(
+            write_step(ObjectKind::ScaledObject, "n", "a", Some(&labelled), US),
+            WriteStep::Keep { message } if message.starts_with("ScaledObject n/a exists and is not this actor's")
+        ));
     }
 
     #[test]

@@ -83,6 +83,9 @@ pub enum Reason {
     StateIdentity,
     /// The platform's Redis still lets anyone in as `default` without a password.
     SharedStateCredentials,
+    /// What one reconcile made (queue, workload, ScaledObject) and the phase it led to, in
+    /// one event ([`announcement`]).
+    Provisioned,
     /// The actor entered this phase.
     Phase(Phase),
 }
@@ -114,6 +117,7 @@ impl Reason {
             Reason::StateCredentialIssued => "StateCredentialIssued",
             Reason::StateIdentity => "StateIdentity",
             Reason::SharedStateCredentials => "SharedStateCredentials",
+            Reason::Provisioned => "Provisioned",
             Reason::Phase(p) => p.as_str(),
         }
     }
@@ -528,6 +532,42 @@ pub fn status_write(old: &AsyncActorStatus, new: &AsyncActorStatus) -> Option<Op
         reason: Reason::Phase(phase),
         note,
     }))
+}
+
+/// The most an event's note holds (the API server refuses a longer one).
+pub const NOTE_MAX: usize = 1024;
+
+/// The events of a reconcile that wrote the status: what it made (`made`, Normal events such
+/// as `QueueCreated`, `WorkloadCreated`, `ScaledObjectCreated`) and the phase change the
+/// status write announces. Two or more Normal ones become one `Provisioned` event whose note
+/// says each in turn (a new actor: one Event instead of four, and `kubectl describe` still
+/// tells what was created and which phase it is in); a Warning phase stays its own event.
+pub fn announcement(made: Vec<EventSpec>, phase: Option<EventSpec>) -> Vec<EventSpec> {
+    let (warnings, mut normal): (Vec<_>, Vec<_>) =
+        made.into_iter().chain(phase).partition(|e| e.warning);
+    if normal.len() > 1 {
+        let note = normal
+            .drain(..)
+            .map(|e| e.note)
+            .collect::<Vec<_>>()
+            .join("; ");
+        normal.push(EventSpec::normal(Reason::Provisioned, truncate(note)));
+    }
+    normal.into_iter().chain(warnings).collect()
+}
+
+/// `note` cut to [`NOTE_MAX`] bytes on a character boundary, marked as cut.
+fn truncate(mut note: String) -> String {
+    if note.len() <= NOTE_MAX {
+        return note;
+    }
+    let mut end = NOTE_MAX - '…'.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note.push('…');
+    note
 }
 
 /// The periodic requeue of a settled actor, spread by actor; sooner while it has messages.

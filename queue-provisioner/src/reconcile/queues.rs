@@ -53,11 +53,13 @@ async fn ensure_cached<C: Cluster>(
     Ok(info)
 }
 
-/// The queue step of a reconcile: what the status says of the transport.
+/// The queue step of a reconcile: what the status says of the transport. A queue it created
+/// is added to `made`, announced with the status.
 pub async fn ensure<C: Cluster>(
     rec: &Reconciler<C>,
     actor: &AsyncActor,
     r: &ResolvedActor,
+    made: &mut Vec<plan::EventSpec>,
 ) -> Result<TransportObs, QueueError> {
     rec.cluster.transport(&r.transport).await?;
     for end in [naming::SINK_ACTOR, naming::SUMP_ACTOR] {
@@ -78,8 +80,11 @@ pub async fn ensure<C: Cluster>(
     }
     if info.created {
         // Both a first creation and the recreation of a vanished queue land here.
-        let ev = plan::queue_created_event(actor.status.as_ref(), &r.queue, &r.transport);
-        rec.cluster.event(actor, ev).await;
+        made.push(plan::queue_created_event(
+            actor.status.as_ref(),
+            &r.queue,
+            &r.transport,
+        ));
     }
     Ok(TransportObs::Ready(info, depth.ok().flatten()))
 }

@@ -16,6 +16,7 @@ use crate::state_identity::plan::{self as state, Owner};
 
 use super::identity::live_actors;
 use super::memory::{IdentitySet, RECHECK};
+use super::ownership::Write;
 use super::ownership::managed_by_us;
 use super::plan::{EventSpec, Reason};
 use super::{Cluster, Object, Reconciler};
@@ -122,7 +123,7 @@ pub async fn ensure<C: Cluster>(
                 &password,
                 version,
             );
-            c.apply(ns, &Object::Secret(s), false)
+            c.apply(ns, &Object::Secret(s), &Write::Create)
                 .await
                 .map_err(|e| kube_err(&format!("writing Secret {ns}/{TENANT_REDIS_SECRET}"), e))?;
             let note = format!(

@@ -368,3 +368,56 @@ fn only_live_actors_in_an_excluded_namespace_are_left_alone() {
     );
     assert_eq!(excluded_status(&status, why, Some(1), now), None);
 }
+
+#[test]
+fn what_a_reconcile_made_and_its_phase_are_one_event_and_warnings_their_own() {
+    let made = |r, n: &str| EventSpec::normal(r, n.to_string());
+    let phase = EventSpec::normal(
+        Reason::Phase(Phase::Napping),
+        "phase none -> Napping".into(),
+    );
+    let evs = announcement(
+        vec![
+            made(Reason::QueueCreated, "queue q created on rabbitmq"),
+            made(Reason::WorkloadCreated, "Deployment a created"),
+        ],
+        Some(phase.clone()),
+    );
+    assert_eq!(
+        evs,
+        [EventSpec::normal(
+            Reason::Provisioned,
+            "queue q created on rabbitmq; Deployment a created; phase none -> Napping".into()
+        )]
+    );
+    // One thing alone keeps its own reason; nothing made: the phase event as it was.
+    assert_eq!(
+        announcement(vec![], Some(phase.clone())),
+        vec![phase.clone()]
+    );
+    let one = made(Reason::ScaledObjectCreated, "KEDA ScaledObject a created");
+    assert_eq!(announcement(vec![one.clone()], None), vec![one]);
+    assert_eq!(announcement(vec![], None), []);
+    // A Warning is never folded into the Normal story.
+    let recreated = EventSpec::warning(Reason::QueueRecreated, "queue q recreated".into());
+    let failing = EventSpec::warning(Reason::Phase(Phase::Degraded), "phase -> Degraded".into());
+    let evs = announcement(
+        vec![
+            recreated.clone(),
+            made(Reason::WorkloadCreated, "Deployment a created"),
+        ],
+        Some(failing.clone()),
+    );
+    assert_eq!(
+        evs,
+        [
+            EventSpec::normal(Reason::WorkloadCreated, "Deployment a created".into()),
+            recreated,
+            failing
+        ]
+    );
+    // The API server refuses a note over 1 kB: a long story is cut, on a character boundary.
+    let long = "é".repeat(700);
+    let evs = announcement(vec![made(Reason::QueueCreated, &long)], Some(phase));
+    assert!(evs[0].note.len() <= NOTE_MAX && evs[0].note.ends_with('…'));
+}
