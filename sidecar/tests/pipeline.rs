@@ -526,7 +526,7 @@ async fn envelope_mode_dynamic_routing(kind: Kind) {
         ActorSpec {
             handler: "testing.reroute",
             mode: "envelope",
-            env: &[],
+            ..Default::default()
         },
     );
     let _b = start(kind, &ns, "b", &[]);
