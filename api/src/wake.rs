@@ -69,6 +69,10 @@ mod tests {
                 .all(|(_, actor)| !crate::validate::is_dns_label(actor))
         );
         let long = "a".repeat(63);
-        assert_eq!(wake_queue("namespace-of-twenty1", &long), None, "over SQS's 80 characters");
+        assert_eq!(
+            wake_queue("namespace-of-twenty1", &long),
+            None,
+            "over SQS's 80 characters"
+        );
     }
 }

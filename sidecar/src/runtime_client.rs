@@ -375,10 +375,10 @@ impl RuntimeClient {
     /// The connection the next call goes on: the newest one while the runtime keeps
     /// connections, else a new one (the one it replaces is closed once answered).
     async fn connection(&self, order: &mut Order, wait: Duration) -> Result<Arc<Conn>, CallError> {
-        if self.pipe.keeps_alive.load(Ordering::Relaxed) {
-            if let Some(c) = order.tail.as_ref().filter(|c| c.reusable()) {
-                return Ok(c.clone());
-            }
+        if self.pipe.keeps_alive.load(Ordering::Relaxed)
+            && let Some(c) = order.tail.as_ref().filter(|c| c.reusable())
+        {
+            return Ok(c.clone());
         }
         let c = Conn::new(self.connect(wait).await?);
         if let Some(old) = order.tail.replace(c.clone()) {
