@@ -26,6 +26,7 @@ pub mod state_proxy;
 pub mod telemetry;
 pub mod trace_context;
 pub mod types;
+pub mod wake;
 
 pub use config::ClusterConfig;
 pub use error::{FieldError, FieldErrors};

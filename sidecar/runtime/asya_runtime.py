@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """Asya runtime: serves the user's handler on a Unix socket for the asya-sidecar.
 
-Standard library only, Python 3.8+. The sidecar connects once per envelope and sends one
-frame (4-byte big-endian length, then JSON); the runtime answers with one frame:
+Standard library only, Python 3.8+. The sidecar sends each envelope as one frame (4-byte
+big-endian length, then JSON) and the runtime answers each with one frame, in order, on the
+same connection. Connections are persistent: bit 31 of every answer's length is set, which
+tells the sidecar the connection stays open for its next request (it may write several
+before the first answer: they are served one at a time, in order). The runtime serves one
+connection at a time, the others in the order they connected, each until the sidecar
+closes it. An answer is:
 
 * the handler's result: a payload (payload mode) or an envelope (envelope mode);
 * a list: fan-out, one outgoing envelope per item (a generator is collected into a list);
@@ -18,7 +23,7 @@ Environment: ASYA_HANDLER (module.function or module.Class.method), ASYA_HANDLER
 ASYA_STATE_PROXY_TIMEOUT (seconds per socket operation, 30), ASYA_STATE_PROXY_STARTUP_TIMEOUT
 (seconds to wait for the connectors at start, 60), ASYA_STATE_SOCKET_DIR (/var/run/asya/state).
 
-If the sidecar closes the connection while the handler still runs (its timeout fired), the
+If the sidecar closes the connection while its handler still runs (its timeout fired), the
 runtime exits with status 3 so that its supervisor (the kubelet) starts a fresh one: a
 handler thread stuck in user code cannot be cancelled from Python.
 
@@ -29,6 +34,7 @@ the message to the queue instead of charging it with a crash.
 """
 
 import builtins
+import collections
 import errno
 import importlib
 import inspect
@@ -141,34 +147,76 @@ def instantiate(spec, cls):
         )
 
 
-def recv_exact(conn, n, chunks=None):
-    chunks = [] if chunks is None else chunks
-    while n > 0:
-        chunk = conn.recv(min(n, 1 << 20))
+KEEP_ALIVE = 1 << 31
+
+
+class Connection:
+    """One sidecar connection: its requests are read in order; several may come in one read."""
+
+    __slots__ = ("sock", "buf")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = bytearray()
+
+    def frame(self):
+        """The next whole frame already read, or None."""
+        if len(self.buf) < 4:
+            return None
+        (length,) = struct.unpack_from(">I", self.buf)
+        if length > MAX_FRAME:
+            raise ValueError("frame of %d bytes exceeds the %d byte limit" % (length, MAX_FRAME))
+        end = 4 + length
+        if len(self.buf) < end:
+            return None
+        body = bytes(self.buf[4:end])
+        del self.buf[:end]
+        return body
+
+    def fill(self):
+        """Reads what is there, waiting for something; False when the sidecar hung up."""
+        want = 65536
+        if len(self.buf) >= 4:
+            (length,) = struct.unpack_from(">I", self.buf)
+            want = max(want, min(4 + length - len(self.buf), 1 << 20))
+        chunk = self.sock.recv(want)
         if not chunk:
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+            return False
+        self.buf += chunk
+        return True
+
+    def read_frame(self):
+        """The next request, waiting for it; None when the sidecar closed the connection."""
+        while True:
+            body = self.frame()
+            if body is not None:
+                return body
+            if not self.fill():
+                return None
+
+    def close(self):
+        self.sock.close()
 
 
-def read_frame(conn):
-    # One recv usually holds the whole (small) request: header and body in one system call.
-    first = conn.recv(65536)
-    if not first:
-        return None
-    if len(first) < 4:
-        rest = recv_exact(conn, 4 - len(first))
-        if rest is None:
-            return None
-        first += rest
-    (length,) = struct.unpack(">I", first[:4])
-    if length > MAX_FRAME:
-        raise ValueError("frame of %d bytes exceeds the %d byte limit" % (length, MAX_FRAME))
-    have = len(first) - 4
-    if have >= length:
-        return first[4 : 4 + length]
-    return recv_exact(conn, length - have, [first[4:]])
+def hung_up(sock):
+    """The peer closed its end (data it sent and we did not read yet does not hide that)."""
+    p = select.poll()
+    p.register(sock, select.POLLHUP)
+    return any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in p.poll(0))
+
+
+def sent_nothing(sock):
+    """Nothing unread from the peer (call only when it hung up: then this never waits)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return True
+
+
+def readable_now(sock):
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(0))
 
 
 _encode = json.JSONEncoder(separators=(",", ":")).encode
@@ -176,7 +224,8 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 def write_frame(conn, obj):
     data = _encode(obj).encode("utf-8")
-    conn.sendall(struct.pack(">I", len(data)) + data)
+    # The bit says the connection stays open for the sidecar's next request.
+    conn.sendall(struct.pack(">I", len(data) | KEEP_ALIVE) + data)
 
 
 def error_object(code, exc, tb=None):
@@ -217,7 +266,7 @@ class Abandonment:
     """Exits the process when the sidecar hangs up while a handler is still running.
 
     A thread looks every POLL seconds whether the running call's connection was closed by
-    the sidecar (every IDLE_POLL seconds while no call runs). The per-call cost is one
+    the sidecar (POLLHUP: requests queued behind the running one do not hide it) (every IDLE_POLL seconds while no call runs). The per-call cost is one
     attribute store each way: no lock and no wake-up of the thread per call (that used to
     double the runtime's CPU per envelope). POLL is short so that a dead call is noticed
     before a restarted sidecar can queue a new one on this runtime.
@@ -244,13 +293,10 @@ class Abandonment:
             if conn is None:
                 continue
             try:
-                readable, _, _ = select.select([conn], [], [], 0)
-                if not readable:
-                    continue
-                peeked = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                gone = hung_up(conn)
             except (OSError, ValueError):
                 continue
-            if peeked == b"" and self._current is conn:
+            if gone and self._current is conn:
                 log.error("sidecar closed the connection while the handler ran (timeout); exiting for a restart")
                 sys.stderr.flush()
                 os._exit(EXIT_ABANDONED)
@@ -297,55 +343,113 @@ class Runtime:
         except OSError as e:
             log.warning("could not leave the stopping mark %s: %s", self.stopping_path, e)
 
-    def serve_one(self, conn):
+    def serve_request(self, conn, body):
+        """Answers one request; False when the connection is unusable after it."""
         try:
-            body = read_frame(conn)
-            if body is None:
-                return
             try:
                 request = json.loads(body)
             except ValueError as e:
-                write_frame(conn, error_object("bad_request", e, ""))
-                return
-            self.watcher.watch(conn)
+                write_frame(conn.sock, error_object("bad_request", e, ""))
+                return True
+            self.watcher.watch(conn.sock)
             try:
                 answer = call_handler(self.handler, self.mode, request)
             finally:
                 self.watcher.done()
             try:
-                write_frame(conn, answer)
+                write_frame(conn.sock, answer)
             except (TypeError, ValueError) as e:
-                write_frame(conn, error_object("bad_result", e))
+                write_frame(conn.sock, error_object("bad_result", e))
+            return True
         except (BrokenPipeError, ConnectionResetError):
             log.warning("sidecar went away before the answer was sent")
-        finally:
-            conn.close()
+            return False
+
+    def accept_waiting(self, queue, serving):
+        """Takes every connection waiting to be accepted (so probes never fill the backlog)
+        and, while one is being served, drops the queued ones that hung up unused."""
+        took = False
+        while True:
+            try:
+                sock, _ = self.server.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            sock.setblocking(True)
+            queue.append(Connection(sock))
+            took = True
+        if took and serving:
+            for c in [c for c in queue if hung_up(c.sock) and sent_nothing(c.sock)]:
+                queue.remove(c)
+                c.close()
+
+    def wait(self, socks, wake_r):
+        """Waits for one of `socks` or a signal; returns the ready ones."""
+        p = select.poll()
+        for s in socks:
+            p.register(s, select.POLLIN)
+        p.register(wake_r, select.POLLIN)
+        try:
+            ready = {fd for fd, _ in p.poll()}
+        except InterruptedError:
+            return []
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+        return [s for s in socks if s.fileno() in ready]
 
     def serve(self):
-        """Serves queued connections one at a time, in arrival order. After SIGTERM it still
-        answers every call already queued (the sidecar pipelines several), then returns."""
+        """Serves one connection at a time, its requests in order, until the sidecar closes
+        it; then the next connection in arrival order. After SIGTERM it still answers every
+        request already sent (the sidecar pipelines several), then returns."""
         log.info("serving %s (mode=%s) on %s", os.environ.get("ASYA_HANDLER"), self.mode, self.socket_path)
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
         self.server.setblocking(False)
+        queue = collections.deque()
+        conn = None
         while True:
-            try:
-                conn, _ = self.server.accept()
-            except BlockingIOError:
-                if self.stopping:
+            self.accept_waiting(queue, conn is not None)
+            if conn is None:
+                if queue:
+                    conn = queue.popleft()
+                elif self.stopping:
                     break
-                select.select([self.server, wake_r], [], [])
-                try:
-                    os.read(wake_r, 512)
-                except BlockingIOError:
-                    pass
+                else:
+                    self.wait([self.server], wake_r)
+                    continue
+            try:
+                body = conn.frame()
+            except ValueError as e:
+                log.error("closing the connection: %s", e)
+                conn.close()
+                conn = None
                 continue
-            except InterruptedError:
+            if body is not None:
+                if not self.serve_request(conn, body):
+                    conn.close()
+                    conn = None
                 continue
-            conn.setblocking(True)
-            self.serve_one(conn)
+            # No whole request yet: wait for the next one on this connection (or a new
+            # connection to take into the queue, or SIGTERM). Once stopping, only what was
+            # already sent is answered.
+            if self.stopping:
+                if not readable_now(conn.sock):
+                    conn.close()
+                    conn = None
+                    continue
+            elif conn.sock not in self.wait([self.server, conn.sock], wake_r):
+                continue
+            try:
+                more = conn.fill()
+            except (ConnectionResetError, OSError):
+                more = False
+            if not more:
+                conn.close()
+                conn = None
 
     def close(self):
         if self.server is not None:

@@ -1,31 +1,47 @@
-//! The sidecar's side of the runtime socket: one connection per envelope, each frame a
-//! 4-byte big-endian length then JSON (docs/DESIGN.md §4).
+//! The sidecar's side of the runtime socket (docs/DESIGN.md §4): each frame a 4-byte
+//! big-endian length then JSON, answered in order on the connection that carried it.
 //!
-//! Calls are pipelined: several connections may wait in the runtime's accept queue while it
-//! serves one, so the runtime never waits for the sidecar between envelopes. The runtime
-//! accepts them in connection order and serves one at a time, which gives two rules:
-//! - a call's handler starts when the call connected just before it finished, so its
-//!   timeout counts from there, not from the connect;
+//! **Persistent connections.** A runtime that keeps the connection open for the next request
+//! says so in every answer: bit 31 of the answer's length is set (frames are at most
+//! [`MAX_FRAME`] bytes, so the bit is free). Once an answer carried it, the client writes
+//! the next calls on the newest connection, pipelined (several requests written before the
+//! first answer comes back; the runtime reads them in order and serves one at a time). A
+//! runtime that answers without the bit (one connection per envelope, the original
+//! contract) has each call on a connection of its own, as before: those connections wait
+//! in its accept queue and it serves them in connection order. Either way calls reach the
+//! handler in the order they were written, which gives two rules:
+//! - a call's handler starts when the call written just before it finished, so its timeout
+//!   counts from there, not from the write;
 //! - when the runtime dies (crash, or exit after an abandoned call), the call it was
 //!   serving is the earliest unfinished one. Only that call is blamed; the calls queued
 //!   behind it never reached the handler and are made again on the restarted runtime.
+//!
+//! A connection that is no longer the newest is closed once its last answer is read, so the
+//! runtime (which serves one connection at a time) moves on to the next.
 
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 
 /// Refuse absurd answers instead of allocating whatever a broken peer claims.
 pub const MAX_FRAME: usize = 256 * 1024 * 1024;
+/// Bit 31 of an answer's length: the runtime keeps the connection open for the next request.
+pub const KEEP_ALIVE: u32 = 1 << 31;
 
 /// How often one call is made again because the runtime it was queued on went away.
 const MAX_REQUEUES: u32 = 3;
 /// Left beside the socket by a runtime told to stop; removed by the next one.
 pub const STOPPING_NAME: &str = "asya-runtime.stopping";
+/// Room kept for a read: answers that arrive together are taken in one system call.
+const READ_ROOM: usize = 16 * 1024;
+/// A connection's read buffer is given back above this once a large answer is consumed.
+const KEEP_BUFFER: usize = 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -67,23 +83,209 @@ impl CallError {
     }
 }
 
+fn gone(e: std::io::Error) -> CallError {
+    match e.kind() {
+        ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe => {
+            CallError::Crashed
+        }
+        _ => CallError::Io(e),
+    }
+}
+
+/// One connection to the runtime, shared by the calls written on it.
+struct Conn {
+    stream: UnixStream,
+    /// Bytes read and not consumed yet (answers may arrive together). Only the call whose
+    /// turn it is reads (the order chain), so the lock is never contended.
+    inbox: tokio::sync::Mutex<Vec<u8>>,
+    state: std::sync::Mutex<ConnState>,
+}
+
+#[derive(Default)]
+struct ConnState {
+    /// Calls written on it and not finished.
+    outstanding: u32,
+    /// No call is written on it any more (a newer connection exists, or it broke).
+    retired: bool,
+    closed: bool,
+}
+
+impl Conn {
+    fn new(stream: UnixStream) -> Arc<Self> {
+        Arc::new(Conn {
+            stream,
+            inbox: tokio::sync::Mutex::new(Vec::new()),
+            state: std::sync::Mutex::default(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ConnState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// May the next call be written on it? An idle connection the runtime hung up (it was
+    /// restarted, or stopped) is retired here, so no call is charged with that.
+    fn reusable(&self) -> bool {
+        let mut s = self.lock();
+        if s.retired || s.closed {
+            return false;
+        }
+        if s.outstanding == 0 && self.hung_up() {
+            s.retired = true;
+            self.close(&mut s);
+            return false;
+        }
+        true
+    }
+
+    /// Nothing is owed on this connection: anything readable is the runtime's hang-up.
+    fn hung_up(&self) -> bool {
+        let mut b = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        // The descriptor is non-blocking (tokio's): WouldBlock means open and quiet.
+        !matches!(socket2::SockRef::from(&self.stream).peek(&mut b), Err(e) if e.kind() == ErrorKind::WouldBlock)
+    }
+
+    fn begin(&self) {
+        self.lock().outstanding += 1;
+    }
+
+    /// No more calls go on it: closed once the calls on it are answered, so the runtime
+    /// (serving one connection at a time) moves on to the next.
+    fn retire(&self) {
+        let mut s = self.lock();
+        s.retired = true;
+        if s.outstanding == 0 {
+            self.close(&mut s);
+        }
+    }
+
+    /// A call on it finished. `usable` is false when the connection can carry nothing more
+    /// (the runtime closes it after this answer, or it broke): it is closed now, and calls
+    /// still queued on it see it closed.
+    fn end(&self, usable: bool) {
+        let mut s = self.lock();
+        s.outstanding = s.outstanding.saturating_sub(1);
+        if !usable {
+            s.retired = true;
+        }
+        if !usable || (s.retired && s.outstanding == 0) {
+            self.close(&mut s);
+        }
+    }
+
+    fn close(&self, s: &mut ConnState) {
+        if !s.closed {
+            s.closed = true;
+            // Both ways: a runtime still running this connection's handler sees the hang-up
+            // (its abandonment watch) and exits.
+            let _ = socket2::SockRef::from(&self.stream).shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    async fn write_frame(&self, request: &[u8]) -> Result<(), CallError> {
+        let len = u32::try_from(request.len())
+            .ok()
+            .filter(|n| *n as usize <= MAX_FRAME)
+            .ok_or_else(|| {
+                CallError::Protocol(format!(
+                    "request of {} bytes exceeds {MAX_FRAME}",
+                    request.len()
+                ))
+            })?;
+        // One write for small requests: header and body in one system call.
+        let written = if request.len() <= 64 * 1024 {
+            let mut frame = Vec::with_capacity(4 + request.len());
+            frame.extend_from_slice(&len.to_be_bytes());
+            frame.extend_from_slice(request);
+            write_all(&self.stream, &frame).await
+        } else {
+            match write_all(&self.stream, &len.to_be_bytes()).await {
+                Ok(()) => write_all(&self.stream, request).await,
+                Err(e) => Err(e),
+            }
+        };
+        written.map_err(gone)
+    }
+
+    /// The next answer on this connection: (the answer, whether the runtime keeps the
+    /// connection). The outer error is a broken connection; an answer that is not JSON
+    /// leaves the frames in step.
+    async fn read_answer(&self) -> Result<(Result<Value, CallError>, bool), CallError> {
+        let mut buf = self.inbox.lock().await;
+        loop {
+            let mut want = READ_ROOM;
+            if let [a, b, c, d, ..] = buf[..] {
+                let head = u32::from_be_bytes([a, b, c, d]);
+                let n = (head & !KEEP_ALIVE) as usize;
+                if n > MAX_FRAME {
+                    return Err(CallError::Protocol(format!(
+                        "answer of {n} bytes exceeds {MAX_FRAME}"
+                    )));
+                }
+                if buf.len() >= 4 + n {
+                    let answer = serde_json::from_slice(&buf[4..4 + n])
+                        .map_err(|e| CallError::Protocol(format!("answer is not JSON: {e}")));
+                    buf.drain(..4 + n);
+                    if buf.capacity() > KEEP_BUFFER && buf.len() < READ_ROOM {
+                        buf.shrink_to(READ_ROOM);
+                    }
+                    return Ok((answer, head & KEEP_ALIVE != 0));
+                }
+                want = want.max(4 + n - buf.len());
+            }
+            buf.reserve(want);
+            self.stream.readable().await.map_err(gone)?;
+            match self.stream.try_read_buf(&mut *buf) {
+                Ok(0) => return Err(CallError::Crashed),
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => return Err(gone(e)),
+            }
+        }
+    }
+}
+
+async fn write_all(stream: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match stream.try_write(buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == ErrorKind::WouldBlock => stream.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// What the calls are written in: held while a call picks its connection and writes, so
+/// the order of the writes and the chain agree.
+#[derive(Default)]
+struct Order {
+    /// Completion of the last call written.
+    last: Option<oneshot::Receiver<()>>,
+    /// The newest connection: the next call goes on it when the runtime keeps connections.
+    tail: Option<Arc<Conn>>,
+}
+
 /// Order and blame bookkeeping shared by the clones of one client.
 #[derive(Default)]
 struct Pipeline {
-    /// Completion of the last call connected; held while connecting, so connection order
-    /// and this chain agree.
-    last: tokio::sync::Mutex<Option<oneshot::Receiver<()>>>,
+    order: tokio::sync::Mutex<Order>,
     deaths: std::sync::Mutex<Deaths>,
+    /// An answer said the runtime keeps connections open. Kept across its restarts: the
+    /// kubelet restarts the same runtime file (a different one means a new pod).
+    keeps_alive: AtomicBool,
 }
 
 struct Deaths {
-    /// Sequence number of the next connection.
+    /// Sequence number of the next call written.
     next: u64,
-    /// Connections numbered below this were open when a call was blamed for the runtime's
+    /// Calls numbered below this were written when a call was blamed for the runtime's
     /// death (or timed out, which makes the runtime exit): they never reached the handler.
     doomed_below: u64,
     /// Open from a blamed death until there is proof of a live runtime (an answer) or of
-    /// the old one being gone (a doomed call saw it close): connections made meanwhile may
+    /// the old one being gone (a doomed call saw it close): calls written meanwhile may
     /// still have reached the dying runtime.
     window: bool,
 }
@@ -114,6 +316,15 @@ impl std::fmt::Debug for RuntimeClient {
             .field("path", &self.path)
             .finish()
     }
+}
+
+/// How a written call ended.
+enum Outcome {
+    Answered(Result<Value, CallError>),
+    /// The request could not be written: the runtime had hung up before it, so it never
+    /// reached a handler.
+    NotWritten(CallError),
+    Failed(CallError),
 }
 
 impl RuntimeClient {
@@ -161,10 +372,25 @@ impl RuntimeClient {
         }
     }
 
+    /// The connection the next call goes on: the newest one while the runtime keeps
+    /// connections, else a new one (the one it replaces is closed once answered).
+    async fn connection(&self, order: &mut Order, wait: Duration) -> Result<Arc<Conn>, CallError> {
+        if self.pipe.keeps_alive.load(Ordering::Relaxed)
+            && let Some(c) = order.tail.as_ref().filter(|c| c.reusable())
+        {
+            return Ok(c.clone());
+        }
+        let c = Conn::new(self.connect(wait).await?);
+        if let Some(old) = order.tail.replace(c.clone()) {
+            old.retire();
+        }
+        Ok(c)
+    }
+
     /// Sends one request and reads the answer; `timeout` bounds the handler, counted from
-    /// when the runtime gets to this call. On timeout the connection is dropped, which tells
+    /// when the runtime gets to this call. On timeout the connection is closed, which tells
     /// the runtime to exit so its supervisor restarts it (see asya_runtime.py). Calls may
-    /// run concurrently: they are pipelined on the runtime in the order they connect.
+    /// run concurrently: they are pipelined on the runtime in the order they are written.
     pub async fn call(
         &self,
         request: &[u8],
@@ -173,21 +399,34 @@ impl RuntimeClient {
     ) -> Result<Value, CallError> {
         let mut requeues = 0;
         loop {
-            let (mut stream, seq, in_window, before, done) = {
-                let mut last = self.pipe.last.lock().await;
-                let stream = self.connect(wait).await?;
+            let (conn, written, seq, in_window, before, done) = {
+                let mut order = self.pipe.order.lock().await;
+                let conn = self.connection(&mut order, wait).await?;
+                conn.begin();
+                let written = conn.write_frame(request).await;
                 let (done, rx) = oneshot::channel::<()>();
-                let before = last.replace(rx);
+                let before = order.last.replace(rx);
                 let mut d = self.deaths();
                 let seq = d.next;
                 d.next += 1;
-                (stream, seq, d.window, before, done)
+                (conn, written, seq, d.window, before, done)
             };
-            let result = exchange(&mut stream, request, timeout, before).await;
-            drop(stream);
+            let outcome = self.exchange(&conn, written, timeout, before).await;
+            drop(conn);
             // Every call before this one has finished and been judged (exchange waited for
-            // them on failure), so the bookkeeping below is read in connection order.
+            // them), so the bookkeeping below is read in the order of the writes.
             let mut d = self.deaths();
+            let result = match outcome {
+                Outcome::NotWritten(e) if requeues < MAX_REQUEUES => {
+                    drop(d);
+                    drop(done);
+                    requeues += 1;
+                    tracing::debug!(error = %e, requeues, "runtime hung up before this call was written; calling again");
+                    continue;
+                }
+                Outcome::NotWritten(e) | Outcome::Failed(e) => Err(e),
+                Outcome::Answered(r) => r,
+            };
             match result {
                 Ok(v) => {
                     d.window = false;
@@ -224,6 +463,46 @@ impl RuntimeClient {
         }
     }
 
+    /// One call written on `conn`. It reads once `before` (the call written before it)
+    /// has finished, and its timeout starts then; a failure is returned only after that,
+    /// so callers judge failures in the order of the writes.
+    async fn exchange(
+        &self,
+        conn: &Conn,
+        written: Result<(), CallError>,
+        timeout: Duration,
+        before: Option<oneshot::Receiver<()>>,
+    ) -> Outcome {
+        if let Some(before) = before {
+            let _ = before.await;
+        }
+        if let Err(e) = written {
+            conn.end(false);
+            return if e.runtime_gone() {
+                Outcome::NotWritten(e)
+            } else {
+                Outcome::Failed(e)
+            };
+        }
+        match tokio::time::timeout(timeout, conn.read_answer()).await {
+            Ok(Ok((answer, keep))) => {
+                if keep {
+                    self.pipe.keeps_alive.store(true, Ordering::Relaxed);
+                }
+                conn.end(keep);
+                Outcome::Answered(answer)
+            }
+            Ok(Err(e)) => {
+                conn.end(false);
+                Outcome::Failed(e)
+            }
+            Err(_) => {
+                conn.end(false);
+                Outcome::Failed(CallError::Timeout(timeout))
+            }
+        }
+    }
+
     fn deaths(&self) -> std::sync::MutexGuard<'_, Deaths> {
         self.pipe
             .deaths
@@ -232,70 +511,10 @@ impl RuntimeClient {
     }
 }
 
-/// One call on a connected stream. The timeout starts once `before` (the previous call on
-/// the runtime) has finished; a failure is returned only after that, so callers judge
-/// failures in connection order.
-async fn exchange(
-    stream: &mut UnixStream,
-    request: &[u8],
-    timeout: Duration,
-    before: Option<oneshot::Receiver<()>>,
-) -> Result<Value, CallError> {
-    let io = round_trip(stream, request);
-    tokio::pin!(io);
-    if let Some(mut before) = before {
-        tokio::select! {
-            r = &mut io => {
-                if r.is_err() {
-                    let _ = before.await;
-                }
-                return r;
-            }
-            _ = &mut before => {}
-        }
-    }
-    match tokio::time::timeout(timeout, io).await {
-        Ok(r) => r,
-        Err(_) => Err(CallError::Timeout(timeout)),
-    }
-}
-
-async fn round_trip(stream: &mut UnixStream, request: &[u8]) -> Result<Value, CallError> {
-    let len = u32::try_from(request.len())
-        .map_err(|_| CallError::Protocol("request larger than 4 GiB".into()))?;
-    let gone = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof
-        | std::io::ErrorKind::ConnectionReset
-        | std::io::ErrorKind::BrokenPipe => CallError::Crashed,
-        _ => CallError::Io(e),
-    };
-    // One write for small requests: header and body in one system call.
-    if request.len() <= 64 * 1024 {
-        let mut frame = Vec::with_capacity(4 + request.len());
-        frame.extend_from_slice(&len.to_be_bytes());
-        frame.extend_from_slice(request);
-        stream.write_all(&frame).await.map_err(gone)?;
-    } else {
-        stream.write_all(&len.to_be_bytes()).await.map_err(gone)?;
-        stream.write_all(request).await.map_err(gone)?;
-    }
-    let mut head = [0u8; 4];
-    stream.read_exact(&mut head).await.map_err(gone)?;
-    let n = u32::from_be_bytes(head) as usize;
-    if n > MAX_FRAME {
-        return Err(CallError::Protocol(format!(
-            "answer of {n} bytes exceeds {MAX_FRAME}"
-        )));
-    }
-    let mut body = vec![0u8; n];
-    stream.read_exact(&mut body).await.map_err(gone)?;
-    serde_json::from_slice(&body)
-        .map_err(|e| CallError::Protocol(format!("answer is not JSON: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::UnixListener;
 
     async fn serve_once<F, Fut>(path: PathBuf, f: F)
@@ -461,6 +680,159 @@ mod tests {
         let req = read_req(&mut s).await;
         answer(&mut s, &req).await;
         assert_eq!(x.await.unwrap().unwrap(), serde_json::json!("x"));
+    }
+
+    /// A runtime that keeps connections: answers every frame on its connection (with the
+    /// keep-alive bit) until the sidecar closes it, then takes the next; counts connections.
+    fn keeping_runtime(
+        listener: UnixListener,
+        hold: Option<&'static [u8]>,
+    ) -> Arc<std::sync::atomic::AtomicUsize> {
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                loop {
+                    let mut head = [0u8; 4];
+                    if s.read_exact(&mut head).await.is_err() {
+                        break;
+                    }
+                    let mut b = vec![0; u32::from_be_bytes(head) as usize];
+                    s.read_exact(&mut b).await.unwrap();
+                    if Some(&b[..]) == hold {
+                        // A handler that never returns: waits for the sidecar to hang up
+                        // (requests written behind this one stay unread).
+                        let _ = s.read_to_end(&mut Vec::new()).await;
+                        break;
+                    }
+                    let mut frame = ((b.len() as u32) | KEEP_ALIVE).to_be_bytes().to_vec();
+                    frame.extend_from_slice(&b);
+                    if s.write_all(&frame).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        accepted
+    }
+
+    #[tokio::test]
+    async fn a_runtime_that_keeps_connections_gets_every_call_on_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let accepted = keeping_runtime(UnixListener::bind(&path).unwrap(), None);
+        let c = RuntimeClient::new(&path);
+        let first = c.call(b"0", Duration::from_secs(5), Duration::ZERO).await;
+        assert_eq!(first.unwrap(), serde_json::json!(0));
+        // Pipelined: twenty calls at once, each answered with its own request.
+        let calls: Vec<_> = (1..=20)
+            .map(|i: u32| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let body = i.to_string();
+                    let v = c
+                        .call(body.as_bytes(), Duration::from_secs(5), Duration::ZERO)
+                        .await;
+                    (i, v)
+                })
+            })
+            .collect();
+        for call in calls {
+            let (i, v) = call.await.unwrap();
+            assert_eq!(v.unwrap(), serde_json::json!(i));
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection for all calls"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_runtime_closed_is_replaced_without_a_charge() {
+        // The runtime restarted (or stopped) between two calls: its side of the kept
+        // connection is closed. The next call goes on a new connection and succeeds.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let c = RuntimeClient::new(&path);
+        let first = spawn_call(&c, b"1", Duration::from_secs(5));
+        let (mut s, _) = listener.accept().await.unwrap();
+        let req = read_req(&mut s).await;
+        let mut frame = ((req.len() as u32) | KEEP_ALIVE).to_be_bytes().to_vec();
+        frame.extend_from_slice(&req);
+        s.write_all(&frame).await.unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), serde_json::json!(1));
+        drop(s);
+        let accepted = keeping_runtime(listener, None);
+        let v = c.call(b"2", Duration::from_secs(5), Duration::ZERO).await;
+        assert_eq!(v.unwrap(), serde_json::json!(2));
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_timeout_on_a_kept_connection_spares_the_calls_behind_it() {
+        // Calls a, b, d are written on one kept connection; a's handler hangs past the
+        // timeout. The connection is closed (the runtime would exit); b and d never reached
+        // a handler and are made again on a new connection.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let accepted = keeping_runtime(UnixListener::bind(&path).unwrap(), Some(b"\"a\""));
+        let c = RuntimeClient::new(&path);
+        let w = c
+            .call(b"\"w\"", Duration::from_secs(5), Duration::ZERO)
+            .await;
+        assert_eq!(w.unwrap(), serde_json::json!("w"));
+        let a = spawn_call(&c, b"\"a\"", Duration::from_millis(300));
+        connected(&c, 2).await;
+        let b = spawn_call(&c, b"\"b\"", Duration::from_secs(5));
+        connected(&c, 3).await;
+        let d = spawn_call(&c, b"\"d\"", Duration::from_secs(5));
+        let a = a.await.unwrap();
+        assert!(matches!(a, Err(CallError::Timeout(_))), "{a:?}");
+        assert_eq!(b.await.unwrap().unwrap(), serde_json::json!("b"));
+        assert_eq!(d.await.unwrap().unwrap(), serde_json::json!("d"));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_runtime_that_closes_after_each_answer_gets_a_connection_per_call() {
+        // The original contract: one connection per envelope, the answer's length without
+        // the keep-alive bit. Pipelined calls each get their own connection, in order.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                let req = read_req(&mut s).await;
+                answer(&mut s, &req).await;
+            }
+        });
+        let c = RuntimeClient::new(&path);
+        let calls: Vec<_> = (0..10u32)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let body = i.to_string();
+                    c.call(body.as_bytes(), Duration::from_secs(5), Duration::ZERO)
+                        .await
+                        .map(|v| (i, v))
+                })
+            })
+            .collect();
+        for call in calls {
+            let (i, v) = call.await.unwrap().unwrap();
+            assert_eq!(v, serde_json::json!(i));
+        }
+        let again = c.call(b"10", Duration::from_secs(5), Duration::ZERO).await;
+        assert_eq!(again.unwrap(), serde_json::json!(10));
+        assert_eq!(accepted.load(Ordering::SeqCst), 11);
     }
 
     #[tokio::test]

@@ -52,6 +52,7 @@ both!(
     poison_message_to_sump,
     runtime_killed_with_calls_queued,
     handler_timeout_spares_queued_calls,
+    original_runtime_contract,
 );
 
 struct Ends {
@@ -109,6 +110,44 @@ async fn linear_pipeline(kind: Kind) {
             && metrics.contains("status=\"success\"} 1"),
         "{metrics}"
     );
+    e.sump.expect_nothing(QUIET).await;
+}
+
+async fn original_runtime_contract(kind: Kind) {
+    // A runtime of the original contract (one connection per envelope, closed after the
+    // answer, no keep-alive bit: tests/fixtures/original_runtime.py) behind our sidecar,
+    // with calls pipelined: every envelope arrives, in x-sink, processed once.
+    let ns = unique_ns("orig");
+    let e = ends(kind, &ns).await;
+    let a = Actor::start(
+        kind,
+        &ns,
+        "a",
+        ActorSpec {
+            runtime: "sidecar/tests/fixtures/original_runtime.py",
+            ..Default::default()
+        },
+    );
+    let n = 30;
+    for i in 0..n {
+        e.input
+            .send(
+                &a.queue(),
+                &envelope(
+                    &format!("o{i}"),
+                    &["a"],
+                    json!({"do": "double", "value": i}),
+                ),
+            )
+            .await;
+    }
+    let got = e.sink.take(n, WAIT).await;
+    let mut values: Vec<i64> = got
+        .iter()
+        .filter_map(|m| m["payload"]["value"].as_i64())
+        .collect();
+    values.sort_unstable();
+    assert_eq!(values, (0..n as i64).map(|i| i * 2).collect::<Vec<_>>());
     e.sump.expect_nothing(QUIET).await;
 }
 
@@ -487,7 +526,7 @@ async fn envelope_mode_dynamic_routing(kind: Kind) {
         ActorSpec {
             handler: "testing.reroute",
             mode: "envelope",
-            env: &[],
+            ..Default::default()
         },
     );
     let _b = start(kind, &ns, "b", &[]);

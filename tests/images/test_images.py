@@ -508,7 +508,8 @@ def read_frame(conn: socket.socket) -> object:
             buf += chunk
         return buf
     (length,) = struct.unpack(">I", exactly(4))
-    return json.loads(exactly(length))
+    # Bit 31: the runtime keeps the connection for another request (docs/DESIGN.md §4).
+    return json.loads(exactly(length & 0x7FFFFFFF))
 
 
 def test_examples_image_serves_a_handler_over_the_socket(imported, shared_dir):

@@ -84,24 +84,35 @@ class Client:
         self.path = path
 
     def call(self, envelope, timeout=10):
+        """One request on a connection of its own (what a sidecar does with a runtime that
+        closes connections)."""
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout)
         s.connect(self.path)
-        data = json.dumps(envelope).encode()
-        s.sendall(struct.pack(">I", len(data)) + data)
-        head = b""
-        while len(head) < 4:
-            chunk = s.recv(4 - len(head))
-            assert chunk, "runtime closed the connection"
-            head += chunk
-        (n,) = struct.unpack(">I", head)
-        body = b""
-        while len(body) < n:
-            chunk = s.recv(n - len(body))
-            assert chunk
-            body += chunk
+        send_frame(s, envelope)
+        answer, _ = read_answer(s)
         s.close()
-        return json.loads(body)
+        return answer
+
+
+def send_frame(s, obj):
+    data = json.dumps(obj).encode()
+    s.sendall(struct.pack(">I", len(data)) + data)
+
+
+def read_answer(s):
+    """One answer frame: (the JSON, whether the runtime keeps the connection: bit 31)."""
+
+    def exactly(n):
+        buf = b""
+        while len(buf) < n:
+            chunk = s.recv(n - len(buf))
+            assert chunk, "runtime closed the connection"
+            buf += chunk
+        return buf
+
+    (head,) = struct.unpack(">I", exactly(4))
+    return json.loads(exactly(head & 0x7FFFFFFF)), bool(head & 0x80000000)
 
 
 def envelope(payload, actors=("a", "b"), current=0):

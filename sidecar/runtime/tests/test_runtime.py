@@ -10,8 +10,9 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
-from conftest import RUNTIME, envelope
+from conftest import RUNTIME, envelope, read_answer, send_frame
 
 
 def test_payload_mode_returns_new_payload(start_runtime):
@@ -200,19 +201,11 @@ def _send(path, env):
 
 
 def _answer(conn):
-    import struct
-    import json
-
-    buf = b""
-    while True:
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
+    """The answer on a connection of its own; closing it lets the runtime take the next."""
+    answer, keep = read_answer(conn)
     conn.close()
-    assert len(buf) >= 4, "no answer"
-    (n,) = struct.unpack(">I", buf[:4])
-    return json.loads(buf[4 : 4 + n])
+    assert keep, "the runtime did not offer to keep the connection"
+    return answer
 
 
 def test_queued_connections_are_served_in_order(start_runtime):
@@ -233,3 +226,72 @@ def test_sigterm_answers_calls_already_queued(start_runtime):
     assert [_answer(c) for c in queued] == [{"seconds": 0, "n": i} for i in range(3)]
     assert proc.wait(timeout=10) == 0
 
+
+
+def test_one_connection_carries_pipelined_requests_in_order(start_runtime):
+    # The sidecar writes several requests before the first answer; they are answered in
+    # order on the same connection, which stays open.
+    proc, client = start_runtime("handlers_mod.Counter.process")
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(10)
+    conn.connect(client.path)
+    for i in range(10):
+        send_frame(conn, envelope(i))
+    assert [read_answer(conn) for _ in range(10)] == [({"count": i + 1}, True) for i in range(10)]
+    send_frame(conn, envelope("again"))
+    assert read_answer(conn) == ({"count": 11}, True)
+    conn.close()
+    # The next connection is served once the sidecar closed the first one.
+    assert client.call(envelope("x")) == {"count": 12}
+
+
+def test_probes_while_a_connection_is_held_neither_fill_the_backlog_nor_leak(start_runtime):
+    # The sidecar's readiness probe connects and hangs up every 5 s while its persistent
+    # connection stays open; more probes than the listen backlog (128) must still connect,
+    # and the runtime must not keep them.
+    proc, client = start_runtime("handlers_mod.echo")
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    held.settimeout(10)
+    held.connect(client.path)
+    send_frame(held, envelope(1))
+    assert read_answer(held) == (1, True)
+    fds = lambda: len(os.listdir("/proc/%d/fd" % proc.pid))  # noqa: E731
+    fds_before = fds()
+    # 15 bursts of 20: 300 in all, more than the backlog (128) holds if they stayed there.
+    for i in range(15):
+        for _ in range(20):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.settimeout(5)
+            probe.connect(client.path)
+            probe.close()
+        # Before it serves a request the runtime takes what waits in its backlog, and drops
+        # the probes that hung up.
+        send_frame(held, envelope(i))
+        assert read_answer(held) == (i, True)
+        assert fds() <= fds_before, "probe connections kept: %d fds, %d before" % (fds(), fds_before)
+
+
+def test_abandoned_call_with_requests_queued_behind_it_exits(start_runtime):
+    # Requests written behind the running one are unread data on the connection: the
+    # hang-up must still be seen.
+    proc, client = start_runtime("handlers_mod.sleepy")
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(client.path)
+    send_frame(conn, envelope({"seconds": 30}))
+    send_frame(conn, envelope({"seconds": 0}))
+    conn.close()
+    assert proc.wait(timeout=10) == 3
+
+
+def test_sigterm_answers_requests_pipelined_on_the_connection(start_runtime):
+    proc, client = start_runtime("handlers_mod.sleepy")
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(10)
+    conn.connect(client.path)
+    send_frame(conn, envelope({"seconds": 0.5}))
+    for i in range(3):
+        send_frame(conn, envelope({"seconds": 0, "n": i}))
+    proc.send_signal(signal.SIGTERM)
+    assert read_answer(conn)[0] == {"seconds": 0.5}
+    assert [read_answer(conn)[0] for _ in range(3)] == [{"seconds": 0, "n": i} for i in range(3)]
+    assert proc.wait(timeout=10) == 0

@@ -220,7 +220,13 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    pub fn start(socket_dir: &Path, handler: &str, mode: &str, log: &Path) -> Runtime {
+    pub fn start(
+        script: &str,
+        socket_dir: &Path,
+        handler: &str,
+        mode: &str,
+        log: &Path,
+    ) -> Runtime {
         let stop = Arc::new(AtomicBool::new(false));
         let starts = Arc::new(AtomicUsize::new(0));
         let (s, st) = (stop.clone(), starts.clone());
@@ -228,6 +234,7 @@ impl Runtime {
         let handler = handler.to_string();
         let mode = mode.to_string();
         let log = log.to_path_buf();
+        let script = root().join(script);
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 let logf = std::fs::OpenOptions::new()
@@ -236,7 +243,7 @@ impl Runtime {
                     .open(&log)
                     .unwrap();
                 let mut child = Command::new("python3")
-                    .arg(root().join("sidecar/runtime/asya_runtime.py"))
+                    .arg(&script)
                     .current_dir(root().join("deploy/examples/handlers"))
                     .env("ASYA_HANDLER", &handler)
                     .env("ASYA_HANDLER_MODE", &mode)
@@ -308,6 +315,8 @@ pub struct Actor {
 }
 
 pub struct ActorSpec<'a> {
+    /// The runtime's script, from the repository's root.
+    pub runtime: &'a str,
     pub handler: &'a str,
     pub mode: &'a str,
     pub env: &'a [(&'a str, &'a str)],
@@ -316,6 +325,7 @@ pub struct ActorSpec<'a> {
 impl Default for ActorSpec<'_> {
     fn default() -> Self {
         ActorSpec {
+            runtime: "sidecar/runtime/asya_runtime.py",
             handler: "testing.act",
             mode: "payload",
             env: &[],
@@ -334,6 +344,7 @@ impl Actor {
     pub fn spawn(kind: Kind, ns: &str, name: &str, spec: ActorSpec) -> Actor {
         let dir = tempfile::tempdir().unwrap();
         let runtime = Runtime::start(
+            spec.runtime,
             dir.path(),
             spec.handler,
             spec.mode,
