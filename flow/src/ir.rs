@@ -275,6 +275,29 @@ impl Program {
         out
     }
 
+    /// The actor a new envelope goes to first: the first call on the way from the start when
+    /// no branch comes before it (then the entry's own handler runs at once); otherwise the
+    /// first call of the code, and an envelope that branches elsewhere takes one hop from it.
+    /// `(actor, direct)`.
+    pub fn entry(&self) -> Option<(String, bool)> {
+        let mut pc = 0;
+        for _ in 0..self.code.len() {
+            match self.code.get(pc)? {
+                Instr::Call { actor, .. } => return Some((actor.clone(), true)),
+                Instr::Jump { to } => pc = *to,
+                Instr::Set { .. }
+                | Instr::Del { .. }
+                | Instr::LoopEnter { .. }
+                | Instr::LoopGuard { .. }
+                | Instr::TryEnter { .. }
+                | Instr::TryExit
+                | Instr::ExceptExit => pc += 1,
+                _ => break,
+            }
+        }
+        self.actors().into_iter().next().map(|a| (a, false))
+    }
+
     /// Checks what the evaluator relies on: the IR version and every jump inside the code.
     /// A program from an envelope is outside input: it is checked before it runs.
     pub fn check(&self) -> Result<(), String> {

@@ -20,6 +20,10 @@ use serde::{Deserialize, Serialize};
 /// The envelope field a flow travels in: `{"program": {...}, "pc": 3, ...}`.
 pub const ENVELOPE_FIELD: &str = "flow";
 
+/// The entry actor's sidecar variable holding the flow's program (JSON): an envelope that
+/// arrives there without a `flow` field starts the flow.
+pub const PROGRAM_ENV: &str = "ASYA_FLOW_PROGRAM";
+
 /// The decisions of the last evaluations, kept in the envelope for `asya trace` (the most
 /// recent [`MAX_TRAIL`]).
 pub const MAX_TRAIL: usize = 64;
