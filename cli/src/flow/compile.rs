@@ -944,16 +944,17 @@ impl<'a> Compiler<'a, '_> {
 
     /// Closes the regions above `depth`, innermost first, for a jump out of them.
     fn unwind(&mut self, depth: usize) {
-        for r in self.regions[depth..].to_vec().into_iter().rev() {
-            match r {
-                Region::Try => {
-                    self.emit(Instr::TryExit);
-                }
-                Region::Except => {
-                    self.emit(Instr::ExceptExit);
-                }
-                Region::Loop => {}
-            }
+        let exits: Vec<Instr> = self.regions[depth..]
+            .iter()
+            .rev()
+            .filter_map(|r| match r {
+                Region::Try => Some(Instr::TryExit),
+                Region::Except => Some(Instr::ExceptExit),
+                Region::Loop => None,
+            })
+            .collect();
+        for i in exits {
+            self.emit(i);
         }
     }
 
@@ -1171,10 +1172,7 @@ impl<'a> Compiler<'a, '_> {
                 );
                 return None;
             }
-            ast::Expr::Constant(c) => Expr::Const(match self.constant(&c.value, line) {
-                Some(v) => v,
-                None => return None,
-            }),
+            ast::Expr::Constant(c) => Expr::Const(self.constant(&c.value, line)?),
             ast::Expr::Subscript(s) => {
                 if matches!(s.slice.as_ref(), ast::Expr::Slice(_)) {
                     self.refuse(

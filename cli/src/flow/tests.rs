@@ -551,3 +551,28 @@ fn the_output_dir_flag_is_o_only_after_flow_compile() {
     let other = argv(&["asya", "sump", "list", "-o", "json"]);
     assert_eq!(crate::args::flow_output_dir(other.clone()), other);
 }
+
+/// The compiled example the sidecar's flow tests run (they may not use the compiler: the
+/// sidecar does not import the CLI) is what the compiler makes of the example today.
+#[test]
+fn the_compiled_example_fixture_is_up_to_date() {
+    let fixture: Program = serde_json::from_str(include_str!(
+        "../../../deploy/examples/flows/order_review.program.json"
+    ))
+    .unwrap();
+    let now = compile(
+        ORDER_REVIEW,
+        "order_review.py",
+        &Options {
+            module: "orders".into(),
+            ..Options::default()
+        },
+    )
+    .unwrap()
+    .program;
+    assert_eq!(
+        fixture, now,
+        "regenerate: asya flow compile deploy/examples/flows/order_review.py --module orders -o DIR, \
+         then the program.json of DIR/flow-program.yaml into deploy/examples/flows/order_review.program.json"
+    );
+}
