@@ -308,6 +308,16 @@ mod tests {
     }
 
     #[test]
+    fn the_entry_reads_its_flow_program() {
+        let mut m = base();
+        assert!(Config::from_map(&m).unwrap().flow_entry.is_none());
+        let text = include_str!("../../deploy/examples/flows/order_review.program.json");
+        m.insert("ASYA_FLOW_PROGRAM", text);
+        let p = Config::from_map(&m).unwrap().flow_entry.unwrap();
+        assert_eq!(p.flow, "review_order");
+    }
+
+    #[test]
     fn transport_startup_timeout_zero_waits_forever() {
         let mut m = base();
         m.insert("ASYA_TRANSPORT_STARTUP_TIMEOUT", "0");
@@ -336,6 +346,12 @@ mod tests {
             ("ASYA_RABBITMQ_PREFETCH", "0"),
             ("ASYA_HANDLER_MODE", "both"),
             ("ASYA_GATEWAY_URL", "gateway:8080"),
+            ("ASYA_FLOW_PROGRAM", "{\"code\": []}"),
+            (
+                "ASYA_FLOW_PROGRAM",
+                r#"{"ir": 1, "flow": "f", "version": "v", "max_iterations": 1, "step_budget": 9,
+                    "code": [{"jump": {"to": 7}}]}"#,
+            ),
         ];
         for (var, value) in cases {
             let mut m = base();

@@ -178,3 +178,88 @@ async fn order_review_flow(kind: Kind) {
     sink.expect_nothing(QUIET).await;
     sump.expect_nothing(QUIET).await;
 }
+
+/// A benchmark, not a test (docs/benchmarks.md § Flows): the worked flow's five-step path with
+/// its branch and its loop (a card declined once, shipped in the US: validate, charge, charge,
+/// standard-ship, notify) on RabbitMQ. Prints envelopes/s (a burst of `ASYA_FLOW_BENCH_COUNT`,
+/// first send to last arrival in x-sink) and p50/p99 end-to-end latency of one envelope at a
+/// time. Run: `cargo test --profile ci -p asya-sidecar --test flows -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_five_step_flow() {
+    if !common::have(Kind::Rabbit) {
+        return;
+    }
+    let kind = Kind::Rabbit;
+    let count: usize = std::env::var("ASYA_FLOW_BENCH_COUNT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    let ns = unique_ns("flowbench");
+    let sink = Client::new(kind, &queue(&ns, "x-sink")).await;
+    let input = Client::new(kind, &queue(&ns, "x-test-input")).await;
+    let program = program();
+    let entry_env = [(asya_flow::PROGRAM_ENV, program.as_str())];
+    let quiet: &'static [(&'static str, &'static str)] = &[("ASYA_LOG_LEVEL", "warn")];
+    let validate = Actor::start(
+        kind,
+        &ns,
+        "validate",
+        ActorSpec {
+            handler: "orders.validate",
+            mode: "payload",
+            env: &[entry_env[0], ("ASYA_LOG_LEVEL", "warn")],
+        },
+    );
+    let _others: Vec<Actor> = [
+        ("charge", "orders.charge"),
+        ("standard-ship", "orders.standard_ship"),
+        ("notify", "orders.notify"),
+        ("express-ship", "orders.express_ship"),
+    ]
+    .into_iter()
+    .map(|(n, h)| {
+        Actor::start(
+            kind,
+            &ns,
+            n,
+            ActorSpec {
+                handler: h,
+                mode: "payload",
+                env: quiet,
+            },
+        )
+    })
+    .collect();
+    let payload = json!({"items": [{"price": 5}], "card": "declined-once", "country": "US"});
+    // Latency first, one at a time.
+    let mut lat = Vec::new();
+    for i in 0..100 {
+        let t = std::time::Instant::now();
+        input
+            .send(&validate.queue(), &order(&format!("l{i}"), payload.clone()))
+            .await;
+        let got = sink.take(1, WAIT).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0]["route"]["actors"].as_array().map(Vec::len), Some(5));
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let t = std::time::Instant::now();
+    for i in 0..count {
+        input
+            .send(&validate.queue(), &order(&format!("b{i}"), payload.clone()))
+            .await;
+    }
+    let got = sink.take(count, Duration::from_secs(600)).await;
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(got.len(), count);
+    assert!(got.iter().all(|e| e["payload"]["shipping"] == "standard"));
+    println!(
+        "five-step flow (5 handler hops, branch + loop + except), RabbitMQ: {count} envelopes in {secs:.1} s = {:.0} envelopes/s ({:.0} handler hops/s); latency p50 {:.1} ms, p99 {:.1} ms",
+        count as f64 / secs,
+        5.0 * count as f64 / secs,
+        lat[49],
+        lat[98]
+    );
+}
