@@ -576,3 +576,89 @@ fn the_compiled_example_fixture_is_up_to_date() {
          then the program.json of DIR/flow-program.yaml into deploy/examples/flows/order_review.program.json"
     );
 }
+
+/// What `compile` writes is admitted as users deploy it: each AsyncActor passes the same
+/// review as the webhook's (no errors), the entry reads the program from the ConfigMap, and
+/// the kustomization lists the manifests.
+#[test]
+fn the_compiled_manifests_pass_the_admission_review() {
+    use super::manifests::{Deploy, files};
+    let c = compile(
+        ORDER_REVIEW,
+        "order_review.py",
+        &Options {
+            module: "orders".into(),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let out = files(
+        &c,
+        &Deploy {
+            image: "asya-examples:latest".into(),
+        },
+    );
+    let names: Vec<&str> = out.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "flow-program.yaml",
+            "actor-validate.yaml",
+            "actor-charge.yaml",
+            "actor-express-ship.yaml",
+            "actor-standard-ship.yaml",
+            "actor-notify.yaml",
+            "kustomization.yaml",
+            "flow.mmd",
+            "flow.dot"
+        ]
+    );
+    let yaml = |name: &str| -> Value {
+        serde_yaml::from_str(&out.iter().find(|f| f.name == name).unwrap().text).unwrap()
+    };
+    let catalog = asya_api::flavor::FlavorCatalog::default();
+    let config = asya_api::ClusterConfig::default();
+    for f in out.iter().filter(|f| f.name.starts_with("actor-")) {
+        let v = yaml(&f.name);
+        let review = asya_api::review::review_actor(&asya_api::review::ReviewRequest {
+            object: &v,
+            old_object: None,
+            namespace: Some("shop"),
+            catalog: &catalog,
+            config: &config,
+        });
+        assert!(review.errors.is_empty(), "{}: {:?}", f.name, review.errors);
+        assert_eq!(v["metadata"]["labels"]["asya.sh/flow"], "review_order");
+    }
+    let entry = yaml("actor-validate.yaml");
+    assert_eq!(entry["metadata"]["labels"]["asya.sh/flow-role"], "entry");
+    assert_eq!(
+        entry["spec"]["sidecar"]["env"][0],
+        json!({"name": "ASYA_FLOW_PROGRAM",
+               "valueFrom": {"configMapKeyRef": {"name": "flow-review-order", "key": "program.json"}}})
+    );
+    assert_eq!(
+        yaml("actor-notify.yaml")["metadata"]["labels"]["asya.sh/flow-role"],
+        "step"
+    );
+    let cm = yaml("flow-program.yaml");
+    let program: Program =
+        serde_json::from_str(cm["data"]["program.json"].as_str().unwrap()).unwrap();
+    assert_eq!(program, c.program);
+    assert_eq!(
+        yaml("kustomization.yaml")["resources"]
+            .as_array()
+            .unwrap()
+            .len(),
+        6
+    );
+    let mmd = &out.iter().find(|f| f.name == "flow.mmd").unwrap().text;
+    assert!(mmd.contains("n13 -.->|except PaymentError|"), "{mmd}");
+    assert!(
+        out.iter()
+            .find(|f| f.name == "flow.dot")
+            .unwrap()
+            .text
+            .starts_with("// flow review_order")
+    );
+}
