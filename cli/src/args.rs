@@ -148,8 +148,8 @@ pub struct FlowSource {
 
 #[derive(Subcommand, Debug)]
 pub enum FlowCommand {
-    /// Compile FILE into DIR: an AsyncActor per actor, the program's ConfigMap, a
-    /// kustomization, flow.mmd and flow.dot (`kubectl apply -f DIR`). `-o` here is the
+    /// Compile FILE into DIR: an AsyncActor per actor, the program's ConfigMap, flow.mmd
+    /// and flow.dot (`kubectl apply -f DIR`). `-o` here is the
     /// directory, as in the original's `asya flow compile FILE -o DIR`.
     Compile {
         #[command(flatten)]

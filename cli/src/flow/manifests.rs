@@ -1,6 +1,7 @@
 //! What `asya flow compile` writes: one AsyncActor per actor the flow calls (labelled with the
 //! flow and the actor's role), the ConfigMap holding the program (read by the entry actor's
-//! sidecar), a kustomization listing them, and the graphs. `kubectl apply -f DIR` (or `-k`).
+//! sidecar), and the graphs. `kubectl apply -f DIR`. No kustomization.yaml: `apply -f` would
+//! take it for an object of an unknown kind and fail.
 
 use serde_json::{Value, json};
 
@@ -101,15 +102,6 @@ pub fn files(c: &Compiled, d: &Deploy) -> Vec<File> {
             })),
         });
     }
-    let resources: Vec<Value> = out.iter().map(|f| json!(f.name)).collect();
-    out.push(File {
-        name: "kustomization.yaml".into(),
-        text: yaml(&json!({
-            "apiVersion": "kustomize.config.k8s.io/v1beta1",
-            "kind": "Kustomization",
-            "resources": resources,
-        })),
-    });
     out.push(File {
         name: "flow.mmd".into(),
         text: graph::mermaid(p),
