@@ -100,6 +100,10 @@ pub enum Command {
     /// The actors' status (`kubectl get asyas -o wide`) and the conditions behind a
     /// non-Running phase.
     Status { actor: Option<String> },
+    /// Flows: one Python function whose `await`s are actor calls, compiled into the routing
+    /// the sidecars run (docs/flows.md).
+    #[command(subcommand)]
+    Flow(FlowCommand),
     /// Shell completion script.
     Completion {
         #[arg(value_enum)]
@@ -125,6 +129,67 @@ pub struct SendArgs {
     /// How long --wait waits.
     #[arg(long, default_value = "5m")]
     pub timeout: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct FlowSource {
+    /// The flow's Python file.
+    pub file: PathBuf,
+    /// The flow function, when the file has several and none is marked `@flow`.
+    #[arg(long)]
+    pub flow: Option<String>,
+    /// The module the handlers live in: `classify` is the handler `MODULE.classify`.
+    #[arg(long, default_value = "handlers")]
+    pub module: String,
+    /// Iterations a `while` may run before the envelope goes to x-sump.
+    #[arg(long, default_value_t = asya_flow::ir::DEFAULT_MAX_ITERATIONS)]
+    pub max_iterations: u32,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FlowCommand {
+    /// Compile FILE into DIR: an AsyncActor per actor, the program's ConfigMap, flow.mmd
+    /// and flow.dot (`kubectl apply -f DIR`). `-o` here is the
+    /// directory, as in the original's `asya flow compile FILE -o DIR`.
+    Compile {
+        #[command(flatten)]
+        source: FlowSource,
+        /// Where to write the files.
+        #[arg(long = "output-dir")]
+        output_dir: PathBuf,
+        /// The handlers' image.
+        #[arg(long, default_value = "handlers:latest")]
+        image: String,
+        /// Replace files already in DIR.
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Check FILE: what compiles, or every refusal with its line and what to write instead.
+    Validate {
+        #[command(flatten)]
+        source: FlowSource,
+    },
+}
+
+/// `asya flow compile FILE -o DIR`: the original's spelling. `-o` is the global output
+/// format everywhere else, so after `flow compile` it is rewritten to `--output-dir`.
+pub fn flow_output_dir<I: IntoIterator<Item = std::ffi::OsString>>(
+    argv: I,
+) -> Vec<std::ffi::OsString> {
+    let mut seen_flow = false;
+    let mut compile = false;
+    argv.into_iter()
+        .map(|a| {
+            if compile && a == "-o" {
+                return "--output-dir".into();
+            }
+            if seen_flow && a == "compile" {
+                compile = true;
+            }
+            seen_flow |= a == "flow";
+            a
+        })
+        .collect()
 }
 
 #[derive(Subcommand, Debug)]

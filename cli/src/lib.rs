@@ -17,6 +17,7 @@ pub mod compose;
 pub mod crew;
 pub mod error;
 pub mod failed;
+pub mod flow;
 pub mod redrive;
 pub mod render;
 pub mod select;
@@ -45,7 +46,7 @@ pub async fn main_with_args() -> std::process::ExitCode {
         .init();
     // rustls needs one crypto provider for the process; ring, as every part of Asya.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(crate::args::flow_output_dir(std::env::args_os())) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();

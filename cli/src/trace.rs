@@ -105,6 +105,31 @@ pub fn children(record: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The path of an envelope in a flow (docs/flows.md): the actors it visited and the flow's
+/// decisions by source line (`14:else`, `37:except PaymentDeclined`); `None` outside a flow.
+pub fn flow_path(e: &asya_transport::envelope::Envelope) -> Option<String> {
+    let flow = e.extra.get(asya_flow::ENVELOPE_FIELD)?;
+    let name = flow
+        .pointer("/program/flow")
+        .and_then(Value::as_str)
+        .unwrap_or("?");
+    let decisions: Vec<&str> = flow
+        .get("trail")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let upto = (e.route.current + 1).min(e.route.actors.len());
+    Some(format!(
+        "flow {name}: {}; decisions: {}",
+        e.route.actors[..upto].join(" → "),
+        if decisions.is_empty() {
+            "none".to_string()
+        } else {
+            decisions.join(", ")
+        }
+    ))
+}
+
 /// Whether `candidate` is `id` or one of its fan-out descendants (`{id}-{i}`, §4).
 pub fn in_family(id: &str, candidate: &str) -> bool {
     candidate == id
@@ -166,6 +191,23 @@ mod tests {
             ("b", Some(170), "failed")
         );
         assert_eq!(children(&rec), vec!["e1-1", "e1-2"]);
+    }
+
+    #[test]
+    fn a_flow_envelope_tells_its_path_and_decisions() {
+        let e: asya_transport::envelope::Envelope = serde_json::from_value(json!({
+            "id": "o1", "route": {"actors": ["validate", "charge", "charge", "notify"], "current": 4},
+            "payload": {}, "flow": {"program": {"flow": "review_order"}, "pc": 3,
+                                    "trail": ["37:except PaymentDeclined", "14:else"]}
+        }))
+        .unwrap();
+        assert_eq!(
+            flow_path(&e).unwrap(),
+            "flow review_order: validate → charge → charge → notify; decisions: 37:except PaymentDeclined, 14:else"
+        );
+        let mut plain = e.clone();
+        plain.extra.clear();
+        assert_eq!(flow_path(&plain), None);
     }
 
     #[test]

@@ -12,7 +12,7 @@ closes it. An answer is:
 * the handler's result: a payload (payload mode) or an envelope (envelope mode);
 * a list: fan-out, one outgoing envelope per item (a generator is collected into a list);
 * null or []: nothing to pass on;
-* an error object {"error": code, "details": {"message", "type", "traceback"}}.
+* an error object {"error": code, "details": {"message", "type", "traceback", "mro"}}.
 
 A result that would itself look like an error object is wrapped in a one-item list, which
 means the same thing (fan-out of one) and cannot be mistaken for an error.
@@ -235,6 +235,8 @@ def error_object(code, exc, tb=None):
             "message": str(exc),
             "type": type(exc).__name__,
             "traceback": tb if tb is not None else traceback.format_exc(),
+            # A flow's `except` matches by class and bases, as Python does (docs/flows.md).
+            "mro": [c.__name__ for c in type(exc).__mro__ if c is not object],
         },
     }
 

@@ -62,6 +62,9 @@ pub struct Config {
     /// Trace context and span export from the standard `OTEL_*` variables (off: context is
     /// still carried from hop to hop).
     pub trace: asya_transport::trace_context::TraceSettings,
+    /// The flow this actor is the entry of (`ASYA_FLOW_PROGRAM`, written by `asya flow
+    /// compile`): an envelope that arrives without a flow starts it (docs/DESIGN.md §12).
+    pub flow_entry: Option<std::sync::Arc<asya_flow::Program>>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -247,8 +250,25 @@ impl Config {
             .filter(|d| !d.is_zero()),
             log_json,
             trace: asya_transport::trace_context::TraceSettings::from_lookup(&|k| v.get(k)),
+            flow_entry: flow_program(v)?,
         })
     }
+}
+
+/// The entry's flow program, checked as the evaluator needs it.
+fn flow_program(v: &Vars) -> Result<Option<std::sync::Arc<asya_flow::Program>>, ConfigError> {
+    let var = asya_flow::PROGRAM_ENV;
+    let Some(text) = v.get(var) else {
+        return Ok(None);
+    };
+    let p: asya_flow::Program = serde_json::from_str(&text).map_err(|e| {
+        err(
+            var,
+            format!("not a flow program (asya flow compile writes it): {e}"),
+        )
+    })?;
+    p.check().map_err(|e| err(var, e))?;
+    Ok(Some(std::sync::Arc::new(p)))
 }
 
 impl From<SettingsError> for ConfigError {
@@ -288,6 +308,16 @@ mod tests {
     }
 
     #[test]
+    fn the_entry_reads_its_flow_program() {
+        let mut m = base();
+        assert!(Config::from_map(&m).unwrap().flow_entry.is_none());
+        let text = include_str!("../../deploy/examples/flows/order_review.program.json");
+        m.insert("ASYA_FLOW_PROGRAM", text);
+        let p = Config::from_map(&m).unwrap().flow_entry.unwrap();
+        assert_eq!(p.flow, "review_order");
+    }
+
+    #[test]
     fn transport_startup_timeout_zero_waits_forever() {
         let mut m = base();
         m.insert("ASYA_TRANSPORT_STARTUP_TIMEOUT", "0");
@@ -316,6 +346,12 @@ mod tests {
             ("ASYA_RABBITMQ_PREFETCH", "0"),
             ("ASYA_HANDLER_MODE", "both"),
             ("ASYA_GATEWAY_URL", "gateway:8080"),
+            ("ASYA_FLOW_PROGRAM", "{\"code\": []}"),
+            (
+                "ASYA_FLOW_PROGRAM",
+                r#"{"ir": 1, "flow": "f", "version": "v", "max_iterations": 1, "step_budget": 9,
+                    "code": [{"jump": {"to": 7}}]}"#,
+            ),
         ];
         for (var, value) in cases {
             let mut m = base();

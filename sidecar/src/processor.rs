@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::config::Config;
+use crate::flow_routing::{self, FlowStep, Start};
 use crate::gateway_client::{Report, Reporter};
 use crate::metrics::Metrics;
 use crate::routing::{self, Answer, Queues};
@@ -403,6 +404,37 @@ impl<T: Transport> Processor<T> {
             tracing::warn!(%reason, "to x-sump");
             return self.to_sump(&env, &reason, None, "poison", "poison", hop);
         }
+        let mut env = env;
+        let mut started_body = None;
+        let flow = if self.cfg.is_end_actor {
+            None
+        } else {
+            match flow_routing::carried(&env) {
+                Some(Ok(c)) => Some(c),
+                Some(Err(why)) => {
+                    tracing::warn!(%why, "to x-sump");
+                    return self.to_sump(&env, &why, None, "failed", "flow_error", hop);
+                }
+                None => match &self.cfg.flow_entry {
+                    None => None,
+                    Some(program) => {
+                        match flow_routing::start(&env, program, &self.cfg.actor, &self.queues) {
+                            Start::Handle(e) => {
+                                env = *e;
+                                // The handler sees the flow's first mutations.
+                                started_body = serde_json::to_vec(&env).ok();
+                                flow_routing::carried(&env).and_then(Result::ok)
+                            }
+                            Start::Step(step) => {
+                                tracing::debug!(flow = %program.flow, "flow starts elsewhere");
+                                return self.flow_disposition(&env, step, "success", hop);
+                            }
+                        }
+                    }
+                },
+            }
+        };
+        let body = started_body.as_deref().unwrap_or(body);
         if self.reporter.enabled() && !self.cfg.is_end_actor {
             for phase in ["received", "processing"] {
                 self.reporter.send(self.progress(&env, phase));
@@ -434,6 +466,7 @@ impl<T: Transport> Processor<T> {
                     error_type: error_type.into(),
                     message: e.to_string(),
                     traceback: None,
+                    mro: Vec::new(),
                 })
             }
         };
@@ -449,11 +482,21 @@ impl<T: Transport> Processor<T> {
                 Answer::Results(_) => None,
             },
         });
-        match answer {
-            Answer::Results(items) => self.on_results(env, items, hop),
-            Answer::Failure(f) => {
+        match (answer, flow) {
+            (Answer::Results(items), Some(c)) => {
+                let step = flow_routing::after_results(
+                    &env,
+                    c,
+                    items,
+                    self.cfg.handler_mode,
+                    &self.queues,
+                );
+                self.flow_disposition(&env, step, "success", hop)
+            }
+            (Answer::Results(items), None) => self.on_results(env, items, hop),
+            (Answer::Failure(f), flow) => {
                 self.metrics.runtime_error(&f.error_type);
-                self.on_failure(env, f, hop)
+                self.on_failure(env, f, flow, hop)
             }
         }
     }
@@ -585,7 +628,56 @@ impl<T: Transport> Processor<T> {
         }
     }
 
-    fn on_failure(&self, mut env: Envelope, f: Failure, hop: &Hop) -> Disposition {
+    /// The sends a flow's evaluation decided, checked against the transport's size limit.
+    fn flow_disposition(
+        &self,
+        env: &Envelope,
+        step: FlowStep,
+        status: &'static str,
+        hop: &Hop,
+    ) -> Disposition {
+        match step {
+            FlowStep::Routed(routed) => {
+                let out: Vec<Outgoing> = routed
+                    .iter()
+                    .map(|(q, e)| self.outgoing(q.clone(), e, None, hop))
+                    .collect();
+                if let Some(limit) = self.transport.max_message_bytes()
+                    && let Some(big) = out.iter().find(|o| o.body.len() > limit)
+                {
+                    let reason = format!(
+                        "result too large: {} bytes for {} exceeds the transport limit of {limit} bytes",
+                        big.body.len(),
+                        big.queue
+                    );
+                    hop.forget_sends();
+                    return self.to_sump(env, &reason, None, "failed", "too_large", hop);
+                }
+                tracing::debug!(to = %out.iter().map(|o| o.queue.as_str()).collect::<Vec<_>>().join(","), "flow routed");
+                let mut d = self.done(out, status, None, env.id.clone());
+                if self.reporter.enabled() {
+                    d.reports.push(self.progress(env, "completed"));
+                }
+                d
+            }
+            FlowStep::Sump {
+                reason,
+                failure,
+                metric,
+            } => {
+                tracing::warn!(%reason, "flow to x-sump");
+                self.to_sump(env, &reason, failure.as_ref(), "failed", metric, hop)
+            }
+        }
+    }
+
+    fn on_failure(
+        &self,
+        mut env: Envelope,
+        f: Failure,
+        flow: Option<asya_flow::Carried>,
+        hop: &Hop,
+    ) -> Disposition {
         let actor = self.cfg.actor.clone();
         let attempt = routing::failed_attempts(&env, &actor) + 1;
         let decision = resiliency::decide(&self.cfg.resiliency, &f, attempt);
@@ -600,6 +692,11 @@ impl<T: Transport> Processor<T> {
                     hop,
                 )];
                 self.done(out, "retried", None, env.id)
+            }
+            Decision::Fail { .. } if let Some(c) = flow => {
+                tracing::info!(attempt, error_type = %f.error_type, "handler failed in a flow; its except paths decide");
+                let step = flow_routing::after_failure(&env, c, &f, &self.queues);
+                self.flow_disposition(&env, step, "caught", hop)
             }
             Decision::Fail { reason } => {
                 tracing::warn!(attempt, error_type = %f.error_type, error = %f.message, %reason, "to x-sump");
@@ -631,6 +728,7 @@ mod tests {
             error_type: "ActorTimeout".into(),
             message: "m".into(),
             traceback: None,
+            mro: Vec::new(),
         };
         let exhausted = FailReason::RetriesExhausted {
             attempt: 3,

@@ -56,6 +56,15 @@ pub fn interpret(answer: Value) -> Answer {
                 error_type: text("type").unwrap_or_else(|| "Error".into()),
                 message: text("message").unwrap_or_default(),
                 traceback: text("traceback"),
+                mro: details
+                    .get("mro")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|n| n.as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             })
         }
         other => Answer::Results(vec![other]),
@@ -118,7 +127,7 @@ pub fn route_results(
 
 /// Takes what an envelope-mode handler may change (headers, payload, the actors after
 /// `current`, extra fields) and keeps what it may not (id, parent, cursor, the past).
-fn from_handler_envelope(
+pub(crate) fn from_handler_envelope(
     orig: &Envelope,
     item: Value,
     index: usize,
@@ -319,7 +328,8 @@ mod tests {
             Answer::Results(vec![json!({"a": 1})])
         );
         let Answer::Failure(f) = interpret(json!({"error": "handler_error",
-            "details": {"message": "m", "type": "ValueError", "traceback": "tb"}}))
+            "details": {"message": "m", "type": "ValueError", "traceback": "tb",
+                        "mro": ["ValueError", "Exception", "BaseException"]}}))
         else {
             panic!("not a failure")
         };
@@ -328,6 +338,7 @@ mod tests {
             ("handler_error", "ValueError")
         );
         assert_eq!(f.traceback.as_deref(), Some("tb"));
+        assert_eq!(f.mro, ["ValueError", "Exception", "BaseException"]);
     }
 
     #[test]
@@ -418,6 +429,7 @@ mod tests {
             error_type: "E".into(),
             message: "m".into(),
             traceback: None,
+            mro: Vec::new(),
         };
         record_attempt(&mut e, "a", 1, &f, 1);
         record_attempt(&mut e, "a", 2, &f, 2);

@@ -169,6 +169,9 @@ pub struct Failure {
     pub error_type: String,
     pub message: String,
     pub traceback: Option<String>,
+    /// The exception's class names, most derived first (the runtime's `details.mro`): a
+    /// flow's `except` matches by them. Empty for failures of the sidecar's own.
+    pub mro: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -287,6 +290,7 @@ mod tests {
             error_type: t.into(),
             message: m.into(),
             traceback: None,
+            mro: Vec::new(),
         }
     }
 

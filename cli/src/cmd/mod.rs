@@ -1,5 +1,6 @@
 //! One module per command: the I/O around the pure decisions, and the printing.
 
+pub mod flow;
 pub mod queues;
 pub mod send;
 pub mod status;
@@ -34,6 +35,7 @@ pub async fn dispatch(cli: &Cli) -> Result<(String, Exit)> {
             .await
         }
         Command::Status { actor } => status::run(g, actor.as_deref()).await,
+        Command::Flow(c) => flow::run(c),
         Command::Completion { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(*shell, &mut Cli::command(), bin_name(), &mut out);

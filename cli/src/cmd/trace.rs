@@ -297,6 +297,11 @@ async fn from_queues(s: &Session, id: &str, max: usize) -> Result<Vec<Hop>> {
             } else {
                 (actor.clone(), outcome.to_string())
             };
+            // A flow's envelope says which way it went.
+            let outcome = match trace::flow_path(&e) {
+                Some(path) => format!("{outcome} ({path})"),
+                None => outcome,
+            };
             hops.push(Hop {
                 envelope: e.id.clone(),
                 actor,

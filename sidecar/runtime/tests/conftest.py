@@ -32,6 +32,15 @@ def nothing(payload):
 def boom(payload):
     raise ValueError("bad input: %s" % payload)
 
+class PaymentError(ValueError):
+    pass
+
+class PaymentDeclined(PaymentError):
+    pass
+
+def declined(payload):
+    raise PaymentDeclined("card declined")
+
 def sleepy(payload):
     time.sleep(payload["seconds"])
     return payload

@@ -51,6 +51,15 @@ def test_exception_becomes_error_object_with_traceback(start_runtime):
     assert "boom" in answer["details"]["traceback"]
 
 
+def test_error_carries_its_class_hierarchy_for_flows(start_runtime):
+    # A flow's `except PaymentError` / `except ValueError` matches by these names.
+    _, client = start_runtime("handlers_mod.declined")
+    answer = client.call(envelope({}))
+    assert answer["details"]["type"] == "PaymentDeclined"
+    assert answer["details"]["mro"] == [
+        "PaymentDeclined", "PaymentError", "ValueError", "Exception", "BaseException"]
+
+
 def test_result_shaped_like_error_is_wrapped(start_runtime):
     _, client = start_runtime("handlers_mod.errorish")
     assert client.call(envelope({})) == [{"error": "not really", "details": {}}]
