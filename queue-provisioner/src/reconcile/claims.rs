@@ -109,11 +109,20 @@ async fn adoptable<C: Cluster>(
 ) -> Result<(), QueueError> {
     let c = &rec.cluster;
     let who = spec.claimant();
-    if let Some(r) = c.queue_record(transport, &spec.name).await? {
+    let others: Vec<String> = enabled(rec)
+        .into_iter()
+        .filter(|t| t != transport)
+        .collect();
+    // The reads are independent (one per broker): sent together, judged in the order above.
+    let (own, elsewhere) = futures::join!(
+        c.queue_record(transport, &spec.name),
+        futures::future::join_all(others.iter().map(|t| c.queue_record(t, &spec.name)))
+    );
+    if let Some(r) = own? {
         owner::owns(&spec.name, &r, &who)?;
     }
-    for t in enabled(rec).iter().filter(|t| *t != transport) {
-        match c.queue_record(t, &spec.name).await {
+    for (t, read) in others.iter().zip(elsewhere) {
+        match read {
             Ok(Some(r)) => owner::owns(&spec.name, &r, &who)?,
             Ok(None) => {}
             Err(e) => {

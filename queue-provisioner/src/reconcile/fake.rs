@@ -116,6 +116,9 @@ pub struct World {
     pub claim_before_create: Option<QueueClaim>,
     /// Uids given to created claims.
     pub claim_serial: u32,
+    /// The replica handoff answers only once an apply of this kind was requested: a
+    /// reconcile that sent the two in turn would wait forever (the concurrency tests).
+    pub handoff_waits_for: Option<ObjectKind>,
 }
 
 /// The uid the fake gives namespace `ns` unless [`World::namespaces`] says otherwise.
@@ -172,6 +175,7 @@ impl Default for World {
             namespaces: BTreeMap::new(),
             claim_before_create: None,
             claim_serial: 0,
+            handoff_waits_for: None,
         }
     }
 }
@@ -663,6 +667,13 @@ impl Cluster for Fake {
         n: i32,
     ) -> Result<(), kube::Error> {
         self.request(format!("apply {kind} {ns}/{name} replicas"));
+        let wait = self.world().handoff_waits_for;
+        if let Some(other) = wait {
+            let sent = format!("apply {other} ");
+            while !self.world().requests.iter().any(|r| r.starts_with(&sent)) {
+                tokio::task::yield_now().await;
+            }
+        }
         let mut w = self.world();
         w.log.push(format!("claim replicas {kind} {ns}/{name} {n}"));
         if let Some(s) = w.objects.get_mut(&key(kind.object(), ns, name)) {

@@ -7,7 +7,7 @@
 //! the keys left from before are removed).
 
 use asya_api::config::Transport;
-use asya_api::{AsyncActor, ResolvedActor, naming};
+use asya_api::{ResolvedActor, naming};
 
 use crate::model::ObjectKind;
 use crate::render::keda;
@@ -132,18 +132,11 @@ pub async fn remove_unshared_sqs_keys<C: Cluster>(
     Ok(())
 }
 
-/// Announces the shared static keys on the actor.
-pub async fn announce_shared<C: Cluster>(
-    c: &C,
-    actor: &AsyncActor,
-    r: &ResolvedActor,
-    t: &Transport,
-) {
-    if let Some(s) = t.config.credentials_secret_ref.as_ref() {
-        c.event(
-            actor,
-            shared_static_credentials_event(&r.transport, &s.name),
-        )
-        .await;
-    }
+/// The event announcing the shared static keys on the actor, if the transport shares them
+/// from a Secret.
+pub fn shared_event(r: &ResolvedActor, t: &Transport) -> Option<EventSpec> {
+    t.config
+        .credentials_secret_ref
+        .as_ref()
+        .map(|s| shared_static_credentials_event(&r.transport, &s.name))
 }

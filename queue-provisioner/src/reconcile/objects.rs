@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use asya_api::config::TRANSPORT_RABBITMQ;
+use asya_api::config::{TRANSPORT_RABBITMQ, Transport};
 use asya_api::{AsyncActor, ResolvedActor, naming};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
@@ -184,26 +184,23 @@ fn set_template_annotation(obj: &mut Object, key: &str, value: &str) {
         .insert(key.to_string(), value.to_string());
 }
 
-/// Applies a workload (when it changed) and returns what it says of itself: from the apply's
-/// answer, or the cache when the apply was skipped. A workload created at `initial` replicas
-/// hands them to the handoff manager at once, so our later applies (which leave replicas to
-/// the HPA) do not reset them.
-async fn apply_workload<C: Cluster>(
+/// Hands a workload just created at `initial` replicas to the handoff manager, so our later
+/// applies (which leave replicas to the HPA) do not reset them, and returns what the
+/// workload says of itself: from the apply's answer (`sent`), or the cache when the apply
+/// was skipped.
+async fn hand_new_workload_over<C: Cluster>(
     r: &Reconciler<C>,
-    us: Us<'_>,
     wp: &WorkloadPlan,
     ns: &str,
-    desired: Object,
-    cached: Cached,
+    name: &str,
+    sent: Option<Answer>,
 ) -> Result<WorkloadObs, ApplyError> {
-    let name = desired.name();
-    let sent = apply_changed(r, us, ns, desired, cached, wp.initial).await?;
     if let (Some(n), Some(_)) = (wp.initial, &sent) {
-        r.cluster.claim_replicas(wp.kind, ns, &name, n).await?;
+        r.cluster.claim_replicas(wp.kind, ns, name, n).await?;
     }
     let seen = match sent {
         Some(a) => a.workload,
-        None => r.cluster.cached_workload(wp.kind, ns, &name),
+        None => r.cluster.cached_workload(wp.kind, ns, name),
     };
     Ok(seen.unwrap_or_default())
 }
@@ -320,7 +317,6 @@ pub async fn apply<C: Cluster>(
             Object::Deployment(workload::deployment(r, labels, owner, config))
         }
     };
-    let mut workload_foreign = false;
     if let Some(v) = broker.credential_version {
         set_template_annotation(&mut desired, VERSION_ANNOTATION, &v.to_string());
     }
@@ -334,7 +330,35 @@ pub async fn apply<C: Cluster>(
     if let Some(v) = report_token.version() {
         set_template_annotation(&mut desired, crate::gateway_report::VERSION_ANNOTATION, v);
     }
-    match apply_workload(rec, us, wp, ns, desired, workload_cached).await {
+    // The workload's apply decides the rest: a ScaledObject targets the workload by name,
+    // and over someone else's Deployment it would hand that one to KEDA. Then the handoff of
+    // a new workload's replicas and KEDA's objects wait only for the workload, not for each
+    // other (the handoff claims the replicas the workload was created with, KEDA's
+    // minimum), so they are sent together; their outcomes are recorded and announced in
+    // this order afterwards, as when they ran in turn.
+    let sent = apply_changed(rec, us, ns, desired, workload_cached, wp.initial).await;
+    let workload_foreign = matches!(sent, Err(ApplyError::NotOurs(_)));
+    let keda = Keda {
+        r,
+        us,
+        labels,
+        owner,
+        transport,
+        queue_url,
+        so_name: &so_name,
+        ta_name: &ta_name,
+    };
+    let (workload, scaled) = match sent {
+        Ok(sent) => futures::join!(
+            hand_new_workload_over(rec, wp, ns, &name, sent),
+            scaling(rec, &keda, plan.scaling, workload_foreign)
+        ),
+        Err(e) => (
+            Err(e),
+            scaling(rec, &keda, plan.scaling, workload_foreign).await,
+        ),
+    };
+    match workload {
         Ok(w) => {
             if wp.announce {
                 let note = format!("{kind} {name} created");
@@ -346,7 +370,6 @@ pub async fn apply<C: Cluster>(
             c.event(actor, not_ours_event(&m)).await;
             o.foreign.push(m.clone());
             o.workload_error = Some(m);
-            workload_foreign = true;
         }
         Err(e) => {
             c.event(
@@ -357,66 +380,113 @@ pub async fn apply<C: Cluster>(
             o.workload_error = Some(e.to_string());
         }
     }
+    let scaled = scaled?;
+    for ev in scaled.events {
+        c.event(actor, ev).await;
+    }
+    o.foreign.extend(scaled.foreign);
+    if let Some(e) = scaled.error {
+        o.scaling_error = Some(e);
+    }
+    made.extend(scaled.made);
+    Ok(())
+}
 
-    // KEDA objects, or none when scaling is off.
-    match plan.scaling {
-        ScalingPlan::Unavailable(why) => o.scaling_error = Some(why),
+/// What the KEDA step renders from.
+struct Keda<'a> {
+    r: &'a ResolvedActor,
+    us: Us<'a>,
+    labels: &'a BTreeMap<String, String>,
+    owner: &'a OwnerReference,
+    transport: Option<&'a Transport>,
+    queue_url: Option<&'a str>,
+    so_name: &'a str,
+    ta_name: &'a str,
+}
+
+/// What the KEDA step found, recorded and announced by the caller.
+#[derive(Default)]
+struct Scaled {
+    /// `Observed::scaling_error`, when set.
+    error: Option<String>,
+    /// Names held by others, kept.
+    foreign: Vec<String>,
+    /// Events to send now, in order.
+    events: Vec<EventSpec>,
+    /// What it created, announced with the status.
+    made: Vec<EventSpec>,
+}
+
+/// KEDA's objects as `plan` says, or none when scaling is off. An error returned is a step
+/// around them (a delete's read, a rendering), recorded by the caller as a workload error.
+async fn scaling<C: Cluster>(
+    rec: &Reconciler<C>,
+    k: &Keda<'_>,
+    plan: ScalingPlan,
+    workload_foreign: bool,
+) -> Result<Scaled, ApplyError> {
+    let c = &rec.cluster;
+    let (r, us, ns) = (k.r, k.us, k.r.namespace.as_str());
+    let (so_name, ta_name) = (k.so_name, k.ta_name);
+    let mut out = Scaled::default();
+    match plan {
+        ScalingPlan::Unavailable(why) => out.error = Some(why),
         ScalingPlan::Nothing => {}
         ScalingPlan::Remove { note } => {
             let mut removed = false;
             for (kind, n) in [
-                (ObjectKind::ScaledObject, &so_name),
-                (ObjectKind::TriggerAuthentication, &ta_name),
+                (ObjectKind::ScaledObject, so_name),
+                (ObjectKind::TriggerAuthentication, ta_name),
             ] {
                 match delete_if_ours(c, us, kind, ns, n).await? {
                     Ok(gone) => removed |= gone && kind == ObjectKind::ScaledObject,
-                    Err(kept) => o.foreign.push(kept),
+                    Err(kept) => out.foreign.push(kept),
                 }
             }
             rec.memory
-                .forget_applied(ObjectKind::ScaledObject, ns, &so_name);
+                .forget_applied(ObjectKind::ScaledObject, ns, so_name);
             rec.memory
-                .forget_applied(ObjectKind::TriggerAuthentication, ns, &ta_name);
+                .forget_applied(ObjectKind::TriggerAuthentication, ns, ta_name);
             if removed {
-                c.event(actor, EventSpec::normal(Reason::ScaledObjectDeleted, note))
-                    .await;
+                out.events
+                    .push(EventSpec::normal(Reason::ScaledObjectDeleted, note));
             }
         }
         ScalingPlan::Apply { announce } => {
-            // A ScaledObject targets the workload by name: over someone else's Deployment it
-            // would hand that one to KEDA.
             if workload_foreign {
-                o.scaling_error = Some(format!(
+                let kind = WorkloadKind::of(r.workload_kind());
+                let name = naming::workload_name(&r.name);
+                out.error = Some(format!(
                     "not applied: {kind} {ns}/{name} is not this actor's"
                 ));
-                return Ok(());
+                return Ok(out);
             }
-            let Some(t) = transport else {
-                return Ok(());
+            let Some(t) = k.transport else {
+                return Ok(out);
             };
             // RabbitMQ: none (the transport's ClusterTriggerAuthentication); SQS: the actor's.
-            let ta: Option<DynamicObject> = keda::trigger_authentication(r, labels, owner, t)
+            let ta: Option<DynamicObject> = keda::trigger_authentication(r, k.labels, k.owner, t)
                 .map(serde_json::from_value)
                 .transpose()
                 .map_err(kube::Error::SerdeError)?;
             let url = if t.kind == TRANSPORT_RABBITMQ {
                 None
             } else {
-                queue_url
+                k.queue_url
             };
             let so: DynamicObject =
-                serde_json::from_value(keda::scaled_object(r, labels, owner, t, url))
+                serde_json::from_value(keda::scaled_object(r, k.labels, k.owner, t, url))
                     .map_err(kube::Error::SerdeError)?;
             let res = async {
                 let mut ta_sent = false;
                 if let Some(ta) = ta {
-                    let ta_cached = c.cached(ObjectKind::TriggerAuthentication, ns, &ta_name);
+                    let ta_cached = c.cached(ObjectKind::TriggerAuthentication, ns, ta_name);
                     let obj = Object::TriggerAuthentication(ta);
                     ta_sent = apply_changed(rec, us, ns, obj, ta_cached, None)
                         .await?
                         .is_some();
                 }
-                let so_cached = c.cached(ObjectKind::ScaledObject, ns, &so_name);
+                let so_cached = c.cached(ObjectKind::ScaledObject, ns, so_name);
                 apply_changed(rec, us, ns, Object::ScaledObject(so), so_cached, None).await?;
                 Ok::<_, ApplyError>(ta_sent)
             }
@@ -426,7 +496,7 @@ pub async fn apply<C: Cluster>(
                     if t.is_rabbitmq()
                         && let Some(why) = c.keda_identity_problem(&r.transport)
                     {
-                        o.scaling_error = Some(keda_auth::identity_problem_message(&why));
+                        out.error = Some(keda_auth::identity_problem_message(&why));
                     }
                     if t.is_rabbitmq()
                         && let Err(e) = keda_auth::remove_legacy_rabbitmq(rec, r, us).await
@@ -436,25 +506,28 @@ pub async fn apply<C: Cluster>(
                             "removing the per-namespace KEDA credential of an older release");
                     }
                     if ta_sent && t.shares_static_credentials() {
-                        keda_auth::announce_shared(c, actor, r, t).await;
+                        out.events.extend(keda_auth::shared_event(r, t));
                     }
                     if announce {
                         let note = format!("KEDA ScaledObject {so_name} created");
-                        made.push(EventSpec::normal(Reason::ScaledObjectCreated, note));
+                        out.made
+                            .push(EventSpec::normal(Reason::ScaledObjectCreated, note));
                     }
                 }
                 Err(ApplyError::NotOurs(m)) => {
-                    c.event(actor, not_ours_event(&m)).await;
-                    o.foreign.push(m.clone());
-                    o.scaling_error = Some(m);
+                    out.events.push(not_ours_event(&m));
+                    out.foreign.push(m.clone());
+                    out.error = Some(m);
                 }
                 Err(e) => {
-                    let ev = EventSpec::warning(Reason::ScaledObjectFailed, e.to_string());
-                    c.event(actor, ev).await;
-                    o.scaling_error = Some(e.to_string());
+                    out.events.push(EventSpec::warning(
+                        Reason::ScaledObjectFailed,
+                        e.to_string(),
+                    ));
+                    out.error = Some(e.to_string());
                 }
             }
         }
     }
-    Ok(())
+    Ok(out)
 }

@@ -62,10 +62,15 @@ pub async fn ensure<C: Cluster>(
     made: &mut Vec<plan::EventSpec>,
 ) -> Result<TransportObs, QueueError> {
     rec.cluster.transport(&r.transport).await?;
-    for end in [naming::SINK_ACTOR, naming::SUMP_ACTOR] {
-        let spec = queue_spec(&r.namespace, end, END_QUEUE_VISIBILITY, false);
-        ensure_cached(rec, &r.transport, spec).await?;
-    }
+    // The two end queues are independent (their own names and claims): ensured together,
+    // the first failure in this order reported.
+    let end = |actor| {
+        let spec = queue_spec(&r.namespace, actor, END_QUEUE_VISIBILITY, false);
+        ensure_cached(rec, &r.transport, spec)
+    };
+    let (sink, sump) = futures::join!(end(naming::SINK_ACTOR), end(naming::SUMP_ACTOR));
+    sink?;
+    sump?;
     let adopt = owner::adopt_annotation(actor.metadata.annotations.as_ref());
     let spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout, adopt);
     let mut info = ensure_cached(rec, &r.transport, spec.clone()).await?;

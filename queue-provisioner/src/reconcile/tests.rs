@@ -811,6 +811,50 @@ async fn pods_without_the_sidecar_are_replaced_only_once_injection_works() {
     );
 }
 
+/// A new workload's replica handoff and its ScaledObject wait only for the workload: sent
+/// together (the fake's handoff answers only once the ScaledObject was sent, so in turn
+/// they would never finish), both done, and a failure of one recorded as when in turn.
+#[tokio::test]
+async fn the_handoff_and_the_scaled_object_are_sent_together_and_fail_alone() {
+    let together = Duration::from_secs(5);
+    let r = reconciler();
+    r.cluster.world().handoff_waits_for = Some(ObjectKind::ScaledObject);
+    let mut a = actor(plain());
+    tokio::time::timeout(together, step(&r, &mut a))
+        .await
+        .expect("the handoff and the ScaledObject were sent in turn");
+    let log = r.cluster.take_log();
+    for done in [
+        "apply Deployment n/a",
+        "claim replicas Deployment n/a 0",
+        "apply ScaledObject n/a",
+    ] {
+        assert!(has(&log, done), "{done}: {log:#?}");
+    }
+    assert!(at(&log, "apply Deployment n/a") < at(&log, "apply ScaledObject n/a"));
+    assert_eq!(phase(&a), "Napping", "{log:#?}");
+
+    // The ScaledObject refused: the handoff still done, the failure KEDA's alone.
+    let r = reconciler();
+    {
+        let mut w = r.cluster.world();
+        w.handoff_waits_for = Some(ObjectKind::ScaledObject);
+        w.refuse.insert(ObjectKind::ScaledObject);
+    }
+    let mut a = actor(plain());
+    tokio::time::timeout(together, step(&r, &mut a))
+        .await
+        .expect("the handoff and the ScaledObject were sent in turn");
+    let log = r.cluster.take_log();
+    assert!(has(&log, "claim replicas Deployment n/a 0"), "{log:#?}");
+    assert!(has(&log, "event Warning ScaledObjectFailed: "), "{log:#?}");
+    assert_eq!(phase(&a), "Degraded");
+    assert!(message(&a).starts_with("scaling: "), "{}", message(&a));
+    assert!(!has(&log, "event Warning WorkloadFailed"), "{log:#?}");
+    let d = r.cluster.world().objects[&key(ObjectKind::Deployment, "n", "a")].clone();
+    assert_eq!(d.replicas(), Some(0));
+}
+
 #[tokio::test]
 async fn a_refused_workload_is_degraded_announced_and_retried_with_backoff() {
     let r = reconciler();
