@@ -1,21 +1,28 @@
 """The test cluster with several nodes (issue 35): `ASYA_TEST_NODES=2` (tests/e2e/run's phase
 `nodes` brings the second node up). Pods on different nodes reach each other, the Services and
 the host's test servers; a node that crashes with envelopes in flight loses none of them, its
-pods come back on the other node within the eviction time, and the node comes back.
+pods come back on the other node within the eviction time, and the node comes back; the
+webhook's two replicas admit through a replica's deletion, a drain and a rollout without a
+failure, and a node crash fails admissions only for a measured window; the provisioner's
+leader killed mid-work is followed by the standby within the lease.
 
 Marked `nodes`: they run in that phase only, one at a time (a crash is felt cluster-wide)."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 import uuid
 
 import pytest
 
 from asya_e2e import nodes
+from asya_e2e.api import api_connection_factory
 from asya_e2e.actors import EXAMPLES_IMAGE, ON_TEST_NODE, POD_TIMEOUT, apply_on_node, pod_story, pods, running_ready
 from asya_e2e.brokers import TRANSPORTS, Collected
-from asya_e2e.kube import apply, kubectl, kubectl_json
+from asya_e2e.env import CHART
+from asya_e2e.kube import apply, helm, kubectl, kubectl_json
 from asya_e2e.wait import wait_for
 
 pytestmark = [pytest.mark.nodes]
@@ -95,9 +102,18 @@ def test_pods_on_different_nodes_reach_each_other_the_services_and_the_host(name
                    "tcp=kubernetes.default.svc.cluster.local:443",
                    "tcp=rabbitmq.default.svc.cluster.local:5672",
                    "tcp=sqs.default.svc.cluster.local:9324"]
-        out = kubectl("exec", "-n", namespace, name, "--", "python3", "-c", PROBE, *targets).stdout
-        failed = [line for line in out.splitlines() if "FAILED" in line]
-        assert not failed and out.count(" ok") == len(targets), f"from {name} on {nodes.node_of(pod)}:\n{out}"
+        # kube-proxy programs a new Service's rules a moment after its endpoints are ready
+        # (minSyncPeriod 1 s): until then its ClusterIP is routed nowhere. Polled, bounded.
+        def probe():
+            out = kubectl("exec", "-n", namespace, name, "--", "python3", "-c", PROBE, *targets).stdout
+            return out.count(" ok") == len(targets) and out
+        last = {}
+        try:
+            wait_for(f"every target reached from {name}", lambda: last.update(out=probe()) or last["out"],
+                     timeout=30, interval=1.0)
+        except AssertionError:
+            out = kubectl("exec", "-n", namespace, name, "--", "python3", "-c", PROBE, *targets).stdout
+            raise AssertionError(f"from {name} on {nodes.node_of(pod)}:\n{out}") from None
 
 
 def sleeper(i: int, tag: str) -> dict:
@@ -199,3 +215,238 @@ def test_a_node_crash_loses_no_envelope_and_its_pods_come_back_on_the_other_node
              lambda: doomed not in {p["metadata"]["name"] for p in pods(namespace, name)}, timeout=120, interval=1.0)
     assert nodes.ready_nodes() == [nodes.node_name(0), nodes.node_name(1)]
     print(f"node crash: node back and Ready, evicted pod cleaned up, {time.monotonic() - t0:.1f} s after its restart")
+
+
+# --- the webhook's replicas -------------------------------------------------------------------
+
+RELEASE_NS, WEBHOOK = "asya-system", "asya-webhook"
+
+
+class AdmissionStream:
+    """Creates, without pause, an injected pod and an AsyncActor in turn (server-side dry runs:
+    the API server calls the webhook for each, nothing is stored), over one keep-alive
+    connection, and notes the time and answer of every one that fails."""
+
+    def __init__(self, ns: str):
+        self.ns, self.connect, self.headers = ns, *api_connection_factory()
+        self.failures: list[tuple[float, str, str]] = []
+        self.count = 0
+        self.stop = threading.Event()
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"generateName": "stream-", "labels": {"asya.sh/inject": "true", "asya.sh/actor": "stream"},
+                            "annotations": {"asya.sh/handler": "testing.act", "asya.sh/transport": "rabbitmq"}},
+               "spec": {"schedulingGates": [{"name": "asya.sh/stream"}],
+                        "containers": [{"name": "asya-runtime", "image": EXAMPLES_IMAGE}]}}
+        # An actor's name is its queue's: the webhook wants it (no generateName).
+        self.act = {"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor", "metadata": {},
+                    "spec": {"transport": "rabbitmq", "image": EXAMPLES_IMAGE, "handler": "testing.act"}}
+        self.requests = [(f"/api/v1/namespaces/{ns}/pods?dryRun=All", pod),
+                         (f"/apis/asya.sh/v1alpha1/namespaces/{ns}/asyncactors?dryRun=All", self.act)]
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        conn = self.connect()
+        while not self.stop.is_set():
+            for path, body in self.requests:
+                self.act["metadata"]["name"] = f"stream-{self.count}"
+                t = time.monotonic()
+                try:
+                    conn.request("POST", path, body=json.dumps(body), headers=self.headers)
+                    resp = conn.getresponse()
+                    text = resp.read().decode(errors="replace")
+                    if resp.status != 201:
+                        self.failures.append((t, path.split("?")[0].rsplit("/", 1)[-1], f"{resp.status} {text[:300]}"))
+                except OSError as e:  # the API server's connection, not the webhook's: reconnect
+                    conn.close()
+                    conn = self.connect()
+                    self.failures.append((t, "connection", repr(e)))
+                self.count += 1
+
+    def __enter__(self):
+        # Each request admitted once before the stream starts: a failure later is the
+        # webhook's availability, not a request it would refuse anyway.
+        conn = self.connect()
+        for path, body in self.requests:
+            self.act["metadata"]["name"] = "stream-check"
+            conn.request("POST", path, body=json.dumps(body), headers=self.headers)
+            resp = conn.getresponse()
+            text = resp.read().decode(errors="replace")
+            assert resp.status == 201, f"{path}: {resp.status} {text}"
+        conn.close()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+    def failed_since(self, t0: float) -> list[tuple[float, str, str]]:
+        return [f for f in self.failures if f[0] >= t0]
+
+
+def failure_summary(failures: list[tuple[float, str, str]], t0: float) -> str:
+    """Failed admissions grouped by what and answer: count, first and last (s after t0)."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for t, what, answer in failures:
+        groups.setdefault((what, answer[:160]), []).append(t - t0)
+    return "\n".join(f"{len(ts)}x {what} [{min(ts):.1f}..{max(ts):.1f} s]: {answer}"
+                     for (what, answer), ts in sorted(groups.items(), key=lambda g: min(g[1])))
+
+
+def webhook_pods() -> list[dict]:
+    return kubectl_json("get", "pods", "-n", RELEASE_NS, "-l", "app.kubernetes.io/component=webhook")["items"]
+
+
+def webhook_spread() -> bool:
+    """Every webhook replica ready, none terminating, one on each node."""
+    p = webhook_pods()
+    live = [x for x in p if not x["metadata"].get("deletionTimestamp")]
+    return (len(live) == 2 and all(running_ready(x) for x in live)
+            and {nodes.node_of(x) for x in live} == {nodes.node_name(0), nodes.node_name(1)})
+
+
+def roll_webhook():
+    kubectl("rollout", "restart", f"deployment/{WEBHOOK}", "-n", RELEASE_NS)
+    kubectl("rollout", "status", f"deployment/{WEBHOOK}", "-n", RELEASE_NS, "--timeout=240s", timeout=260)
+
+
+def test_webhook_replicas_keep_admitting_through_deletion_drain_roll_and_a_node_crash(namespace):
+    """Two webhook replicas, one per node, under a steady stream of admissions (injected pods
+    and AsyncActors, failure policy Fail). Deleting a replica, draining its node and rolling
+    the Deployment each cause no failed admission; a node crash causes failures only until the
+    API server stops calling the dead replica (its endpoint goes once the node is NotReady):
+    that window is measured and printed."""
+    with AdmissionStream(namespace) as stream:
+        results = {}
+        # Roll: the replicas come back spread over both nodes (the chart's anti-affinity).
+        t0 = time.monotonic()
+        roll_webhook()
+        wait_for("a ready webhook replica on each node", webhook_spread, timeout=POD_TIMEOUT, interval=1.0)
+        results["roll"] = stream.failed_since(t0)
+
+        # Delete the replica on the extra node (its grace period, as `kubectl delete pod` does).
+        t0 = time.monotonic()
+        victim = next(p["metadata"]["name"] for p in webhook_pods() if nodes.node_of(p) == nodes.node_name(1))
+        kubectl("delete", "pod", victim, "-n", RELEASE_NS, "--wait=true", timeout=120)
+        wait_for("two ready webhook replicas again", lambda: len([p for p in webhook_pods() if running_ready(p)
+                                                                  and not p["metadata"].get("deletionTimestamp")]) == 2,
+                 timeout=POD_TIMEOUT, interval=1.0)
+        results["delete"] = stream.failed_since(t0)
+
+        # Drain the extra node (the PDB keeps one replica), then let it take pods again.
+        t0 = time.monotonic()
+        kubectl("drain", nodes.node_name(1), "--ignore-daemonsets", "--delete-emptydir-data", "--force",
+                "--timeout=240s", timeout=260)
+        kubectl("uncordon", nodes.node_name(1))
+        wait_for("two ready webhook replicas after the drain", lambda: len(
+            [p for p in webhook_pods() if running_ready(p) and not p["metadata"].get("deletionTimestamp")]) == 2,
+                 timeout=POD_TIMEOUT, interval=1.0)
+        results["drain"] = stream.failed_since(t0)
+
+        # Spread again for the crash (a roll: counted with the first).
+        t0 = time.monotonic()
+        roll_webhook()
+        wait_for("a ready webhook replica on each node again", webhook_spread, timeout=POD_TIMEOUT, interval=1.0)
+        results["roll"] += stream.failed_since(t0)
+
+        print("\nwebhook replicas before the crash: " + "; ".join(
+            f"{k}: {len(v)} failed" + (f"\n{failure_summary(v, v[0][0])}" if v else "") for k, v in results.items()))
+        # Crash the extra node: its replica's endpoint stays until the node is NotReady.
+        before = stream.count
+        crashed_at = time.monotonic()
+        nodes.crash(1)
+        wait_for("the crashed node NotReady", lambda: nodes.node_name(1) not in nodes.ready_nodes(),
+                 timeout=NODE_MONITOR_GRACE + 30, interval=0.5)
+        # Admissions succeed again: 10 s without a failure.
+        try:
+            wait_for("10 s of admissions without a failure", lambda: time.monotonic() - max(
+                [crashed_at] + [f[0] for f in stream.failures]) > 10, timeout=120, interval=0.5)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{failure_summary(stream.failed_since(crashed_at), crashed_at)}\n"
+                                 f"{pod_story(RELEASE_NS)}") from None
+        crash = stream.failed_since(crashed_at)
+        during = stream.count - before
+    nodes.start(1)
+    wait_for("a ready webhook replica on each node after the node came back", lambda: len(
+        [p for p in webhook_pods() if running_ready(p) and not p["metadata"].get("deletionTimestamp")]) == 2,
+             timeout=POD_TIMEOUT, interval=1.0)
+
+    window = (max(f[0] for f in crash) - crashed_at) if crash else 0.0
+    print(f"\nwebhook replicas: {stream.count} admissions; failed: "
+          + ", ".join(f"{k} {len(v)}" for k, v in results.items())
+          + f"; node crash: {len(crash)} of {during} failed, the last {window:.1f} s after the crash")
+    for k, v in results.items():
+        assert v == [], f"{k}: {len(v)} failed admissions:\n{failure_summary(v, v[0][0])}"
+    assert all("connection" != what for _, what, _ in crash), crash[:3]
+    # Until the node is NotReady (its grace period) and its endpoints are gone, and no longer.
+    assert window <= NODE_MONITOR_GRACE + 15, (window, crash[-3:])
+
+
+# --- the provisioner's failover ---------------------------------------------------------------
+
+LEASE = "asya-queue-provisioner"
+# queue-provisioner/src/leader.rs: LEASE_SECONDS (15) and the standby's RETRY (2 s).
+LEASE_SECONDS, LEASE_RETRY = 15, 2
+FLAT = {"image": "python:3.12-slim", "handler": "handlers.pipeline.double"}
+
+
+def provisioner_pods() -> list[dict]:
+    return [p for p in kubectl_json("get", "pods", "-n", RELEASE_NS, "-l", "app.kubernetes.io/component=provisioner")["items"]
+            if not p["metadata"].get("deletionTimestamp")]
+
+
+def lease_holder() -> str:
+    lease = kubectl_json("get", "lease", LEASE, "-n", RELEASE_NS)
+    return lease.get("spec", {}).get("holderIdentity") or ""
+
+
+def test_provisioner_leader_killed_mid_work_fails_over_within_the_lease(namespace):
+    """Two provisioner replicas (one per node); 200 actors applied at once and, while they are
+    being provisioned, the leader's pod killed without a grace period (its lease is not given
+    back). The standby takes the Lease within its duration plus a retry, every actor
+    converges, and no actor whose transport was Ready is ever seen otherwise."""
+    def scale(n: int):
+        helm("upgrade", "asya", CHART, "-n", RELEASE_NS, "--reuse-values", "--set", f"provisioner.replicas={n}",
+             "--wait", "--timeout", "4m", timeout=300)
+
+    scale(2)
+    try:
+        wait_for("two ready provisioner replicas", lambda: len([p for p in provisioner_pods() if running_ready(p)]) == 2,
+                 timeout=POD_TIMEOUT, interval=1.0)
+        n = 200
+        docs = [{"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
+                 "metadata": {"name": f"f{i:03d}", "namespace": namespace}, "spec": dict(FLAT)} for i in range(n)]
+        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}), timeout=300)
+        ready_once: set[str] = set()
+        regressed: set[str] = set()
+
+        def statuses() -> int:
+            converged = 0
+            for a in kubectl_json("get", "asyncactors", "-n", namespace)["items"]:
+                name, st = a["metadata"]["name"], a.get("status", {})
+                if st.get("transportStatus") == "Ready":
+                    ready_once.add(name)
+                    converged += bool(st.get("workloadKind"))
+                elif name in ready_once:
+                    regressed.add(name)
+            return converged
+
+        wait_for("the leader mid-way (some actors provisioned, not all)", lambda: 0 < statuses() < n,
+                 timeout=120, interval=0.2)
+        holder = lease_holder()
+        leader = next(p["metadata"]["name"] for p in provisioner_pods() if holder.startswith(p["metadata"]["name"]))
+        killed_at = time.monotonic()
+        kubectl("delete", "pod", leader, "-n", RELEASE_NS, "--grace-period=0", "--force", "--wait=false")
+        wait_for("another replica holding the Lease",
+                 lambda: (h := lease_holder()) and not h.startswith(leader), timeout=LEASE_SECONDS + 30, interval=0.2)
+        takeover = time.monotonic() - killed_at
+        wait_for(f"{n} actors converged", lambda: statuses() == n, timeout=600, interval=1.0)
+        converged = time.monotonic() - killed_at
+        print(f"\nprovisioner failover: the standby leads {takeover:.1f} s after the leader was killed "
+              f"(lease {LEASE_SECONDS} s); all {n} actors converged {converged:.1f} s after; "
+              f"{len(regressed)} Ready statuses regressed")
+        assert takeover <= LEASE_SECONDS + 2 * LEASE_RETRY + 3, takeover
+        assert not regressed, sorted(regressed)
+        assert len(kubectl_json("get", "scaledobjects", "-n", namespace)["items"]) == n
+    finally:
+        scale(1)
