@@ -6,6 +6,7 @@
 //	asya-test-cluster kube-apiserver FLAGS...        (also when invoked as "kube-apiserver")
 //	asya-test-cluster kube-controller-manager FLAGS...
 //	asya-test-cluster kubectl ARGS...                (also when invoked as "kubectl")
+//	asya-test-cluster node --dir DIR --index I ...   (an extra node: tests/cluster/extra-node)
 //
 // "run" generates the certificates and keys it needs under DIR/pki (once), starts etcd in
 // process, then the API server and the controller manager as child processes of this same
@@ -85,6 +86,11 @@ func main() {
 			os.Exit(1)
 		}
 		os.Exit(0)
+	case "node":
+		if err := runNode(args); err != nil {
+			log.Printf("asya-test-cluster node: %v", err)
+			os.Exit(1)
+		}
 	case "run":
 		if err := run(args); err != nil {
 			log.Printf("asya-test-cluster: %v", err)
@@ -258,15 +264,8 @@ func run(args []string) error {
 		if err := start("kube-proxy", []string{"--config=" + files.proxyConfig, "--v=1"}); err != nil {
 			return err
 		}
-		if err := start("kubelet", []string{
-			"--config=" + files.kubeletConfig,
-			"--kubeconfig=" + files.kubeletKubeconfig,
-			"--hostname-override=" + nodeName,
-			"--node-ip=" + c.node.ip,
-			"--root-dir=" + c.node.kubeletRoot,
-			"--cert-dir=" + filepath.Join(c.node.kubeletRoot, "pki"),
-			"--v=1",
-		}); err != nil {
+		k := kubeletSpec{name: nodeName, cert: "kubelet", ip: c.node.ip, dnsIP: c.node.ip, runtime: c.node.runtime, port: c.port}
+		if err := start("kubelet", kubeletArgs(filepath.Join(c.dir, "node"), c.node.kubeletRoot, k)); err != nil {
 			return err
 		}
 	}

@@ -25,6 +25,10 @@ const nodeName = "asya-test-node"
 // nodeTaint keeps pods off the node unless they tolerate it (see the kubelet configuration).
 const nodeTaint = "asya.sh/test-node"
 
+// clusterCIDR covers every node's pod CIDR (node I: 10.244.I.0/24, tests/cluster/nodes.sh):
+// kube-proxy treats traffic from it as the cluster's own.
+const clusterCIDR = "10.244.0.0/16"
+
 type nodeConfig struct {
 	ip          string // host address of the node, the kubelet and CoreDNS; "" = no node
 	podCIDR     string
@@ -83,7 +87,7 @@ func controllerManagerNodeArgs() []string {
 }
 
 type nodeFiles struct {
-	schedulerConfig, proxyConfig, kubeletConfig, kubeletKubeconfig, corefile string
+	schedulerConfig, proxyConfig, corefile string
 }
 
 // writeNodeFiles writes the components' kubeconfigs and configuration files under DIR/node.
@@ -98,7 +102,6 @@ func writeNodeFiles(c config) (nodeFiles, error) {
 	for _, kc := range []struct{ file, cert, user string }{
 		{"scheduler.kubeconfig", "scheduler", "system:kube-scheduler"},
 		{"kube-proxy.kubeconfig", "kube-proxy", "system:kube-proxy"},
-		{"kubelet.kubeconfig", "kubelet", "system:node:" + nodeName},
 	} {
 		if err := writeKubeconfig(p(kc.file), server, pki("ca.crt"), pki(kc.cert+".crt"), pki(kc.cert+".key"), kc.user); err != nil {
 			return nodeFiles{}, err
@@ -106,11 +109,9 @@ func writeNodeFiles(c config) (nodeFiles, error) {
 	}
 	n := c.node
 	files := nodeFiles{
-		schedulerConfig:   p("scheduler.yaml"),
-		proxyConfig:       p("kube-proxy.yaml"),
-		kubeletConfig:     p("kubelet.yaml"),
-		kubeletKubeconfig: p("kubelet.kubeconfig"),
-		corefile:          p("Corefile"),
+		schedulerConfig: p("scheduler.yaml"),
+		proxyConfig:     p("kube-proxy.yaml"),
+		corefile:        p("Corefile"),
 	}
 	write := func(path, content string) error {
 		return os.WriteFile(path, []byte(strings.TrimLeft(content, "\n")), 0o644)
@@ -120,11 +121,27 @@ apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection: {kubeconfig: %q}
 leaderElection: {leaderElect: false}
+# With extra nodes (tests/cluster/extra-node) a ReplicaSet's pods go one per node before
+# any node gets a second: the HA tests need replicas on both nodes, and the scheduler's
+# default spreading (weight 2) loses to resource scoring on nodes this small.
+profiles:
+- schedulerName: default-scheduler
+  plugins:
+    score:
+      enabled: [{name: PodTopologySpread, weight: 20}]
+  pluginConfig:
+  - name: PodTopologySpread
+    args:
+      defaultingType: List
+      defaultConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway}
 `, p("scheduler.kubeconfig"))); err != nil {
 		return files, err
 	}
 	// The host's conntrack and route_localnet settings are left as they are (kind and k3s
-	// do the same): the node is a guest on this machine.
+	// do the same): the node is a guest on this machine. One kube-proxy serves every node
+	// (extra nodes share this machine's network namespace, where a second one would rewrite
+	// the same chains): it names the first node, and every node's pods are "local" to it.
 	if err := write(files.proxyConfig, fmt.Sprintf(`
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -138,53 +155,12 @@ healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 iptables: {minSyncPeriod: 1s, localhostNodePorts: false}
 conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
-`, p("kube-proxy.kubeconfig"), nodeName, n.podCIDR, n.ip)); err != nil {
+`, p("kube-proxy.kubeconfig"), nodeName, clusterCIDR, n.ip)); err != nil {
 		return files, err
 	}
-	// Pods resolve through CoreDNS on the node IP only: nothing asks a resolver outside.
-	resolv := p("resolv.conf")
-	if err := write(resolv, fmt.Sprintf("nameserver %s\noptions ndots:5\n", n.ip)); err != nil {
-		return files, err
-	}
-	// failCgroupV1: this machine mounts cgroup v1 (1.35 refuses it unless told).
-	// cgroupfs: containerd 1.6 cannot report its driver. No image GC or disk eviction: the
-	// images were imported here and no registry could give them back.
-	if err := write(files.kubeletConfig, fmt.Sprintf(`
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-failCgroupV1: false
-cgroupDriver: cgroupfs
-containerRuntimeEndpoint: %s
-failSwapOn: false
-address: %s
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: %q}
-authorization: {mode: Webhook}
-rotateCertificates: false
-serverTLSBootstrap: false
-clusterDomain: cluster.local
-clusterDNS: [%s]
-resolvConf: %q
-staticPodPath: ""
-registerNode: true
-# A dedicated node: only pods that tolerate the taint run here (the node tests' actors, the
-# chart, KEDA). Every other test's pods stay Pending, as they were before the node existed,
-# and never ask a registry for their images.
-registerWithTaints: [{key: %[6]s, value: "true", effect: NoSchedule}]
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {nodefs.available: "0%%", nodefs.inodesFree: "0%%", imagefs.available: "0%%"}
-serializeImagePulls: false
-maxPods: 110
-nodeStatusUpdateFrequency: 10s
-syncFrequency: 10s
-`, n.runtime, n.ip, pki("ca.crt"), n.ip, resolv, nodeTaint)); err != nil {
+	if err := writeKubelet(c.dir, dir, kubeletSpec{
+		name: nodeName, cert: "kubelet", ip: n.ip, dnsIP: n.ip, runtime: n.runtime, port: c.port,
+	}); err != nil {
 		return files, err
 	}
 	// CoreDNS: the cluster's names from the API server; every other name is NXDOMAIN (no

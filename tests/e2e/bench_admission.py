@@ -20,21 +20,15 @@ round: latency without a queue on the cores, so the difference is what the webho
 
 from __future__ import annotations
 
-import base64
 import copy
-import http.client
 import json
 import os
 import queue
-import ssl
-import tempfile
 import threading
 import time
 import uuid
 
-import yaml
-
-from asya_e2e.env import KUBECONFIG
+from asya_e2e.api import api_connection_factory
 from asya_e2e.kube import kubectl, kubectl_json, no_namespace_terminating
 from asya_e2e.wait import wait_for
 
@@ -44,37 +38,6 @@ ROUNDS = int(os.environ.get("ASYA_BENCH_ROUNDS", "3"))
 # The paced phase: creates per second, well under what the machine sustains (about 600).
 RATE = float(os.environ.get("ASYA_BENCH_RATE", "150"))
 PACED_PODS = int(os.environ.get("ASYA_BENCH_PACED_PODS", "600"))
-
-
-def api_connection_factory():
-    """A function that opens one HTTPS connection to the API server as the kubeconfig's user."""
-    cfg = yaml.safe_load(open(KUBECONFIG))
-    cluster = cfg["clusters"][0]["cluster"]
-    user = cfg["users"][0]["user"]
-    tmp = tempfile.mkdtemp(prefix="asya-bench-admission-")
-
-    def material(data_key, path_key, name):
-        if user.get(path_key) or cluster.get(path_key):
-            return user.get(path_key) or cluster.get(path_key)
-        p = os.path.join(tmp, name)
-        with open(p, "wb") as f:
-            f.write(base64.b64decode(user.get(data_key) or cluster[data_key]))
-        return p
-
-    ctx = ssl.create_default_context(cafile=material("certificate-authority-data", "certificate-authority", "ca"))
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if user.get("token"):
-        headers["Authorization"] = "Bearer " + user["token"]
-    else:
-        ctx.load_cert_chain(material("client-certificate-data", "client-certificate", "crt"),
-                            material("client-key-data", "client-key", "key"))
-    server = cluster["server"].removeprefix("https://")
-    host, port = server.rsplit(":", 1)
-
-    def connect():
-        return http.client.HTTPSConnection(host, int(port), context=ctx, timeout=30)
-
-    return connect, headers
 
 
 def pct(xs, p):

@@ -9,6 +9,9 @@ Tests marked `disruptive` stop a shared service (the webhook, the broker, the pr
 restore it before they end, pass or fail; they always run, after every other test, so the rest
 of the suite never sees the outage. `-m "not disruptive"` leaves them out.
 
+Tests marked `nodes` need a cluster of several nodes and may crash one: tests/e2e/run runs
+them last, in a phase of their own, after bringing up the extra node (`--e2e-phase=nodes`).
+
 Phases (tests/e2e/run): every other test may share the cluster with other tests running at the
 same time, in pytest-xdist workers (`--e2e-phase=shared`); tests marked `alone` (they measure
 cluster-wide counters or timings, or load the shared provisioner enough to slow every other
@@ -31,13 +34,14 @@ from asya_e2e.kube import kubectl
 from asya_e2e.wait import wait_for
 
 
-PHASES = ("all", "shared", "alone")
+PHASES = ("all", "shared", "alone", "single", "nodes")
 
 
 def pytest_addoption(parser):
     parser.addoption("--e2e-phase", choices=PHASES, default="all",
                      help="shared: only the tests that may run beside others (tests/e2e/run runs them in "
-                          "pytest-xdist workers); alone: only those marked alone or disruptive; all (default): both")
+                          "pytest-xdist workers); alone: only those marked alone or disruptive; single: both; "
+                          "nodes: only those marked nodes (a cluster of several nodes); all (default): every test")
 
 
 def pytest_configure(config):
@@ -45,6 +49,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "alone: must not share the cluster with another test (runs serially, "
                                        "after the shared phase, before the disruptive tests)")
     config.addinivalue_line("markers", "uses_actors(*keys): the actors a test of test_node_failures.py uses")
+    config.addinivalue_line("markers", "nodes: needs a cluster of several nodes (ASYA_TEST_NODES=2) and may crash one; "
+                                       "runs in tests/e2e/run's last phase, one at a time")
     # pytest-xdist registers it too; without xdist (ASYA_E2E_WORKERS=1) it is only a label.
     config.addinivalue_line("markers", "xdist_group(name): tests that run on one xdist worker")
 
@@ -88,6 +94,17 @@ def runs_alone(item) -> bool:
     return any(item.get_closest_marker(m) is not None for m in ("alone", "disruptive"))
 
 
+def in_phase(item, phase: str) -> bool:
+    needs_nodes = item.get_closest_marker("nodes") is not None
+    if phase == "all":
+        return True
+    if phase == "nodes":
+        return needs_nodes
+    if needs_nodes:
+        return False
+    return phase == "single" or runs_alone(item) == (phase == "alone")
+
+
 def group_in_node_ids(items) -> None:
     """pytest-xdist's `--dist loadgroup` tells its scheduler a test's group by appending it to
     the test's node id (`id@group`), through a field pytest 9.2 no longer reads: there the
@@ -110,14 +127,15 @@ def pytest_collection_modifyitems(session, config, items):
         group_in_node_ids(items)
     phase = config.getoption("--e2e-phase")
     if phase != "all":
-        keep = [i for i in items if runs_alone(i) == (phase == "alone")]
-        dropped = [i for i in items if runs_alone(i) != (phase == "alone")]
+        keep = [i for i in items if in_phase(i, phase)]
+        dropped = [i for i in items if not in_phase(i, phase)]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
         items[:] = keep
-    # Stable: the alone tests after the shared ones, the disruptive tests last, each keeping
-    # its relative order.
-    items.sort(key=lambda item: (item.get_closest_marker("disruptive") is not None,
+    # Stable: the alone tests after the shared ones, the disruptive tests after them, the
+    # multi-node ones last, each keeping its relative order.
+    items.sort(key=lambda item: (item.get_closest_marker("nodes") is not None,
+                                 item.get_closest_marker("disruptive") is not None,
                                  item.get_closest_marker("alone") is not None))
 
 

@@ -331,3 +331,24 @@ a report key no report is accepted, so the sidecars get no token to start with. 
 - {name: OTEL_PROPAGATORS, value: tracecontext}
 {{- end -}}
 {{- end -}}
+
+{{/*
+A component's tolerations: its values' list, then how long its pods stay bound to a node that
+stopped answering (node.kubernetes.io/unreachable and not-ready, NoExecute) when
+nodeLossTolerationSeconds is set: Kubernetes' default is 300 s (DefaultTolerationSeconds),
+this component's replacement starts elsewhere after the node's grace period plus this.
+A toleration of those keys in the list wins (the generated one is left out).
+*/}}
+{{- define "asya.tolerations" -}}
+{{- $list := .list | default list -}}
+{{- $keys := list -}}
+{{- range $list }}{{ $keys = append $keys (.key | default "") }}{{ end -}}
+{{- if .seconds -}}
+{{- range $k := list "node.kubernetes.io/unreachable" "node.kubernetes.io/not-ready" -}}
+{{- if not (has $k $keys) -}}
+{{- $list = append $list (dict "key" $k "operator" "Exists" "effect" "NoExecute" "tolerationSeconds" ($.seconds | int)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $list }}{{ toYaml $list }}{{ end -}}
+{{- end -}}
