@@ -65,6 +65,7 @@ async fn order_review_flow(kind: Kind) {
                     handler,
                     mode: "payload",
                     env,
+                    ..Default::default()
                 },
             )
         };
@@ -77,6 +78,7 @@ async fn order_review_flow(kind: Kind) {
             handler: "orders.validate",
             mode: "payload",
             env: &entry_env,
+            ..Default::default()
         },
     );
     let _charge = actor("charge", "orders.charge", &[]);
@@ -209,6 +211,7 @@ async fn bench_five_step_flow() {
             handler: "orders.validate",
             mode: "payload",
             env: &[entry_env[0], ("ASYA_LOG_LEVEL", "warn")],
+            ..Default::default()
         },
     );
     let _others: Vec<Actor> = [
@@ -227,6 +230,7 @@ async fn bench_five_step_flow() {
                 handler: h,
                 mode: "payload",
                 env: quiet,
+                ..Default::default()
             },
         )
     })
