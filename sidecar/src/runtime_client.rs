@@ -95,6 +95,9 @@ fn gone(e: std::io::Error) -> CallError {
 /// One connection to the runtime, shared by the calls written on it.
 struct Conn {
     stream: UnixStream,
+    /// Which runtime it reached: the socket file's inode when it connected (each runtime
+    /// binds a new file). A call requeued off a dead runtime waits for a new one.
+    runtime: Option<u64>,
     /// Bytes read and not consumed yet (answers may arrive together). Only the call whose
     /// turn it is reads (the order chain), so the lock is never contended.
     inbox: tokio::sync::Mutex<Vec<u8>>,
@@ -111,9 +114,10 @@ struct ConnState {
 }
 
 impl Conn {
-    fn new(stream: UnixStream) -> Arc<Self> {
+    fn new(stream: UnixStream, runtime: Option<u64>) -> Arc<Self> {
         Arc::new(Conn {
             stream,
+            runtime,
             inbox: tokio::sync::Mutex::new(Vec::new()),
             state: std::sync::Mutex::default(),
         })
@@ -351,6 +355,24 @@ impl RuntimeClient {
         UnixStream::connect(&self.path).await.is_ok()
     }
 
+    /// The socket file's inode: which runtime instance listens there now.
+    fn runtime_id(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.path).ok().map(|m| m.ino())
+    }
+
+    /// Waits (up to `wait`) until the runtime at `dead` has been replaced: the socket file
+    /// is another one, or gone. A call requeued because that runtime went away would
+    /// otherwise reach it again while it exits (accepted, then closed unanswered) and be
+    /// charged with a crash it had no part in.
+    async fn replaced(&self, dead: Option<u64>, wait: Duration) {
+        let Some(dead) = dead else { return };
+        let deadline = tokio::time::Instant::now() + wait;
+        while self.runtime_id() == Some(dead) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Connects, waiting up to `wait` for a runtime that is (re)starting.
     async fn connect(&self, wait: Duration) -> Result<UnixStream, CallError> {
         let deadline = tokio::time::Instant::now() + wait;
@@ -380,7 +402,10 @@ impl RuntimeClient {
         {
             return Ok(c.clone());
         }
-        let c = Conn::new(self.connect(wait).await?);
+        // Read before connecting: a runtime replaced in between is recorded as the old one,
+        // which at worst makes a requeued call wait for a runtime it already has.
+        let runtime = self.runtime_id();
+        let c = Conn::new(self.connect(wait).await?, runtime);
         if let Some(old) = order.tail.replace(c.clone()) {
             old.retire();
         }
@@ -398,7 +423,12 @@ impl RuntimeClient {
         wait: Duration,
     ) -> Result<Value, CallError> {
         let mut requeues = 0;
+        // The runtime a requeued call was on: the next attempt waits for its successor.
+        let mut requeued_off: Option<Option<u64>> = None;
         loop {
+            if let Some(dead) = requeued_off.take() {
+                self.replaced(dead, wait).await;
+            }
             let (conn, written, seq, in_window, before, done) = {
                 let mut order = self.pipe.order.lock().await;
                 let conn = self.connection(&mut order, wait).await?;
@@ -412,6 +442,7 @@ impl RuntimeClient {
                 (conn, written, seq, d.window, before, done)
             };
             let outcome = self.exchange(&conn, written, timeout, before).await;
+            let reached = conn.runtime;
             drop(conn);
             // Every call before this one has finished and been judged (exchange waited for
             // them), so the bookkeeping below is read in the order of the writes.
@@ -449,6 +480,7 @@ impl RuntimeClient {
                         requeues,
                         "runtime went away before serving this call; calling again"
                     );
+                    requeued_off = Some(reached);
                 }
                 Err(e) => {
                     if e.runtime_gone() || matches!(e, CallError::Timeout(_)) {
