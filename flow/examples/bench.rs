@@ -1,5 +1,5 @@
 //! What carrying a flow costs a hop (docs/benchmarks.md § Flows): the worked example's
-//! program (deploy/examples/flows/order_review.program.json) in an envelope, against the same
+//! program (flow/fixtures/order_review.program.json) in an envelope, against the same
 //! envelope without it. Per hop the sidecar reads the body, takes the flow out, resumes the
 //! program after the handler's answer and writes the next body: measured here, in-process.
 //!
@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 fn main() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/examples/flows/order_review.program.json"
+        "/fixtures/order_review.program.json"
     );
     let program: Program =
         serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("a program");

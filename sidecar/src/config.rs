@@ -311,7 +311,7 @@ mod tests {
     fn the_entry_reads_its_flow_program() {
         let mut m = base();
         assert!(Config::from_map(&m).unwrap().flow_entry.is_none());
-        let text = include_str!("../../deploy/examples/flows/order_review.program.json");
+        let text = include_str!("../../flow/fixtures/order_review.program.json");
         m.insert("ASYA_FLOW_PROGRAM", text);
         let p = Config::from_map(&m).unwrap().flow_entry.unwrap();
         assert_eq!(p.flow, "review_order");

@@ -1,6 +1,6 @@
 //! A flow through real queues (RabbitMQ and the SQS server from tests/services), the real
 //! sidecar binary and the real Python runtime: the worked example of docs/flows.md
-//! (deploy/examples/flows/order_review.py, compiled in order_review.program.json; its
+//! (deploy/examples/flows/order_review.py, compiled in flow/fixtures/order_review.program.json; its
 //! handlers in deploy/examples/handlers/orders.py). Branches, the retry loop, the except paths
 //! and the early return are evaluated by the sidecars: the only queues an envelope visits are
 //! those of the actors it calls.
@@ -39,8 +39,7 @@ macro_rules! both {
 both!(order_review_flow);
 
 fn program() -> String {
-    std::fs::read_to_string(common::root().join("deploy/examples/flows/order_review.program.json"))
-        .unwrap()
+    std::fs::read_to_string(common::root().join("flow/fixtures/order_review.program.json")).unwrap()
 }
 
 fn order(id: &str, payload: Value) -> Value {

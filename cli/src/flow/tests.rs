@@ -557,7 +557,7 @@ fn the_output_dir_flag_is_o_only_after_flow_compile() {
 #[test]
 fn the_compiled_example_fixture_is_up_to_date() {
     let fixture: Program = serde_json::from_str(include_str!(
-        "../../../deploy/examples/flows/order_review.program.json"
+        "../../../flow/fixtures/order_review.program.json"
     ))
     .unwrap();
     let now = compile(
@@ -573,7 +573,7 @@ fn the_compiled_example_fixture_is_up_to_date() {
     assert_eq!(
         fixture, now,
         "regenerate: asya flow compile deploy/examples/flows/order_review.py --module orders -o DIR, \
-         then the program.json of DIR/flow-program.yaml into deploy/examples/flows/order_review.program.json"
+         then the program.json of DIR/flow-program.yaml into flow/fixtures/order_review.program.json"
     );
 }
 
