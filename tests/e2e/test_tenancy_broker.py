@@ -284,6 +284,12 @@ def helm_set_shared(on: bool) -> None:
          "--wait", "--timeout", "3m", timeout=300)
     for c in ("webhook", "provisioner"):
         kubectl("rollout", "status", f"deployment/{RELEASE}-{c}", "-n", RELEASE_NS, "--timeout=180s", timeout=200)
+    # A replaced pod serves reviews through its preStop delay (webhook.shutdownDelaySeconds):
+    # an actor's pod admitted meanwhile would be injected with the old configuration.
+    wait_for("the replaced webhook and provisioner pods gone", lambda: not any(
+        p["metadata"].get("deletionTimestamp") for p in kubectl_json(
+            "get", "pods", "-n", RELEASE_NS, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]),
+        timeout=120, interval=0.5)
 
 
 @pytest.mark.disruptive
