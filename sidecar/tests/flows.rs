@@ -5,6 +5,7 @@
 //! and the early return are evaluated by the sidecars: the only queues an envelope visits are
 //! those of the actors it calls.
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -14,27 +15,6 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 const QUIET: Duration = Duration::from_secs(2);
-
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn rabbitmq() {
-                if !super::common::have(super::Kind::Rabbit) {
-                    return;
-                }
-                super::$name(super::Kind::Rabbit).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqs() {
-                if !super::common::have(super::Kind::Sqs) {
-                    return;
-                }
-                super::$name(super::Kind::Sqs).await
-            }
-        }
-    )*};
-}
 
 both!(order_review_flow);
 

@@ -1,6 +1,7 @@
 //! Envelopes through real queues (RabbitMQ and the SQS server from tests/services), the real
 //! sidecar binary and the real Python runtime. Each scenario runs on both transports.
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -10,27 +11,6 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 const QUIET: Duration = Duration::from_secs(2);
-
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn rabbitmq() {
-                if !super::common::have(super::Kind::Rabbit) {
-                    return;
-                }
-                super::$name(super::Kind::Rabbit).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqs() {
-                if !super::common::have(super::Kind::Sqs) {
-                    return;
-                }
-                super::$name(super::Kind::Sqs).await
-            }
-        }
-    )*};
-}
 
 both!(
     linear_pipeline,

@@ -3,6 +3,30 @@
 
 #![allow(dead_code)]
 
+/// One test per transport: `both!(f, g)` makes `f::rabbitmq` and `f::sqs`, each skipped when
+/// its server is not configured. The caller has `Kind` in scope.
+#[allow(unused_macros)] // not every test file runs on both transports
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rabbitmq() {
+                if !super::common::have(super::Kind::Rabbit) {
+                    return;
+                }
+                super::$name(super::Kind::Rabbit).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqs() {
+                if !super::common::have(super::Kind::Sqs) {
+                    return;
+                }
+                super::$name(super::Kind::Sqs).await
+            }
+        }
+    )*};
+}
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
