@@ -8,7 +8,10 @@
 
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, SecretKeySelector};
 
+use crate::amqp;
 use crate::basics::is_dns_label;
+use crate::config::{TRANSPORT_RABBITMQ, TRANSPORT_SQS, Transport};
+use crate::naming::{self, BROKER_SECRET_PASSWORD, BROKER_SECRET_USERNAME};
 
 /// The variable names of the sidecar's environment.
 pub mod env {
@@ -151,15 +154,134 @@ pub enum TransportSettings {
     },
 }
 
+/// A transport whose `type` is neither `rabbitmq` nor `sqs`.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("transport {name:?} has unknown type {kind:?}")]
+pub struct UnknownTransportType {
+    pub name: String,
+    pub kind: String,
+}
+
 impl TransportSettings {
     /// The name of [`env::TRANSPORT`].
     pub fn kind(&self) -> &'static str {
         match self {
-            TransportSettings::RabbitMq { .. } => crate::config::TRANSPORT_RABBITMQ,
-            TransportSettings::Sqs { .. } => crate::config::TRANSPORT_SQS,
+            TransportSettings::RabbitMq { .. } => TRANSPORT_RABBITMQ,
+            TransportSettings::Sqs { .. } => TRANSPORT_SQS,
         }
     }
+
+    /// What the sidecar of transport `name` gets under the cluster configuration `t`:
+    /// credentials from their Secrets (never inline). One rule for the webhook, which
+    /// injects it, and the provisioner, which recognises a pod injected under another one.
+    pub fn for_transport(name: &str, t: &Transport) -> Result<Self, UnknownTransportType> {
+        let c = &t.config;
+        let secret = |name: &str, key: &str| Sourced::Secret {
+            name: name.into(),
+            key: key.into(),
+        };
+        match t.kind.as_str() {
+            TRANSPORT_RABBITMQ if t.scoped_broker_identity() => {
+                // The namespace's own broker identity (docs/DESIGN.md §9): user and password
+                // from the Secret the provisioner keeps in the pod's namespace, the
+                // namespace's own exchange, all expanded in the pod (`$(VAR)` from earlier
+                // entries), so the pod spec holds no credential and the webhook needs no
+                // namespace.
+                let identity = naming::tenant_broker_secret(name);
+                Ok(TransportSettings::RabbitMq {
+                    url: amqp::url_with_identity_refs(
+                        c,
+                        env::RABBITMQ_USERNAME,
+                        env::RABBITMQ_PASSWORD,
+                    ),
+                    username: Some(secret(&identity, BROKER_SECRET_USERNAME)),
+                    password: Some(secret(&identity, BROKER_SECRET_PASSWORD)),
+                    exchange: Some(format!(
+                        "{}$({})",
+                        naming::TENANT_EXCHANGE_PREFIX,
+                        env::NAMESPACE
+                    )),
+                })
+            }
+            TRANSPORT_RABBITMQ => {
+                // shareAdminCredentials: the platform's password, copied into the namespace.
+                // The password stays in its Secret: Kubernetes expands $(VAR) from an earlier
+                // env entry, so the URL is assembled in the pod, not in the pod spec.
+                let password = c
+                    .password_secret_ref
+                    .as_ref()
+                    .map(|s| secret(&s.name, &s.key));
+                let url_password = match &password {
+                    Some(_) => amqp::Password::EnvRef(env::RABBITMQ_PASSWORD),
+                    None => amqp::Password::None,
+                };
+                Ok(TransportSettings::RabbitMq {
+                    url: amqp::url(c, url_password),
+                    username: None,
+                    password,
+                    exchange: None,
+                })
+            }
+            TRANSPORT_SQS => Ok(TransportSettings::Sqs {
+                region: c.region.clone(),
+                endpoint: c.endpoint.clone(),
+                // The platform's static keys reach actor namespaces only by explicit opt-in
+                // (`shareStaticCredentials`); otherwise the sidecar uses the pod's IRSA
+                // identity.
+                credentials: c
+                    .credentials_secret_ref
+                    .as_ref()
+                    .filter(|_| t.shares_static_credentials())
+                    .map(|s| SqsCredentials {
+                        access_key_id: secret(&s.name, &s.access_key_id_key),
+                        secret_access_key: secret(&s.name, &s.secret_access_key_key),
+                    }),
+            }),
+            other => Err(UnknownTransportType {
+                name: name.into(),
+                kind: other.into(),
+            }),
+        }
+    }
+
+    /// The credential variables and the Secret each is read from. A pod whose sidecar reads
+    /// one of these variables from another Secret was injected under another configuration.
+    pub fn credential_secrets(&self) -> Vec<(&'static str, &str)> {
+        fn of<'a>(var: &'static str, s: Option<&'a Sourced>) -> Option<(&'static str, &'a str)> {
+            match s {
+                Some(Sourced::Secret { name, .. }) => Some((var, name.as_str())),
+                _ => None,
+            }
+        }
+        let pairs = match self {
+            TransportSettings::RabbitMq {
+                username, password, ..
+            } => [
+                of(env::RABBITMQ_USERNAME, username.as_ref()),
+                of(env::RABBITMQ_PASSWORD, password.as_ref()),
+            ],
+            TransportSettings::Sqs { credentials, .. } => [
+                of(
+                    env::AWS_ACCESS_KEY_ID,
+                    credentials.as_ref().map(|c| &c.access_key_id),
+                ),
+                of(
+                    env::AWS_SECRET_ACCESS_KEY,
+                    credentials.as_ref().map(|c| &c.secret_access_key),
+                ),
+            ],
+        };
+        pairs.into_iter().flatten().collect()
+    }
 }
+
+/// The variables that carry broker credentials, whichever configuration injected them.
+pub const CREDENTIAL_VARS: [&str; 4] = [
+    env::RABBITMQ_USERNAME,
+    env::RABBITMQ_PASSWORD,
+    env::AWS_ACCESS_KEY_ID,
+    env::AWS_SECRET_ACCESS_KEY,
+];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqsCredentials {

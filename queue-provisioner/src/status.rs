@@ -164,6 +164,59 @@ pub fn needs_replacing(pod: &Pod) -> bool {
     labelled && !injected && !has_sidecar
 }
 
+/// A pod whose sidecar cannot start because it reads a broker credential from a Secret the
+/// current configuration does not name: injected under another identity mode (a webhook
+/// replica still serving the previous release during `helm upgrade` switching
+/// `shareAdminCredentials`), so its Secret may never exist. `current`: the variables and
+/// Secrets injection gives today ([`asya_api::sidecar_settings::TransportSettings::credential_secrets`]);
+/// `overridden`: variables the actor's own `sidecar.env` sets, which are the author's to
+/// keep. Answers the variable and the Secret it reads. Only a pod stuck in
+/// `CreateContainerConfigError` counts: a running one works, and replacing it is the
+/// rollout's business.
+pub fn stale_credentials(
+    pod: &Pod,
+    current: &[(&str, &str)],
+    overridden: &[&str],
+) -> Option<(String, String)> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let st = pod.status.as_ref()?;
+    let stuck = st
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(st.init_container_statuses.iter().flatten())
+        .filter(|c| c.name == labels::SIDECAR_CONTAINER)
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.as_deref())
+        .any(|r| r == "CreateContainerConfigError");
+    if !stuck {
+        return None;
+    }
+    let spec = pod.spec.as_ref()?;
+    let sidecar = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == labels::SIDECAR_CONTAINER)?;
+    sidecar.env.iter().flatten().find_map(|e| {
+        let var = e.name.as_str();
+        if !asya_api::sidecar_settings::CREDENTIAL_VARS.contains(&var) || overridden.contains(&var)
+        {
+            return None;
+        }
+        let secret = e
+            .value_from
+            .as_ref()?
+            .secret_key_ref
+            .as_ref()?
+            .name
+            .as_str();
+        let expected = current.iter().find(|(v, _)| *v == var).map(|(_, s)| *s);
+        (expected != Some(secret)).then(|| (var.to_string(), secret.to_string()))
+    })
+}
+
 /// The transport step's outcome.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TransportObs {

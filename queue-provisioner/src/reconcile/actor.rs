@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use asya_api::sidecar_settings::TransportSettings;
 use asya_api::{AsyncActor, AsyncActorStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -185,9 +186,40 @@ async fn reconcile<C: Cluster>(
             }
         }
     }
+    // Pods injected under another identity mode, stuck on a Secret that may never exist.
+    let current = rec
+        .config
+        .transport(&resolved.transport)
+        .and_then(|t| TransportSettings::for_transport(&resolved.transport, t).ok());
+    let mut replaced = Vec::new();
+    if let Some(current) = &current {
+        let expected = current.credential_secrets();
+        let overridden: Vec<&str> = resolved
+            .spec
+            .sidecar
+            .iter()
+            .flat_map(|s| s.env.iter().map(|e| e.name.as_str()))
+            .collect();
+        for p in &pods {
+            let Some((var, secret)) = status::stale_credentials(p, &expected, &overridden) else {
+                continue;
+            };
+            let pn = p.name_any();
+            c.delete(
+                ObjectKind::Pod,
+                &resolved.namespace,
+                &pn,
+                p.uid().as_deref(),
+            )
+            .await?;
+            c.event(actor, plan::stale_credentials_event(&pn, &var, &secret))
+                .await;
+            replaced.push(pn);
+        }
+    }
     o.pods = pods
         .iter()
-        .filter(|p| !status::needs_replacing(p))
+        .filter(|p| !status::needs_replacing(p) && !replaced.contains(&p.name_any()))
         .map(|p| status::classify_pod(p))
         .collect();
 

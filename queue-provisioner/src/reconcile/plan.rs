@@ -54,6 +54,9 @@ pub enum Reason {
     ScaledObjectFailed,
     PodWithoutSidecar,
     PodWithoutSidecarReplaced,
+    /// A pod stuck on a credential Secret that the current configuration does not name
+    /// (injected under another identity mode) was deleted, to be recreated as injected now.
+    PodWithStaleCredentialsReplaced,
     /// The platform's static SQS keys were copied into the actor's namespace (opt-in).
     SharedStaticCredentials,
     /// The namespace's gateway report token could not be issued (key unreadable, or a
@@ -104,6 +107,7 @@ impl Reason {
             Reason::ScaledObjectFailed => "ScaledObjectFailed",
             Reason::PodWithoutSidecar => "PodWithoutSidecar",
             Reason::PodWithoutSidecarReplaced => "PodWithoutSidecarReplaced",
+            Reason::PodWithStaleCredentialsReplaced => "PodWithStaleCredentialsReplaced",
             Reason::SharedStaticCredentials => "SharedStaticCredentials",
             Reason::GatewayReportToken => "GatewayReportToken",
             Reason::CleanupSkipped => "CleanupSkipped",
@@ -507,6 +511,19 @@ pub fn bare_pod(name: &str, injection_down: bool) -> PodStep {
             ),
         ))
     }
+}
+
+/// The event for deleting a pod whose sidecar reads `var` from Secret `secret`, which the
+/// current configuration does not name ([`crate::status::stale_credentials`]).
+pub fn stale_credentials_event(pod: &str, var: &str, secret: &str) -> EventSpec {
+    EventSpec::warning(
+        Reason::PodWithStaleCredentialsReplaced,
+        format!(
+            "pod {pod} cannot start: its asya-sidecar reads {var} from Secret {secret}, which the \
+             current configuration does not use (the pod was injected under another broker \
+             identity mode); deleted so its controller recreates it as injected now"
+        ),
+    )
 }
 
 /// The status to write and the event announcing a phase change; `None`: the status is as

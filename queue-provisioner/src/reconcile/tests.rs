@@ -811,6 +811,50 @@ async fn pods_without_the_sidecar_are_replaced_only_once_injection_works() {
     );
 }
 
+/// A pod injected under the other identity mode (by a webhook replica of the previous
+/// release during an upgrade) waits forever on a Secret this mode never writes: deleted, with
+/// its uid, and said so; one stuck on the Secret this mode does write is waited for.
+#[tokio::test]
+async fn pods_stuck_on_the_other_identity_modes_secret_are_replaced() {
+    let r = reconciler();
+    let mut a = actor(manual(1));
+    step(&r, &mut a).await;
+    r.cluster.take_log();
+    let stuck = |name: &str, secret: &str| -> Arc<Pod> {
+        let mut p = (*pod(name, false, running(), true)).clone();
+        p.metadata.uid = Some(format!("uid-{name}"));
+        let v = json!({
+            "spec": {"initContainers": [{"name": "asya-sidecar", "image": "s", "restartPolicy": "Always",
+                "env": [{"name": "ASYA_RABBITMQ_PASSWORD",
+                         "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}}]}],
+                     "containers": [{"name": "asya-runtime", "image": "py:3.12"}]},
+            "status": {"phase": "Pending", "initContainerStatuses": [{"name": "asya-sidecar",
+                "ready": false, "restartCount": 0, "image": "s", "imageID": "",
+                "state": {"waiting": {"reason": "CreateContainerConfigError"}}}]}});
+        let extra: Pod = serde_json::from_value(v).expect("pod fixture");
+        p.spec = extra.spec;
+        p.status = extra.status;
+        Arc::new(p)
+    };
+    // The default configuration gives each namespace its own identity (asya-broker-rabbitmq).
+    r.cluster.world().pods = vec![
+        stuck("old", "rabbitmq-admin"),
+        stuck("new", "asya-broker-rabbitmq"),
+    ];
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(
+        at(&log, "delete Pod n/old")
+            < at(
+                &log,
+                "event Warning PodWithStaleCredentialsReplaced: pod old cannot start: its \
+                 asya-sidecar reads ASYA_RABBITMQ_PASSWORD from Secret rabbitmq-admin"
+            ),
+        "{log:#?}"
+    );
+    assert!(!has(&log, "delete Pod n/new"), "{log:#?}");
+}
+
 /// A new workload's replica handoff and its ScaledObject wait only for the workload: sent
 /// together (the fake's handoff answers only once the ScaledObject was sent, so in turn
 /// they would never finish), both done, and a failure of one recorded as when in turn.

@@ -339,3 +339,56 @@ fn an_actor_has_messages_while_its_queue_has_any_queued_or_in_process() {
     o.transport = TransportObs::NotAttempted;
     assert!(!o.has_messages());
 }
+
+/// An injected pod whose sidecar waits on `reason` and reads the broker password from `secret`.
+fn sidecar_reading(secret: &str, reason: &str) -> Pod {
+    pod(
+        json!({"metadata": {"name": "p", "annotations": {"asya.sh/injected": "s"}},
+        "spec": {"containers": [{"name": "asya-runtime", "image": "i"}],
+                 "initContainers": [{"name": "asya-sidecar", "image": "s", "restartPolicy": "Always",
+                     "env": [{"name": "ASYA_RABBITMQ_PASSWORD",
+                              "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}}]}]},
+        "status": {"phase": "Pending",
+            "initContainerStatuses": [{"name": "asya-sidecar", "ready": false, "restartCount": 0,
+                "image": "s", "imageID": "", "state": {"waiting": {"reason": reason}}}]}}),
+    )
+}
+
+#[test]
+fn a_pod_stuck_on_a_secret_the_current_injection_does_not_name_is_stale() {
+    let scoped = [
+        ("ASYA_RABBITMQ_USERNAME", "asya-broker-rabbitmq"),
+        ("ASYA_RABBITMQ_PASSWORD", "asya-broker-rabbitmq"),
+    ];
+    let shared = [("ASYA_RABBITMQ_PASSWORD", "rabbitmq-admin")];
+    // Injected scoped, the configuration now shared: stuck, so stale, naming what it reads.
+    let stuck = sidecar_reading("asya-broker-rabbitmq", "CreateContainerConfigError");
+    assert_eq!(
+        stale_credentials(&stuck, &shared, &[]),
+        Some((
+            "ASYA_RABBITMQ_PASSWORD".to_string(),
+            "asya-broker-rabbitmq".to_string()
+        ))
+    );
+    // The Secret it reads is today's (not written yet, say): waited for, not replaced.
+    assert_eq!(stale_credentials(&stuck, &scoped, &[]), None);
+    // The actor's own sidecar.env names it: the author's choice, kept.
+    assert_eq!(
+        stale_credentials(&stuck, &shared, &["ASYA_RABBITMQ_PASSWORD"]),
+        None
+    );
+    // No credential expected at all (SQS over IRSA) still makes a stuck reader stale.
+    assert!(stale_credentials(&stuck, &[], &[]).is_some());
+    // Running, or stuck for another reason: not ours to replace.
+    let pulling = sidecar_reading("asya-broker-rabbitmq", "ImagePullBackOff");
+    assert_eq!(stale_credentials(&pulling, &shared, &[]), None);
+    let mut running = stuck.clone();
+    if let Some(st) = running.status.as_mut() {
+        st.init_container_statuses = None;
+    }
+    assert_eq!(stale_credentials(&running, &shared, &[]), None);
+    // Already going.
+    let mut going = stuck;
+    going.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    assert_eq!(stale_credentials(&going, &shared, &[]), None);
+}

@@ -91,8 +91,8 @@ pub enum InjectError {
     NoRuntimeContainer(usize),
     #[error("transport {0:?} is not configured in the cluster configuration (configured: {1})")]
     UnknownTransport(String, String),
-    #[error("transport {0:?} has unknown type {1:?}")]
-    UnknownTransportType(String, String),
+    #[error(transparent)]
+    UnknownTransportType(#[from] sidecar_settings::UnknownTransportType),
 }
 
 /// Whether a pod carries the injection marker.

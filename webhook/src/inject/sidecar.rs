@@ -1,84 +1,15 @@
 //! The sidecar container: its image, probes, and its environment rendered from the
 //! settings contract the sidecar parses back ([`asya_api::sidecar_settings`]).
 
-use asya_api::amqp;
-use asya_api::config::{ClusterConfig, TRANSPORT_RABBITMQ, TRANSPORT_SQS, Transport};
+use asya_api::config::ClusterConfig;
 use asya_api::labels;
-use asya_api::naming::{self, BROKER_SECRET_PASSWORD, BROKER_SECRET_USERNAME};
 use asya_api::sidecar_settings::{
-    GatewaySettings, SidecarSettings, Sourced, SqsCredentials, TransportSettings,
-    env as sidecar_env,
+    GatewaySettings, SidecarSettings, Sourced, TransportSettings, env as sidecar_env,
 };
 use k8s_openapi::api::core::v1::{Container, ContainerPort, HTTPGetAction, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{ActorSettings, InjectError, SOCKET_DIR, SOCKET_VOLUME, ensure_mount, upsert_env};
-
-/// The sidecar's transport settings, credentials from their Secrets (never inline).
-fn transport_settings(name: &str, t: &Transport) -> Result<TransportSettings, InjectError> {
-    let c = &t.config;
-    let secret = |name: &str, key: &str| Sourced::Secret {
-        name: name.into(),
-        key: key.into(),
-    };
-    match t.kind.as_str() {
-        TRANSPORT_RABBITMQ if t.scoped_broker_identity() => {
-            // The namespace's own broker identity (docs/DESIGN.md §9): user and password from
-            // the Secret the provisioner keeps in the pod's namespace, the namespace's own
-            // exchange, all expanded in the pod (`$(VAR)` from earlier entries), so the pod
-            // spec holds no credential and the webhook needs no namespace.
-            let identity = naming::tenant_broker_secret(name);
-            Ok(TransportSettings::RabbitMq {
-                url: amqp::url_with_identity_refs(
-                    c,
-                    sidecar_env::RABBITMQ_USERNAME,
-                    sidecar_env::RABBITMQ_PASSWORD,
-                ),
-                username: Some(secret(&identity, BROKER_SECRET_USERNAME)),
-                password: Some(secret(&identity, BROKER_SECRET_PASSWORD)),
-                exchange: Some(format!(
-                    "{}$({})",
-                    naming::TENANT_EXCHANGE_PREFIX,
-                    sidecar_env::NAMESPACE
-                )),
-            })
-        }
-        TRANSPORT_RABBITMQ => {
-            // shareAdminCredentials: the platform's password, copied into the namespace.
-            // The password stays in its Secret: Kubernetes expands $(VAR) from an earlier env
-            // entry, so the URL is assembled in the pod, not in the pod spec.
-            let password = c
-                .password_secret_ref
-                .as_ref()
-                .map(|s| secret(&s.name, &s.key));
-            let url_password = match &password {
-                Some(_) => amqp::Password::EnvRef(sidecar_env::RABBITMQ_PASSWORD),
-                None => amqp::Password::None,
-            };
-            Ok(TransportSettings::RabbitMq {
-                url: amqp::url(c, url_password),
-                username: None,
-                password,
-                exchange: None,
-            })
-        }
-        TRANSPORT_SQS => Ok(TransportSettings::Sqs {
-            region: c.region.clone(),
-            endpoint: c.endpoint.clone(),
-            // The platform's static keys reach actor namespaces only by explicit opt-in
-            // (`shareStaticCredentials`); otherwise the sidecar uses the pod's IRSA identity.
-            credentials: c
-                .credentials_secret_ref
-                .as_ref()
-                .filter(|_| t.shares_static_credentials())
-                .map(|s| SqsCredentials {
-                    access_key_id: secret(&s.name, &s.access_key_id_key),
-                    secret_access_key: secret(&s.name, &s.secret_access_key_key),
-                }),
-        }),
-        other => Err(InjectError::UnknownTransportType(name.into(), other.into())),
-    }
-}
 
 fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
@@ -106,7 +37,7 @@ pub(super) fn sidecar_container(
         actor: a.actor.clone(),
         // The pod's own namespace, right even when the request object leaves it empty.
         namespace: Sourced::PodField("metadata.namespace".into()),
-        transport: transport_settings(&a.transport, t)?,
+        transport: TransportSettings::for_transport(&a.transport, t)?,
         socket_dir: SOCKET_DIR.into(),
         runtime_timeout: Some(format!("{}s", a.actor_timeout_secs)),
         resiliency_json: Some(a.resiliency_json.clone()),
