@@ -497,6 +497,47 @@ def test_pod_without_sidecar_is_replaced_once_injection_works(namespace):
     assert ev[0]["type"] == "Warning"
 
 
+def test_pod_stuck_on_the_other_identity_modes_secret_is_replaced(namespace):
+    """A pod injected under the other broker identity mode (a webhook replica of the previous
+    release while `helm upgrade` switched `shareAdminCredentials`) reads a Secret this mode
+    never writes and stays in CreateContainerConfigError: the provisioner deletes it and says
+    so, and leaves the actor's healthy pod alone. The stale pod is the injected pod's copy
+    with its credential variables pointing at another Secret (the webhook leaves a pod that
+    already carries the injection marker as it is)."""
+    ns = namespace
+    apply(ns, actor("stale", {**FLAT, "scaling": {"enabled": False}, "replicas": 1}))
+    good = wait_for("an injected pod", lambda: [p for p in pods_of(ns, "stale") if has_sidecar(p)], timeout=60)[0]
+    spec = json.loads(json.dumps(good["spec"]))
+    sidecars = [c for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == "asya-sidecar"]
+    moved = 0
+    for e in sidecars[0].get("env", []):
+        ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+        if ref and e["name"] in ("ASYA_RABBITMQ_USERNAME", "ASYA_RABBITMQ_PASSWORD"):
+            ref["name"] = "asya-previous-identity-mode"
+            moved += 1
+    assert moved, f"the injected sidecar reads its broker credentials from a Secret: {sidecars[0].get('env')}"
+    meta = good["metadata"]
+    stale = {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": "stale-previous-mode", "namespace": ns, "labels": meta["labels"],
+                          "annotations": {k: v for k, v in meta.get("annotations", {}).items()
+                                          if k.startswith("asya.sh/")}},
+             "spec": spec}
+    kubectl("apply", "-f", "-", input=json.dumps(stale))
+    created = kubectl_json("get", "pod", "stale-previous-mode", "-n", ns)
+    assert has_sidecar(created) and len(sidecars) == 1
+
+    def gone():
+        r = kubectl("get", "pod", "stale-previous-mode", "-n", ns, "-o", "json", check=False)
+        return r.returncode != 0 or json.loads(r.stdout)["metadata"]["uid"] != created["metadata"]["uid"]
+
+    wait_for("the stuck pod deleted", gone, timeout=90)
+    ev = wait_for("PodWithStaleCredentialsReplaced event",
+                  lambda: events_about(ns, "PodWithStaleCredentialsReplaced", "stale-previous-mode"))
+    assert ev[0]["type"] == "Warning"
+    assert "asya-previous-identity-mode" in (ev[0].get("message") or ev[0].get("note"))
+    assert [p["metadata"]["uid"] for p in pods_of(ns, "stale")] == [good["metadata"]["uid"]]
+
+
 def test_deleted_actor_takes_its_retry_delay_queues(namespace):
     """The delay queues the sidecar declares for retries (`{queue}.delay-{ms}ms`, one per backoff
     of the retry policies) are deleted with the actor's queue: the event names the ones the
