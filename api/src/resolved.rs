@@ -129,11 +129,8 @@ impl ResolvedActor {
         flavors: Vec<String>,
         missing: Vec<String>,
     ) -> Option<Self> {
-        let actor = spec.actor.clone().unwrap_or_else(|| name.to_string());
-        let transport = spec
-            .transport
-            .clone()
-            .unwrap_or_else(|| config.default_transport.clone());
+        let actor = spec.actor_or(name);
+        let transport = spec.transport_or(&config.default_transport);
         let transport_kind = config.transports.get(&transport)?.kind.clone();
         let resiliency = spec.resiliency.as_ref()?;
         let actor_timeout = resiliency.actor_timeout.as_ref()?.parse().ok()?;

@@ -124,6 +124,31 @@ pub struct AsyncActorSpec {
     pub timeout: Option<TimeoutSpec>,
 }
 
+impl AsyncActorSpec {
+    /// The actor's name (its queue's `asya-{namespace}-{actor}`): `spec.actor`, else the
+    /// object's name. The one place this default is taken.
+    pub fn actor_or(&self, object_name: &str) -> String {
+        self.actor
+            .clone()
+            .unwrap_or_else(|| object_name.to_string())
+    }
+
+    /// The actor's transport: `spec.transport`, else the cluster's `defaultTransport`.
+    pub fn transport_or(&self, default_transport: &str) -> String {
+        self.transport
+            .clone()
+            .unwrap_or_else(|| default_transport.to_string())
+    }
+}
+
+impl AsyncActor {
+    /// [`AsyncActorSpec::actor_or`] with this object's name.
+    pub fn actor_name(&self) -> String {
+        self.spec
+            .actor_or(self.metadata.name.as_deref().unwrap_or_default())
+    }
+}
+
 /// KEDA autoscaling on queue depth.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

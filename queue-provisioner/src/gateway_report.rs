@@ -22,7 +22,6 @@ use asya_api::report_token::{KeyError, ReportKey};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::ResourceExt;
 use tracing::{info, warn};
 
 use crate::apply_skip::{Applied, REASSERT, desired_hash};
@@ -371,11 +370,7 @@ pub async fn release<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &s
         return;
     };
     let c = &rec.cluster;
-    let me = actor.uid();
-    let others_live = c.actors_in(ns).iter().any(|a| {
-        a.metadata.deletion_timestamp.is_none() && a.uid() != me && a.name_any() != actor.name_any()
-    });
-    if others_live {
+    if crate::reconcile::identity::others_live(c, ns, actor) {
         return;
     }
     let name = &token_at.name;

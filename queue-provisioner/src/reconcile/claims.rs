@@ -60,9 +60,7 @@ fn enabled<C>(rec: &Reconciler<C>) -> Vec<String> {
 /// Whether namespace `ns` has an AsyncActor (being deleted or not) whose queue actor is
 /// `actor`, in the controller's cache.
 fn has_actor<C: Cluster>(c: &C, ns: &str, actor: &str) -> bool {
-    c.actors_in(ns)
-        .iter()
-        .any(|a| a.spec.actor.clone().unwrap_or_else(|| a.name_any()) == actor)
+    c.actors_in(ns).iter().any(|a| a.actor_name() == actor)
 }
 
 /// Whether `queue` exists on any enabled transport: a claim holds the name on all of them.

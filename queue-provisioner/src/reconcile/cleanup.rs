@@ -51,12 +51,8 @@ impl Target {
     fn of<C>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<Self, Error> {
         let ns = actor.namespace().ok_or(Error::NoNamespace)?;
         let name = actor.name_any();
-        let actor_name = actor.spec.actor.clone().unwrap_or_else(|| name.clone());
-        let transport = actor
-            .spec
-            .transport
-            .clone()
-            .unwrap_or_else(|| rec.config.default_transport.clone());
+        let actor_name = actor.spec.actor_or(&name);
+        let transport = actor.spec.transport_or(&rec.config.default_transport);
         let queue = naming::actor_queue(&ns, &actor_name);
         let adopt = owner::adopt_annotation(actor.metadata.annotations.as_ref());
         Ok(Target {
@@ -151,10 +147,10 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     // The namespace's gateway report token goes with its last actor.
     crate::gateway_report::release(rec, actor, &t.ns).await;
     // The namespace's broker identity goes with its last actor.
-    let actor_name = actor.spec.actor.clone().unwrap_or_else(|| t.name.clone());
-    identity::release(rec, &t.ns, &t.transport, &actor_name).await;
+    identity::release(rec, &t.ns, &t.transport, actor).await;
     // And its Redis user (state proxies); the state itself stays the namespace's.
-    super::state_identity::release(rec, &t.ns, &actor_name).await;
+    super::state_identity::release(rec, &t.ns, actor).await;
+    let actor_name = actor.spec.actor_or(&t.name);
     rec.gauges.remove(&t.ns, &actor_name);
     forget(rec, &t);
     c.event(actor, closing).await;

@@ -30,10 +30,22 @@ pub fn live_actors<C: Cluster>(c: &C, ns: &str, also: Option<&str>) -> BTreeSet<
         .actors_in(ns)
         .iter()
         .filter(|a| a.metadata.deletion_timestamp.is_none())
-        .map(|a| a.spec.actor.clone().unwrap_or_else(|| a.name_any()))
+        .map(|a| a.actor_name())
         .collect();
     out.extend(also.map(String::from));
     out
+}
+
+/// Whether namespace `ns` keeps a live actor once `leaving` goes: one not being deleted and
+/// not `leaving` itself. The one rule for what goes with a namespace's last actor (its broker
+/// identity, its Redis user, its gateway report token). By object name: while `leaving`
+/// holds its finalizer no other object can have that name, and the cache may still show
+/// `leaving` without its deletion mark.
+pub fn others_live<C: Cluster>(c: &C, ns: &str, leaving: &AsyncActor) -> bool {
+    let me = leaving.name_any();
+    c.actors_in(ns)
+        .iter()
+        .any(|a| a.metadata.deletion_timestamp.is_none() && a.name_any() != me)
 }
 
 fn kube_err(what: &str, e: kube::Error) -> QueueError {
@@ -312,7 +324,12 @@ pub async fn remove_platform_copy<C: Cluster>(
 /// exchange and Secret go; otherwise the next reconcile narrows the permissions. Best
 /// effort: a broker that cannot be reached leaves the user (a warning says so), never the
 /// actor Terminating.
-pub async fn release<C: Cluster>(rec: &Reconciler<C>, ns: &str, transport: &str, actor: &str) {
+pub async fn release<C: Cluster>(
+    rec: &Reconciler<C>,
+    ns: &str,
+    transport: &str,
+    leaving: &AsyncActor,
+) {
     let c = &rec.cluster;
     rec.memory.forget_identity(transport, ns);
     if !rec
@@ -322,9 +339,7 @@ pub async fn release<C: Cluster>(rec: &Reconciler<C>, ns: &str, transport: &str,
     {
         return;
     }
-    let mut rest = live_actors(c, ns, None);
-    rest.remove(actor);
-    if !rest.is_empty() {
+    if others_live(c, ns, leaving) {
         return;
     }
     let user = naming::tenant_broker_user(ns);

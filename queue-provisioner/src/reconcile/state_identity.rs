@@ -14,7 +14,7 @@ use crate::model::ObjectKind;
 use crate::state_identity::StateError;
 use crate::state_identity::plan::{self as state, Owner};
 
-use super::identity::live_actors;
+use super::identity::{live_actors, others_live};
 use super::memory::{IdentitySet, RECHECK};
 use super::ownership::Write;
 use super::ownership::managed_by_us;
@@ -186,15 +186,13 @@ async fn announce_shared_access<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncAc
 /// Secret go (the state stays, and stays the namespace's by its owner mark). Best effort,
 /// as for the broker identity: an unreachable Redis leaves the user, never the actor
 /// Terminating.
-pub async fn release<C: Cluster>(rec: &Reconciler<C>, ns: &str, actor: &str) {
+pub async fn release<C: Cluster>(rec: &Reconciler<C>, ns: &str, leaving: &AsyncActor) {
     let c = &rec.cluster;
     rec.memory.forget_identity(MEMORY_KEY, ns);
     if rec.config.state_proxy.redis.is_none() {
         return;
     }
-    let mut rest = live_actors(c, ns, None);
-    rest.remove(actor);
-    if !rest.is_empty() {
+    if others_live(c, ns, leaving) {
         return;
     }
     // The user goes whether or not its Secret is still there: when the namespace itself is
