@@ -227,16 +227,9 @@ impl Sweeper {
                 return;
             }
         }
-        let dp = kube::api::DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: claim.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..kube::api::DeleteParams::background()
-        };
-        match self.claims.delete(queue, &dp).await {
+        let uid = claim.metadata.uid.as_deref();
+        match crate::kube_cluster::delete_exact(&self.claims, queue, uid).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => {
                 warn!(queue = %queue, error = %e, "could not delete the QueueClaim of a deleted end queue; it stays until replaced")
             }

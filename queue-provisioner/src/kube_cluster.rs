@@ -34,7 +34,7 @@ use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{
     Answer, Cached, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object,
 };
-use crate::render::{TransportCredentials, workload};
+use crate::render::TransportCredentials;
 use crate::state_identity::StateError;
 use crate::status::{self, WorkloadObs};
 use crate::transports::Transports;
@@ -167,8 +167,11 @@ where
         .await
 }
 
-async fn delete_ignore_missing<K>(
-    api: Api<K>,
+/// Deletes `name`; with `uid`, only that object (a precondition), never a same-named one
+/// created since. `false`: absent, or replaced since it was read (409). The one delete of
+/// the provisioner's adapters.
+pub(crate) async fn delete_exact<K>(
+    api: &Api<K>,
     name: &str,
     uid: Option<&str>,
 ) -> Result<bool, kube::Error>
@@ -184,7 +187,7 @@ where
     }
     match api.delete(name, &dp).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(kube::Error::Api(s)) if s.code == 404 || (s.code == 409 && uid.is_some()) => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -504,21 +507,12 @@ impl Cluster for KubeCluster {
     }
 
     async fn claim_delete(&self, name: &str, uid: &str) -> Result<bool, kube::Error> {
-        let dp = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: Some(uid.to_string()),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
-        match Api::<QueueClaim>::all(self.client.clone())
-            .delete(name, &dp)
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
-            Err(e) => Err(e),
-        }
+        delete_exact(
+            &Api::<QueueClaim>::all(self.client.clone()),
+            name,
+            Some(uid),
+        )
+        .await
     }
 
     fn claim_cached(&self, name: &str) -> Option<QueueClaimSpec> {
@@ -755,21 +749,17 @@ impl Cluster for KubeCluster {
     ) -> Result<bool, kube::Error> {
         let c = self.client.clone();
         match kind {
-            ObjectKind::Secret => {
-                delete_ignore_missing(Api::<Secret>::namespaced(c, ns), name, uid).await
-            }
+            ObjectKind::Secret => delete_exact(&Api::<Secret>::namespaced(c, ns), name, uid).await,
             ObjectKind::ServiceAccount => {
-                delete_ignore_missing(Api::<ServiceAccount>::namespaced(c, ns), name, uid).await
+                delete_exact(&Api::<ServiceAccount>::namespaced(c, ns), name, uid).await
             }
             ObjectKind::Deployment => {
-                delete_ignore_missing(Api::<Deployment>::namespaced(c, ns), name, uid).await
+                delete_exact(&Api::<Deployment>::namespaced(c, ns), name, uid).await
             }
             ObjectKind::StatefulSet => {
-                delete_ignore_missing(Api::<StatefulSet>::namespaced(c, ns), name, uid).await
+                delete_exact(&Api::<StatefulSet>::namespaced(c, ns), name, uid).await
             }
-            ObjectKind::Pod => {
-                delete_ignore_missing(Api::<Pod>::namespaced(c, ns), name, uid).await
-            }
+            ObjectKind::Pod => delete_exact(&Api::<Pod>::namespaced(c, ns), name, uid).await,
             ObjectKind::ScaledObject | ObjectKind::TriggerAuthentication => {
                 let Some((so, ta)) = &self.keda else {
                     return Ok(false);
@@ -779,7 +769,7 @@ impl Cluster for KubeCluster {
                 } else {
                     ta
                 };
-                delete_ignore_missing(self.dynamic(ns, ar), name, uid).await
+                delete_exact(&self.dynamic(ns, ar), name, uid).await
             }
         }
     }
@@ -789,28 +779,11 @@ impl Cluster for KubeCluster {
         let Some(s) = api.get_opt(name).await? else {
             return Ok(false);
         };
-        let ours = s
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(workload::MANAGED_BY.0))
-            .is_some_and(|v| v == workload::MANAGED_BY.1);
-        if !ours {
+        if !crate::reconcile::ownership::managed_by_us(&s.metadata) {
             return Ok(false);
         }
         // Only the object just read: not a same-named one created since.
-        let dp = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: s.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
-        match api.delete(name, &dp).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
-            Err(e) => Err(e),
-        }
+        delete_exact(&api, name, s.metadata.uid.as_deref()).await
     }
 
     /// A server-side dry run of creating a copy of `pod` (nothing is stored) comes back with

@@ -730,11 +730,12 @@ impl Cluster for Fake {
         self.request(format!("get Secret {ns}/{name}"));
         let mut w = self.world();
         let k = key(ObjectKind::Secret, ns, name);
+        // The adapter's own rule, on the stored object's metadata.
         let ours = w.objects.get(&k).is_some_and(|s| {
-            s.body.pointer(&format!(
-                "/metadata/labels/{}",
-                MANAGED_BY.0.replace('/', "~1")
-            )) == Some(&Value::from(MANAGED_BY.1))
+            s.body
+                .get("metadata")
+                .and_then(|m| serde_json::from_value::<ObjectMeta>(m.clone()).ok())
+                .is_some_and(|m| super::ownership::managed_by_us(&m))
         });
         if !ours {
             return Ok(false);

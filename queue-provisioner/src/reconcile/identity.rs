@@ -348,15 +348,7 @@ pub async fn release<C: Cluster>(
     }
     let secret = naming::tenant_broker_secret(transport);
     // Only ours (labelled), and the one read (uid precondition).
-    let res = match c.read_secret(ns, &secret).await {
-        Ok(Some(s)) if managed_by_us(&s.metadata) => c
-            .delete(ObjectKind::Secret, ns, &secret, s.metadata.uid.as_deref())
-            .await
-            .map(|_| ()),
-        Ok(_) => Ok(()),
-        Err(e) => Err(e),
-    };
-    if let Err(e) = res {
+    if let Err(e) = c.delete_owned_secret(ns, &secret).await {
         tracing::warn!(namespace = %ns, secret = %secret, error = %e, "could not delete the namespace's broker Secret");
     }
     rec.memory.forget_applied(ObjectKind::Secret, ns, &secret);
