@@ -909,3 +909,54 @@ impl Cluster for KubeCluster {
         }
     }
 }
+
+#[cfg(test)]
+impl KubeCluster {
+    /// A KubeCluster for the write port's conformance suite: every cache empty and no
+    /// watch running, KEDA, Redis and the exposure ledger absent. Writes go to the API
+    /// server as in production.
+    pub fn with_empty_caches(
+        client: Client,
+        config: Arc<ClusterConfig>,
+        own_namespace: &str,
+    ) -> Self {
+        use kube::runtime::events::Reporter;
+        use kube::runtime::reflector::store;
+        KubeCluster {
+            client: client.clone(),
+            transports: Arc::new(Transports::new(
+                config.clone(),
+                Api::namespaced(client.clone(), own_namespace),
+            )),
+            config,
+            end_queues: crate::end_queues::Candidates::default(),
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: MANAGER.into(),
+                    instance: None,
+                },
+            ),
+            metrics: Metrics::default(),
+            spans: Arc::new(asya_telemetry::Recorder::off()),
+            flavors: store().0,
+            flavor_maps: store().0,
+            env_configs: None,
+            pods: store().0,
+            deployments: store().0,
+            stateful_sets: store().0,
+            scaled_objects: None,
+            service_accounts: store().0,
+            trigger_auths: None,
+            hpas: store().0,
+            actors: store().0,
+            own_namespace: own_namespace.into(),
+            keda: None,
+            keda_identity: crate::keda_identity::IdentityState::default(),
+            state_redis: None,
+            exposure: None,
+            namespaces: store().0,
+            claims: store().0,
+        }
+    }
+}

@@ -582,7 +582,11 @@ impl Cluster for Fake {
             }
             Write::Update { uid: Some(want) } if stored_uid.as_ref() != Some(want) => {
                 w.log.push(format!("update refused {kind} {ns}/{name}"));
-                return Err(conflict("uid mismatch"));
+                // What the API server answers an apply naming another uid (conformance.rs).
+                return Err(kube::Error::Api(Box::new(
+                    kube::core::Status::failure("metadata.uid: field is immutable", "Invalid")
+                        .with_code(422),
+                )));
             }
             _ => {}
         }
@@ -711,12 +715,12 @@ impl Cluster for Fake {
             .objects
             .get(&key(kind, ns, name))
             .and_then(|s| s.body.pointer("/metadata/uid").and_then(Value::as_str));
+        // A precondition on another uid: the object stays, and it is "not deleted", as
+        // `kube_cluster::delete_exact` answers the API server's 409.
         if let (Some(want), Some(have)) = (uid, stored_uid)
             && want != have
         {
-            return Err(kube::Error::Api(Box::new(
-                kube::core::Status::failure("Precondition failed: UID", "Conflict").with_code(409),
-            )));
+            return Ok(false);
         }
         if kind == ObjectKind::Pod {
             let before = w.pods.len();

@@ -23,6 +23,8 @@ pub mod queues;
 pub mod state_identity;
 
 #[cfg(test)]
+mod conformance;
+#[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod tests;
