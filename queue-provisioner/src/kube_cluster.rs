@@ -32,7 +32,7 @@ use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 use crate::reconcile::ownership::Write;
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{
-    Answer, Cached, Cluster, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object,
+    Answer, Brokers, Cached, Caches, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object, Writes,
 };
 use crate::render::TransportCredentials;
 use crate::state_identity::StateError;
@@ -286,7 +286,7 @@ impl KubeCluster {
     }
 }
 
-impl Cluster for KubeCluster {
+impl Caches for KubeCluster {
     async fn caches_ready(&self) -> Result<(), Error> {
         let stopped = |what| move |_| Error::Cache(what);
         self.pods.wait_until_ready().await.map_err(stopped("pod"))?;
@@ -418,6 +418,34 @@ impl Cluster for KubeCluster {
         hpa.status.as_ref().map(|s| s.desired_replicas)
     }
 
+    fn claim_cached(&self, name: &str) -> Option<QueueClaimSpec> {
+        self.claims
+            .get(&ObjectRef::new(name))
+            .map(|c| c.spec.clone())
+    }
+
+    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>> {
+        self.actors
+            .state()
+            .into_iter()
+            .filter(|a| a.metadata.namespace.as_deref() == Some(ns))
+            .collect()
+    }
+
+    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>> {
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+            .collect()
+    }
+
+    fn platform_namespace(&self) -> &str {
+        &self.own_namespace
+    }
+}
+
+impl Brokers for KubeCluster {
     async fn transport(&self, transport: &str) -> Result<TransportCredentials, QueueError> {
         Ok(self.transports.get(transport).await?.1)
     }
@@ -472,83 +500,8 @@ impl Cluster for KubeCluster {
         res
     }
 
-    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
-        // From the watch's cache; the API server only for a namespace the cache has not seen
-        // (just made) or sees going (its successor may be there already).
-        if let Some(n) = self.namespaces.get(&ObjectRef::new(ns))
-            && n.metadata.deletion_timestamp.is_none()
-            && let Some(uid) = n.metadata.uid.clone()
-        {
-            return Ok(Some(uid));
-        }
-        let api: Api<Namespace> = Api::all(self.client.clone());
-        Ok(api.get_metadata_opt(ns).await?.and_then(|m| m.metadata.uid))
-    }
-
-    async fn claim_get(&self, name: &str) -> Result<Option<QueueClaim>, kube::Error> {
-        Api::<QueueClaim>::all(self.client.clone())
-            .get_opt(name)
-            .await
-    }
-
-    async fn claim_create(&self, claim: &QueueClaim) -> Result<bool, kube::Error> {
-        let pp = PostParams {
-            dry_run: false,
-            field_manager: Some(MANAGER.into()),
-        };
-        match Api::<QueueClaim>::all(self.client.clone())
-            .create(&pp, claim)
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn claim_delete(&self, name: &str, uid: &str) -> Result<bool, kube::Error> {
-        delete_exact(
-            &Api::<QueueClaim>::all(self.client.clone()),
-            name,
-            Some(uid),
-        )
-        .await
-    }
-
-    fn claim_cached(&self, name: &str) -> Option<QueueClaimSpec> {
-        self.claims
-            .get(&ObjectRef::new(name))
-            .map(|c| c.spec.clone())
-    }
-
     fn end_queues_candidate(&self, transport: &str, ns: &str) {
         self.end_queues.add(transport, ns);
-    }
-
-    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>> {
-        self.actors
-            .state()
-            .into_iter()
-            .filter(|a| a.metadata.namespace.as_deref() == Some(ns))
-            .collect()
-    }
-
-    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>> {
-        self.pods
-            .state()
-            .into_iter()
-            .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
-            .collect()
-    }
-
-    fn platform_namespace(&self) -> &str {
-        &self.own_namespace
-    }
-
-    async fn read_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
-        Api::<Secret>::namespaced(self.client.clone(), ns)
-            .get_opt(name)
-            .await
     }
 
     async fn broker_user_put(
@@ -609,6 +562,57 @@ impl Cluster for KubeCluster {
 
     async fn state_default_open(&self) -> Result<bool, StateError> {
         self.state_admin().await?.default_user_open().await
+    }
+}
+
+impl Writes for KubeCluster {
+    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
+        // From the watch's cache; the API server only for a namespace the cache has not seen
+        // (just made) or sees going (its successor may be there already).
+        if let Some(n) = self.namespaces.get(&ObjectRef::new(ns))
+            && n.metadata.deletion_timestamp.is_none()
+            && let Some(uid) = n.metadata.uid.clone()
+        {
+            return Ok(Some(uid));
+        }
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        Ok(api.get_metadata_opt(ns).await?.and_then(|m| m.metadata.uid))
+    }
+
+    async fn claim_get(&self, name: &str) -> Result<Option<QueueClaim>, kube::Error> {
+        Api::<QueueClaim>::all(self.client.clone())
+            .get_opt(name)
+            .await
+    }
+
+    async fn claim_create(&self, claim: &QueueClaim) -> Result<bool, kube::Error> {
+        let pp = PostParams {
+            dry_run: false,
+            field_manager: Some(MANAGER.into()),
+        };
+        match Api::<QueueClaim>::all(self.client.clone())
+            .create(&pp, claim)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn claim_delete(&self, name: &str, uid: &str) -> Result<bool, kube::Error> {
+        delete_exact(
+            &Api::<QueueClaim>::all(self.client.clone()),
+            name,
+            Some(uid),
+        )
+        .await
+    }
+
+    async fn read_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
+        Api::<Secret>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
     }
 
     async fn record_exposed(&self, transport: &str, password: &str) -> Result<(), kube::Error> {

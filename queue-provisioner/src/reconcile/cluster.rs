@@ -1,7 +1,8 @@
-//! What the reconcile reads from and writes to the world, as one trait: the Kubernetes API
-//! (through the controller's caches for reads), the brokers, the event recorder. The
-//! production implementation is [`crate::kube_cluster::KubeCluster`]; the tests run every
-//! reconcile scenario against an in-memory one.
+//! What the reconcile reads from and writes to the world, as one port per role: the watch
+//! caches ([`Caches`]), the brokers and Redis ([`Brokers`]), the API server ([`Writes`]);
+//! [`Cluster`] is all three. The production implementation is
+//! [`crate::kube_cluster::KubeCluster`]; the tests run every reconcile scenario against an
+//! in-memory one, and the write contract against both (`conformance.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -132,8 +133,8 @@ pub struct Answer {
     pub workload: Option<WorkloadObs>,
 }
 
-/// The reconcile's I/O. Reads that come from caches are plain methods; the rest are futures.
-pub trait Cluster: Send + Sync {
+/// What the reconcile reads from the controller's watch caches: no request.
+pub trait Caches: Send + Sync {
     /// Waits until every cache the reconcile reads has listed once: a status derived from an
     /// empty pod cache would be false.
     fn caches_ready(&self) -> impl Future<Output = Result<(), Error>> + Send;
@@ -154,7 +155,21 @@ pub trait Cluster: Send + Sync {
     fn pods(&self, ns: &str, actor: &str) -> Vec<Arc<Pod>>;
     /// `status.desiredReplicas` of the HPA KEDA made for the actor's ScaledObject.
     fn hpa_desired(&self, ns: &str, actor: &str) -> Option<i32>;
+    /// The claim `name` from the provisioner's QueueClaim cache (a namespace's permissions
+    /// read its actors' claims at once).
+    fn claim_cached(&self, name: &str) -> Option<QueueClaimSpec>;
 
+    /// The cached actors of namespace `ns`.
+    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>>;
+    /// The cached (injected) pods of namespace `ns`, every actor's.
+    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>>;
+    /// The provisioner's own namespace, where the platform's credentials live.
+    fn platform_namespace(&self) -> &str;
+}
+
+/// The brokers and the platform's Redis: queues, their owner records, the namespaces'
+/// broker and state identities.
+pub trait Brokers: Send + Sync {
     /// The transport's credentials (its client is built on first use): an error when the
     /// transport is not enabled or its secrets are missing.
     fn transport(
@@ -194,50 +209,8 @@ pub trait Cluster: Send + Sync {
         transport: &str,
         queue: &str,
     ) -> impl Future<Output = Result<Option<QueueRecord>, QueueError>> + Send;
-
-    /// `metadata.uid` of namespace `ns`, read from the API server (a namespace deleted and
-    /// created again has another: its queue claims, state and gateway report token are
-    /// bound to it); `None`: no such namespace.
-    fn namespace_uid(
-        &self,
-        ns: &str,
-    ) -> impl Future<Output = Result<Option<String>, kube::Error>> + Send;
-    /// The QueueClaim `name` as the API server has it now.
-    fn claim_get(
-        &self,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<QueueClaim>, kube::Error>> + Send;
-    /// Creates a claim; `false`: one of that name exists already (the first wins).
-    fn claim_create(
-        &self,
-        claim: &QueueClaim,
-    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
-    /// Deletes claim `name` only if it is still object `uid` (a precondition); `false` when
-    /// it was absent or replaced since it was read.
-    fn claim_delete(
-        &self,
-        name: &str,
-        uid: &str,
-    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
-    /// The claim `name` from the provisioner's QueueClaim cache (a namespace's permissions
-    /// read its actors' claims at once).
-    fn claim_cached(&self, name: &str) -> Option<QueueClaimSpec>;
     /// The namespace's end queues are to be looked after (its actors were cleaned up).
     fn end_queues_candidate(&self, transport: &str, ns: &str);
-
-    /// The cached actors of namespace `ns`.
-    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>>;
-    /// The cached (injected) pods of namespace `ns`, every actor's.
-    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>>;
-    /// The provisioner's own namespace, where the platform's credentials live.
-    fn platform_namespace(&self) -> &str;
-    /// A Secret as the API server has it now (Secrets are not cached: the provisioner may
-    /// not list them).
-    fn read_secret(
-        &self,
-        ns: &str,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<Secret>, kube::Error>> + Send;
     /// Creates or updates a namespace's broker user: password and permissions (scoped
     /// identity, docs/DESIGN.md §9).
     fn broker_user_put(
@@ -273,6 +246,43 @@ pub trait Cluster: Send + Sync {
     ) -> impl Future<Output = Result<Option<String>, StateError>> + Send;
     /// Whether the platform's Redis still lets anyone in as `default` without a password.
     fn state_default_open(&self) -> impl Future<Output = Result<bool, StateError>> + Send;
+}
+
+/// The API server: the writes, and the reads a write is decided on (Secrets, which are not
+/// cached; who holds a name; the claims as stored). `conformance.rs` runs one suite of this
+/// contract on the fake and on `KubeCluster` against the test cluster's API server.
+pub trait Writes: Send + Sync {
+    /// `metadata.uid` of namespace `ns`, read from the API server (a namespace deleted and
+    /// created again has another: its queue claims, state and gateway report token are
+    /// bound to it); `None`: no such namespace.
+    fn namespace_uid(
+        &self,
+        ns: &str,
+    ) -> impl Future<Output = Result<Option<String>, kube::Error>> + Send;
+    /// The QueueClaim `name` as the API server has it now.
+    fn claim_get(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<QueueClaim>, kube::Error>> + Send;
+    /// Creates a claim; `false`: one of that name exists already (the first wins).
+    fn claim_create(
+        &self,
+        claim: &QueueClaim,
+    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
+    /// Deletes claim `name` only if it is still object `uid` (a precondition); `false` when
+    /// it was absent or replaced since it was read.
+    fn claim_delete(
+        &self,
+        name: &str,
+        uid: &str,
+    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
+    /// A Secret as the API server has it now (Secrets are not cached: the provisioner may
+    /// not list them).
+    fn read_secret(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Secret>, kube::Error>> + Send;
 
     /// Records that the platform's password of `transport` was found copied into an actor
     /// namespace ([`crate::exposure`]): it stays exposed until it is changed.
@@ -357,3 +367,10 @@ pub trait Cluster: Send + Sync {
         actor: &AsyncActor,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 }
+
+/// The reconcile's I/O, by role. The production implementation is
+/// [`crate::kube_cluster::KubeCluster`]; the tests run every reconcile scenario against an
+/// in-memory one.
+pub trait Cluster: Caches + Brokers + Writes {}
+
+impl<T: Caches + Brokers + Writes> Cluster for T {}

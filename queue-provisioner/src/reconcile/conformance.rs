@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::ownership::Write;
-use super::{Cluster, Object};
+use super::{Object, Writes};
 use crate::model::ObjectKind;
 use crate::render::workload::MANAGED_BY;
 
@@ -44,7 +44,7 @@ fn is_conflict(r: &Result<impl std::fmt::Debug, kube::Error>) -> bool {
     matches!(r, Err(kube::Error::Api(s)) if s.code == 409)
 }
 
-async fn value_of<C: Cluster>(c: &C, ns: &str, name: &str) -> Option<String> {
+async fn value_of<C: Writes>(c: &C, ns: &str, name: &str) -> Option<String> {
     let s = c.read_secret(ns, name).await.expect("read Secret")?;
     let v = s.data?.get("k")?.0.clone();
     Some(String::from_utf8(v).expect("utf-8 value"))
@@ -52,7 +52,7 @@ async fn value_of<C: Cluster>(c: &C, ns: &str, name: &str) -> Option<String> {
 
 /// The suite. `ns`: an existing namespace of its own; `suffix` keeps the cluster-scoped
 /// QueueClaim's name apart from other runs'.
-pub async fn run<C: Cluster>(c: &C, ns: &str, suffix: &str) {
+pub async fn run<C: Writes>(c: &C, ns: &str, suffix: &str) {
     // A creation lands on an absent name only.
     let s = secret(ns, "conformance", "one", true);
     c.apply(ns, &s, &Write::Create).await.expect("create");

@@ -18,7 +18,7 @@ use crate::queue::owner::{self, QueueRecord};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::reconcile::ownership::Write;
 use crate::reconcile::plan::EventSpec;
-use crate::reconcile::{Answer, Cached, Cluster, Error, FINALIZER, Object};
+use crate::reconcile::{Answer, Brokers, Cached, Caches, Error, FINALIZER, Object, Writes};
 use crate::render::TransportCredentials;
 use crate::render::workload::MANAGED_BY;
 use crate::state_identity::StateError;
@@ -220,7 +220,7 @@ fn refused(what: &str) -> kube::Error {
     ))
 }
 
-impl Cluster for Fake {
+impl Caches for Fake {
     async fn caches_ready(&self) -> Result<(), Error> {
         Ok(())
     }
@@ -293,6 +293,31 @@ impl Cluster for Fake {
         self.world().hpa.get(actor).copied()
     }
 
+    fn claim_cached(&self, name: &str) -> Option<QueueClaimSpec> {
+        self.world().claims.get(name).map(|c| c.spec.clone())
+    }
+
+    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>> {
+        let w = self.world();
+        w.actors
+            .iter()
+            .filter(|a| a.metadata.namespace.as_deref() == Some(ns))
+            .cloned()
+            .collect()
+    }
+
+    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>> {
+        let w = self.world();
+        let mine = |p: &&Arc<Pod>| p.metadata.namespace.as_deref() == Some(ns);
+        w.pods.iter().filter(mine).cloned().collect()
+    }
+
+    fn platform_namespace(&self) -> &str {
+        PLATFORM_NAMESPACE
+    }
+}
+
+impl Brokers for Fake {
     async fn transport(&self, _transport: &str) -> Result<TransportCredentials, QueueError> {
         Ok(TransportCredentials {
             password: Some(self.world().platform_password.clone()),
@@ -372,95 +397,9 @@ impl Cluster for Fake {
         }))
     }
 
-    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
-        let w = self.world();
-        Ok(match w.namespaces.get(ns) {
-            Some(uid) => uid.clone(),
-            None => Some(default_namespace_uid(ns)),
-        })
-    }
-
-    async fn claim_get(&self, name: &str) -> Result<Option<QueueClaim>, kube::Error> {
-        self.request(format!("get QueueClaim {name}"));
-        Ok(self.world().claims.get(name).cloned())
-    }
-
-    async fn claim_create(&self, claim: &QueueClaim) -> Result<bool, kube::Error> {
-        self.request("create QueueClaim".into());
-        let mut w = self.world();
-        let name = claim.metadata.name.clone().unwrap_or_default();
-        if w.claim_before_create
-            .as_ref()
-            .is_some_and(|c| c.metadata.name.as_deref() == Some(name.as_str()))
-            && let Some(first) = w.claim_before_create.take()
-        {
-            w.log.push(format!("create QueueClaim {name} (by another)"));
-            w.claims.insert(name.clone(), first);
-        }
-        if w.claims.contains_key(&name) {
-            return Ok(false);
-        }
-        w.claim_serial += 1;
-        let mut stored = claim.clone();
-        stored.metadata.uid = Some(format!("uid-qc-{name}-{}", w.claim_serial));
-        w.log.push(format!(
-            "create QueueClaim {name} for {}/{}",
-            claim.spec.namespace, claim.spec.actor
-        ));
-        w.claims.insert(name, stored);
-        Ok(true)
-    }
-
-    async fn claim_delete(&self, name: &str, uid: &str) -> Result<bool, kube::Error> {
-        self.request(format!("delete QueueClaim {name}"));
-        let mut w = self.world();
-        let same = w
-            .claims
-            .get(name)
-            .is_some_and(|c| c.metadata.uid.as_deref() == Some(uid));
-        if !same {
-            return Ok(false);
-        }
-        w.log.push(format!("delete QueueClaim {name}"));
-        Ok(w.claims.remove(name).is_some())
-    }
-
-    fn claim_cached(&self, name: &str) -> Option<QueueClaimSpec> {
-        self.world().claims.get(name).map(|c| c.spec.clone())
-    }
-
     fn end_queues_candidate(&self, transport: &str, ns: &str) {
         let mut w = self.world();
         w.end_queue_candidates.insert((transport.into(), ns.into()));
-    }
-
-    fn actors_in(&self, ns: &str) -> Vec<Arc<AsyncActor>> {
-        let w = self.world();
-        w.actors
-            .iter()
-            .filter(|a| a.metadata.namespace.as_deref() == Some(ns))
-            .cloned()
-            .collect()
-    }
-
-    fn pods_in(&self, ns: &str) -> Vec<Arc<Pod>> {
-        let w = self.world();
-        let mine = |p: &&Arc<Pod>| p.metadata.namespace.as_deref() == Some(ns);
-        w.pods.iter().filter(mine).cloned().collect()
-    }
-
-    fn platform_namespace(&self) -> &str {
-        PLATFORM_NAMESPACE
-    }
-
-    async fn read_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
-        self.request(format!("get Secret {ns}/{name}"));
-        let mut w = self.world();
-        w.log.push(format!("read Secret {ns}/{name}"));
-        w.objects
-            .get(&key(ObjectKind::Secret, ns, name))
-            .map(|s| serde_json::from_value(s.body.clone()).map_err(kube::Error::SerdeError))
-            .transpose()
     }
 
     async fn broker_user_put(
@@ -517,21 +456,6 @@ impl Cluster for Fake {
         }
     }
 
-    async fn record_exposed(&self, transport: &str, password: &str) -> Result<(), kube::Error> {
-        let mut w = self.world();
-        w.log
-            .push(format!("record exposed password of {transport}"));
-        w.exposed.insert((transport.into(), password.into()));
-        Ok(())
-    }
-
-    async fn exposed(&self, transport: &str, password: &str) -> Result<bool, kube::Error> {
-        Ok(self
-            .world()
-            .exposed
-            .contains(&(transport.to_string(), password.to_string())))
-    }
-
     async fn state_default_open(&self) -> Result<bool, StateError> {
         let w = self.world();
         if !w.redis_up {
@@ -558,6 +482,86 @@ impl Cluster for Fake {
             }
         }
         Ok(())
+    }
+}
+
+impl Writes for Fake {
+    async fn namespace_uid(&self, ns: &str) -> Result<Option<String>, kube::Error> {
+        let w = self.world();
+        Ok(match w.namespaces.get(ns) {
+            Some(uid) => uid.clone(),
+            None => Some(default_namespace_uid(ns)),
+        })
+    }
+
+    async fn claim_get(&self, name: &str) -> Result<Option<QueueClaim>, kube::Error> {
+        self.request(format!("get QueueClaim {name}"));
+        Ok(self.world().claims.get(name).cloned())
+    }
+
+    async fn claim_create(&self, claim: &QueueClaim) -> Result<bool, kube::Error> {
+        self.request("create QueueClaim".into());
+        let mut w = self.world();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        if w.claim_before_create
+            .as_ref()
+            .is_some_and(|c| c.metadata.name.as_deref() == Some(name.as_str()))
+            && let Some(first) = w.claim_before_create.take()
+        {
+            w.log.push(format!("create QueueClaim {name} (by another)"));
+            w.claims.insert(name.clone(), first);
+        }
+        if w.claims.contains_key(&name) {
+            return Ok(false);
+        }
+        w.claim_serial += 1;
+        let mut stored = claim.clone();
+        stored.metadata.uid = Some(format!("uid-qc-{name}-{}", w.claim_serial));
+        w.log.push(format!(
+            "create QueueClaim {name} for {}/{}",
+            claim.spec.namespace, claim.spec.actor
+        ));
+        w.claims.insert(name, stored);
+        Ok(true)
+    }
+
+    async fn claim_delete(&self, name: &str, uid: &str) -> Result<bool, kube::Error> {
+        self.request(format!("delete QueueClaim {name}"));
+        let mut w = self.world();
+        let same = w
+            .claims
+            .get(name)
+            .is_some_and(|c| c.metadata.uid.as_deref() == Some(uid));
+        if !same {
+            return Ok(false);
+        }
+        w.log.push(format!("delete QueueClaim {name}"));
+        Ok(w.claims.remove(name).is_some())
+    }
+
+    async fn read_secret(&self, ns: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
+        self.request(format!("get Secret {ns}/{name}"));
+        let mut w = self.world();
+        w.log.push(format!("read Secret {ns}/{name}"));
+        w.objects
+            .get(&key(ObjectKind::Secret, ns, name))
+            .map(|s| serde_json::from_value(s.body.clone()).map_err(kube::Error::SerdeError))
+            .transpose()
+    }
+
+    async fn record_exposed(&self, transport: &str, password: &str) -> Result<(), kube::Error> {
+        let mut w = self.world();
+        w.log
+            .push(format!("record exposed password of {transport}"));
+        w.exposed.insert((transport.into(), password.into()));
+        Ok(())
+    }
+
+    async fn exposed(&self, transport: &str, password: &str) -> Result<bool, kube::Error> {
+        Ok(self
+            .world()
+            .exposed
+            .contains(&(transport.to_string(), password.to_string())))
     }
 
     async fn apply(&self, ns: &str, obj: &Object, write: &Write) -> Result<Answer, kube::Error> {

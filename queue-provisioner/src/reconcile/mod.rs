@@ -37,7 +37,7 @@ mod tests_identity;
 #[cfg(test)]
 mod tests_state_identity;
 
-pub use cluster::{Answer, Cached, Cluster, Object};
+pub use cluster::{Answer, Brokers, Cached, Caches, Cluster, Object, Writes};
 pub use memory::Memory;
 pub use plan::{FinalizerStep, Next};
 
