@@ -9,7 +9,6 @@ pub mod broker_identity;
 pub mod controller;
 pub mod end_queues;
 pub mod exposure;
-pub mod gateway_report;
 pub mod health;
 pub mod keda_identity;
 pub mod kube_cluster;

@@ -3,41 +3,17 @@
 
 use std::sync::Arc;
 
+use asya_api::AsyncActor;
 use asya_api::sidecar_settings::TransportSettings;
-use asya_api::{AsyncActor, AsyncActorStatus};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
 
 use crate::model::ObjectKind;
 use crate::status::{self, TransportObs};
 
 use super::plan::{self, EventSpec, Next, PodStep, Reason, Retry};
+use super::write::{now, write_status};
 use super::{Cluster, Error, Reconciler, actor_key, identity, objects, queues, state_identity};
-
-pub fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
-}
-
-/// Writes the status only when it changed, with one event for what the reconcile made
-/// (`made`) and the phase change ([`plan::announcement`]).
-pub async fn write_status<C: Cluster>(
-    c: &C,
-    actor: &AsyncActor,
-    new: AsyncActorStatus,
-    made: Vec<EventSpec>,
-) -> Result<(), kube::Error> {
-    let old = actor.status.clone().unwrap_or_default();
-    let write = plan::status_write(&old, &new);
-    let phase = write.clone().flatten();
-    for ev in plan::announcement(made, phase) {
-        c.event(actor, ev).await;
-    }
-    match write {
-        Some(_) => c.patch_status(actor, &new).await,
-        None => Ok(()),
-    }
-}
 
 /// The reconcile of a live actor. What it made is announced with its status write, or on
 /// its own when it fails before that.

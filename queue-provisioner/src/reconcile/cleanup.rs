@@ -13,10 +13,10 @@ use crate::queue::QueueError;
 use crate::queue::owner::{self, Claimant};
 use crate::status::{self, TransportObs};
 
-use super::actor::{now, write_status};
 use super::memory::QueueKey;
 use super::ownership::Us;
 use super::plan::{self, CleanupStep, Next};
+use super::write::{now, write_status};
 use super::{Cluster, Error, Reconciler, actor_key, identity, objects};
 
 /// What the actor owns, by kind and name; deleted now rather than by the garbage collector,
@@ -72,7 +72,7 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     let t = Target::of(rec, actor)?;
     if plan::skip_cleanup(actor) {
         forget(rec, &t);
-        crate::gateway_report::release(rec, actor, &t.ns).await;
+        super::gateway_report::release(rec, actor, &t.ns).await;
         c.event(
             actor,
             plan::cleanup_skipped_event(&t.name, &t.queue, &t.transport),
@@ -140,12 +140,12 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
         name: &t.name,
     };
     for (kind, n) in owned(&t.name, keda) {
-        if let Err(kept) = objects::delete_if_ours(c, us, kind, &t.ns, &n).await? {
+        if let Err(kept) = super::write::delete_if_ours(c, us, kind, &t.ns, &n).await? {
             c.event(actor, objects::not_ours_event(&kept)).await;
         }
     }
     // The namespace's gateway report token goes with its last actor.
-    crate::gateway_report::release(rec, actor, &t.ns).await;
+    super::gateway_report::release(rec, actor, &t.ns).await;
     // The namespace's broker identity goes with its last actor.
     identity::release(rec, &t.ns, &t.transport, actor).await;
     // And its Redis user (state proxies); the state itself stays the namespace's.

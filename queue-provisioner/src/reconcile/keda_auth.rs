@@ -76,8 +76,8 @@ pub async fn remove_legacy_rabbitmq<C: Cluster>(
         super::Cached::Present(_)
     ) {
         // Only the actor's own (owner uid): a same-named one of someone else's stays.
-        let _ = super::objects::delete_if_ours(c, us, ObjectKind::TriggerAuthentication, ns, &ta)
-            .await?;
+        let _ =
+            super::write::delete_if_ours(c, us, ObjectKind::TriggerAuthentication, ns, &ta).await?;
         rec.memory
             .forget_applied(ObjectKind::TriggerAuthentication, ns, &ta);
     }

@@ -3,8 +3,10 @@
 //! typed, so a lookup cannot mix up kinds, namespaces and names.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use asya_api::report_token::ReportKey;
 
 use crate::apply_skip::Applied;
 use crate::model::ObjectKind;
@@ -69,7 +71,7 @@ pub struct Memory {
     /// Objects of an older layout removed (or found absent) already: not asked about again.
     legacy_gone: Mutex<HashSet<ObjectKey>>,
     /// The gateway report key as last read, and namespaces whose token Secret is foreign.
-    pub gateway_report: crate::gateway_report::Remembered,
+    pub gateway_report: ReportTokens,
     /// Namespaces' broker identities as last set on the broker, by (transport, namespace).
     identities: Mutex<HashMap<(String, String), IdentitySet>>,
     /// One identity step at a time per (transport, namespace): two actors of a new namespace
@@ -215,14 +217,55 @@ impl Memory {
         lock(&self.announced).contains(key)
     }
 
-    /// True the first time it is asked about `key`.
+    /// True the first time it is asked about `key` (since it was last [`Self::resolved`]).
     pub fn first_time(&self, key: &str) -> bool {
         lock(&self.announced).insert(key.to_string())
+    }
+
+    /// What `key` announced is resolved: announced again the next time it happens.
+    pub fn resolved(&self, key: &str) {
+        lock(&self.announced).remove(key);
     }
 
     /// Forgets every object of `kind` in `ns`.
     pub fn forget_kind_in(&self, kind: ObjectKind, ns: &str) {
         lock(&self.applied).retain(|k, _| !(k.kind == kind && k.namespace == ns));
+    }
+}
+
+/// The gateway report tokens' memory (`gateway_report`): the key as last read (one read per
+/// [`RECHECK`] for the whole cluster, not one per namespace) and the fingerprint of the token
+/// last issued per namespace.
+#[derive(Default)]
+pub struct ReportTokens {
+    key: Mutex<Option<(Instant, Arc<ReportKey>)>>,
+    issued: Mutex<HashMap<String, String>>,
+}
+
+impl ReportTokens {
+    pub fn fresh_key(&self) -> Option<Arc<ReportKey>> {
+        lock(&self.key)
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < RECHECK)
+            .map(|(_, k)| k.clone())
+    }
+    pub fn set_key(&self, key: Arc<ReportKey>) {
+        *lock(&self.key) = Some((Instant::now(), key));
+    }
+    /// The fingerprint of the last token this process issued in `ns`.
+    pub fn last_issued(&self, ns: &str) -> Option<String> {
+        lock(&self.issued).get(ns).cloned()
+    }
+    pub fn set_issued(&self, ns: &str, version: String) {
+        lock(&self.issued).insert(ns.to_string(), version);
+    }
+    pub fn forget_issued(&self, ns: &str) {
+        lock(&self.issued).remove(ns);
+    }
+    /// As if [`RECHECK`] had passed since the key was read.
+    #[cfg(test)]
+    pub fn forget_key(&self) {
+        *lock(&self.key) = None;
     }
 }
 

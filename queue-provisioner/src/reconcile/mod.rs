@@ -13,6 +13,7 @@ pub mod actor;
 pub mod claims;
 pub mod cleanup;
 pub mod cluster;
+pub mod gateway_report;
 pub mod identity;
 pub mod keda_auth;
 pub mod memory;
@@ -21,6 +22,7 @@ pub mod ownership;
 pub mod plan;
 pub mod queues;
 pub mod state_identity;
+pub mod write;
 
 #[cfg(test)]
 mod conformance;
@@ -128,7 +130,7 @@ impl<C: Cluster> Reconciler<C> {
     /// a Warning event say why (once). Looked at again only when it changes.
     async fn excluded(&self, actor: &AsyncActor, why: String) -> Result<Next, Error> {
         let prev = actor.status.clone().unwrap_or_default();
-        let now = actor::now();
+        let now = write::now();
         if let Some((status, event)) =
             plan::excluded_status(&prev, why, actor.metadata.generation, now)
         {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use asya_api::config::{TRANSPORT_RABBITMQ, Transport};
 use asya_api::{AsyncActor, ResolvedActor, naming};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 
@@ -18,8 +18,9 @@ use crate::render::{self, keda, workload};
 use crate::status::{Observed, WorkloadObs};
 
 use super::memory::ObjectKey;
-use super::ownership::{self, Claim, DeleteStep, Us, Write, WriteStep};
+use super::ownership::{self, Claim, Us, Write, WriteStep};
 use super::plan::{self, EventSpec, ObjectsSeen, Reason, ScalingPlan, WorkloadPlan};
+use super::write::{delete_if_ours, holder_meta};
 use super::{Answer, Cached, Cluster, Object, Reconciler, keda_auth};
 
 /// Why an object step did not write.
@@ -31,38 +32,6 @@ pub enum ApplyError {
     /// names its kind, name and holder).
     #[error("{0}")]
     NotOurs(String),
-}
-
-/// The metadata of whatever holds `kind` `ns/name`: the cache's when it holds the object,
-/// else read from the API server (the caches hold only objects with our label, and a delete
-/// must not miss one of ours that lost it).
-async fn holder_meta<C: Cluster>(
-    c: &C,
-    kind: ObjectKind,
-    ns: &str,
-    name: &str,
-) -> Result<Option<ObjectMeta>, kube::Error> {
-    match c.cached(kind, ns, name) {
-        Cached::Present(m) => Ok(Some(*m)),
-        Cached::Missing | Cached::NotCached => c.metadata(kind, ns, name).await,
-    }
-}
-
-/// Deletes the object if it is the actor's (and still the object seen). `Ok(Err(message))`:
-/// it is someone else's and was kept; `Ok(Ok(deleted))` otherwise.
-pub async fn delete_if_ours<C: Cluster>(
-    c: &C,
-    us: Us<'_>,
-    kind: ObjectKind,
-    ns: &str,
-    name: &str,
-) -> Result<Result<bool, String>, kube::Error> {
-    let meta = holder_meta(c, kind, ns, name).await?;
-    match ownership::delete_step(kind, ns, name, meta.as_ref(), us) {
-        DeleteStep::Nothing => Ok(Ok(false)),
-        DeleteStep::Delete { uid } => Ok(Ok(c.delete(kind, ns, name, uid.as_deref()).await?)),
-        DeleteStep::Keep { message } => Ok(Err(message)),
-    }
 }
 
 /// Applies `obj` only over what is the actor's ([`ownership::write_step`]), asking the
@@ -262,7 +231,7 @@ pub async fn apply<C: Cluster>(
     }
     // The namespace's gateway report token, which its sidecars read at start: its version
     // goes on the pod template below, so a new token rolls the pods onto it.
-    let report_token = crate::gateway_report::ensure(rec, actor, ns).await;
+    let report_token = super::gateway_report::ensure(rec, actor, ns).await;
     let sa = render::service_account(r, labels, owner, config);
     let sa_cached = c.cached(
         ObjectKind::ServiceAccount,
@@ -328,7 +297,7 @@ pub async fn apply<C: Cluster>(
         );
     }
     if let Some(v) = report_token.version() {
-        set_template_annotation(&mut desired, crate::gateway_report::VERSION_ANNOTATION, v);
+        set_template_annotation(&mut desired, super::gateway_report::VERSION_ANNOTATION, v);
     }
     // The workload's apply decides the rest: a ScaledObject targets the workload by name,
     // and over someone else's Deployment it would hand that one to KEDA. Then the handoff of

@@ -11,9 +11,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
 use super::fake::{Fake, PLATFORM_NAMESPACE, Stored, default_namespace_uid, key};
+use super::gateway_report::VERSION_ANNOTATION;
 use super::memory::{ObjectKey, RECHECK};
 use super::{FINALIZER, Reconciler};
-use crate::gateway_report::VERSION_ANNOTATION;
 use crate::model::ObjectKind;
 
 const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";

@@ -12,8 +12,8 @@
 //! credential's version is): a new token (a new key within [`RECHECK`] plus a periodic
 //! reconcile, the upgrade from the first token format) rolls the pods onto it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use asya_api::AsyncActor;
@@ -24,12 +24,12 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::{info, warn};
 
+use super::memory::{ObjectKey, RECHECK};
+use super::ownership::Write;
+use super::plan::{EventSpec, Reason};
+use super::{Cluster, Object, Reconciler, actor_key};
 use crate::apply_skip::{Applied, REASSERT, desired_hash};
 use crate::model::ObjectKind;
-use crate::reconcile::memory::{ObjectKey, RECHECK};
-use crate::reconcile::ownership::Write;
-use crate::reconcile::plan::{EventSpec, Reason};
-use crate::reconcile::{Cluster, Object, Reconciler, actor_key};
 use crate::render::workload::MANAGED_BY;
 
 /// Says what the Secret is, for whoever lists a namespace's Secrets.
@@ -179,55 +179,15 @@ pub fn foreign_note(namespace: &str, name: &str) -> String {
     )
 }
 
-/// What this process remembers: the key as last read (one read per [`RECHECK`] for the
-/// whole cluster, not one per namespace), the fingerprint of the token last issued per
-/// namespace, and which problems it announced (one event each).
-#[derive(Default)]
-pub struct Remembered {
-    key: Mutex<Option<(Instant, Arc<ReportKey>)>>,
-    issued: Mutex<HashMap<String, String>>,
-    announced: Mutex<HashSet<String>>,
+/// What the pod templates carry while this process cannot issue: the last token it issued
+/// in the namespace, if any.
+fn issued(last: Option<String>) -> Issued {
+    last.map_or(Issued::Nothing, Issued::Version)
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Remembered {
-    fn fresh_key(&self) -> Option<Arc<ReportKey>> {
-        lock(&self.key)
-            .as_ref()
-            .filter(|(at, _)| at.elapsed() < RECHECK)
-            .map(|(_, k)| k.clone())
-    }
-    fn set_key(&self, key: Arc<ReportKey>) {
-        *lock(&self.key) = Some((Instant::now(), key));
-    }
-    /// True the first time `what` is announced since it was last resolved.
-    fn first_time(&self, what: &str) -> bool {
-        lock(&self.announced).insert(what.to_string())
-    }
-    fn resolved(&self, what: &str) {
-        lock(&self.announced).remove(what);
-    }
-    /// What the pod templates carry while this process cannot issue: the last token it
-    /// issued in `ns`, if any.
-    fn last_issued(&self, ns: &str) -> Issued {
-        lock(&self.issued)
-            .get(ns)
-            .map_or(Issued::Nothing, |v| Issued::Version(v.clone()))
-    }
-    fn set_issued(&self, ns: &str, version: String) {
-        lock(&self.issued).insert(ns.to_string(), version);
-    }
-    fn forget_issued(&self, ns: &str) {
-        lock(&self.issued).remove(ns);
-    }
-    /// As if [`RECHECK`] had passed since the key was read.
-    #[cfg(test)]
-    pub fn forget_key(&self) {
-        *lock(&self.key) = None;
-    }
+/// The key of an announcement in [`super::Memory`]'s once-until-resolved set.
+fn once_key(what: &str, actor: &AsyncActor) -> String {
+    format!("gateway-report/{what}/{}", actor_key(actor))
 }
 
 async fn report_key<C: Cluster>(
@@ -255,8 +215,7 @@ async fn report_key<C: Cluster>(
 
 /// Announces a problem with a Warning event on `actor`, once until it is resolved.
 async fn announce<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, what: &str, note: String) {
-    let once = format!("{what}/{}", actor_key(actor));
-    if rec.memory.gateway_report.first_time(&once) {
+    if rec.memory.first_time(&once_key(what, actor)) {
         warn!(actor = %actor_key(actor), "{note}");
         let ev = EventSpec::warning(Reason::GatewayReportToken, note);
         rec.cluster.event(actor, ev).await;
@@ -276,16 +235,16 @@ pub async fn ensure<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &st
     let okey = ObjectKey::new(ObjectKind::Secret, ns, &token_at.name);
     let last = rec.memory.applied(&okey);
     if last.as_ref().is_some_and(|l| l.at.elapsed() < RECHECK) {
-        return mem.last_issued(ns);
+        return issued(mem.last_issued(ns));
     }
     let key = match report_key(rec, key_at).await {
         Ok(k) => k,
         Err(e) => {
             announce(rec, actor, "key", e.to_string()).await;
-            return mem.last_issued(ns);
+            return issued(mem.last_issued(ns));
         }
     };
-    mem.resolved(&format!("key/{}", actor_key(actor)));
+    rec.memory.resolved(&once_key("key", actor));
     // The token is bound to this namespace's uid: one made again under the same name gets
     // a token of its own, and the gateway refuses the old one.
     let uid = match rec.cluster.namespace_uid(ns).await {
@@ -293,20 +252,20 @@ pub async fn ensure<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &st
         Ok(None) => {
             let note = format!("namespace {ns} does not exist: no gateway report token issued");
             announce(rec, actor, "namespace", note).await;
-            return mem.last_issued(ns);
+            return issued(mem.last_issued(ns));
         }
         Err(e) => {
             let note = format!("reading namespace {ns}'s uid for its gateway report token: {e}");
             announce(rec, actor, "namespace", note).await;
-            return mem.last_issued(ns);
+            return issued(mem.last_issued(ns));
         }
     };
-    mem.resolved(&format!("namespace/{}", actor_key(actor)));
+    rec.memory.resolved(&once_key("namespace", actor));
     let token = match key.token(ns, &uid) {
         Ok(t) => t,
         Err(e) => {
             announce(rec, actor, "token", e.to_string()).await;
-            return mem.last_issued(ns);
+            return issued(mem.last_issued(ns));
         }
     };
     let version = asya_api::report_token::fingerprint(&token);
@@ -321,7 +280,7 @@ pub async fn ensure<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &st
         Err(e) => {
             let note = format!("reading Secret {ns}/{}: {e}", token_at.name);
             announce(rec, actor, "read", note).await;
-            return mem.last_issued(ns);
+            return issued(mem.last_issued(ns));
         }
     };
     if issue_step(existing.as_ref()) == Issue::Foreign {
@@ -344,7 +303,7 @@ pub async fn ensure<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &st
     {
         Ok(answer) => {
             for what in ["read", "foreign", "apply"] {
-                mem.resolved(&format!("{what}/{}", actor_key(actor)));
+                rec.memory.resolved(&once_key(what, actor));
             }
             let applied = Applied {
                 hash,
@@ -358,7 +317,7 @@ pub async fn ensure<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &st
         Err(e) => {
             let note = format!("writing Secret {ns}/{}: {e}", token_at.name);
             announce(rec, actor, "apply", note).await;
-            mem.last_issued(ns)
+            issued(mem.last_issued(ns))
         }
     }
 }
@@ -370,7 +329,7 @@ pub async fn release<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor, ns: &s
         return;
     };
     let c = &rec.cluster;
-    if crate::reconcile::identity::others_live(c, ns, actor) {
+    if super::identity::others_live(c, ns, actor) {
         return;
     }
     let name = &token_at.name;
