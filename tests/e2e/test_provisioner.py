@@ -518,7 +518,9 @@ def test_pod_stuck_on_the_other_identity_modes_secret_is_replaced(namespace):
     assert moved, f"the injected sidecar reads its broker credentials from a Secret: {sidecars[0].get('env')}"
     meta = good["metadata"]
     stale = {"apiVersion": "v1", "kind": "Pod",
-             "metadata": {"name": "stale-previous-mode", "namespace": ns, "labels": meta["labels"],
+             # Without pod-template-hash: the ReplicaSet must not adopt (and remove) the copy.
+             "metadata": {"name": "stale-previous-mode", "namespace": ns,
+                          "labels": {k: v for k, v in meta["labels"].items() if k != "pod-template-hash"},
                           "annotations": {k: v for k, v in meta.get("annotations", {}).items()
                                           if k.startswith("asya.sh/")}},
              "spec": spec}
