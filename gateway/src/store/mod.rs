@@ -17,7 +17,9 @@ pub mod retention;
 #[cfg(test)]
 pub(crate) mod conformance;
 
-pub use model::{Event, Final, Progress, Record, Status, StoreError, now_ms, percent};
+pub use model::{Event, Final, JoinRefused, Progress, Record, Status, StoreError, now_ms, percent};
+
+use asya_transport::fanin::{BranchReport, JoinAnswer};
 
 use memory::Memory;
 use postgres::Postgres;
@@ -72,6 +74,17 @@ pub trait Backend: Send + Sync {
 
     /// When the oldest stored envelope was created; `None` when there is none.
     fn oldest_ms(&self) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
+
+    /// Stores branch `index`'s report under the fan-in `join` of `namespace` by the rule
+    /// `model::after_branch`, the insert and the join's firing in one transaction, and
+    /// answers. The report has passed `model::check_branch`.
+    fn branch(
+        &self,
+        namespace: &str,
+        join: &str,
+        index: u32,
+        report: &BranchReport,
+    ) -> impl Future<Output = Result<Result<JoinAnswer, JoinRefused>, StoreError>> + Send;
 }
 
 /// The backends a gateway can run on.
@@ -210,6 +223,22 @@ impl Store {
 
     pub async fn oldest_ms(&self) -> Result<Option<i64>, StoreError> {
         on_backend!(&self.backend, b => b.oldest_ms().await)
+    }
+
+    /// A fan-in branch's report ([`Backend::branch`]), checked first.
+    pub async fn branch(
+        &self,
+        namespace: &str,
+        join: &str,
+        index: u32,
+        report: &BranchReport,
+    ) -> Result<Result<JoinAnswer, JoinRefused>, StoreError> {
+        let has_result = report.result.is_some();
+        let has_error = report.error.is_some();
+        if let Err(r) = model::check_branch(index, report.total, has_result, has_error) {
+            return Ok(Err(r));
+        }
+        on_backend!(&self.backend, b => b.branch(namespace, join, index, report).await)
     }
 }
 
