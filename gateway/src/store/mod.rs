@@ -90,7 +90,7 @@ pub trait Backend: Send + Sync {
 /// The backends a gateway can run on.
 enum Any {
     Memory(Memory),
-    Postgres(Postgres),
+    Postgres(Box<Postgres>),
 }
 
 /// Calls the same method on whichever backend it is.
@@ -121,7 +121,7 @@ impl Store {
     }
 
     pub fn postgres(pg: Postgres) -> Store {
-        Store::new(Any::Postgres(pg))
+        Store::new(Any::Postgres(Box::new(pg)))
     }
 
     fn new(backend: Any) -> Store {
