@@ -76,6 +76,34 @@ async fn suite<B: Backend>(b: &B) {
     fanin_counts_each_branch_once(b).await;
     fanin_fails_once_on_the_first_error(b).await;
     fanin_joins_once_under_concurrent_reports(b).await;
+    fanins_expire_by_age(b).await;
+}
+
+/// After the fan-in checks: joins team/p, team/f, team/c done, other/p waiting.
+async fn fanins_expire_by_age<B: Backend>(b: &B) {
+    let past = now_ms() - 60_000;
+    assert_eq!(
+        b.expire_joins(Some(past), Some(past), 100).await.unwrap(),
+        0
+    );
+    let soon = now_ms() + 1000;
+    assert_eq!(
+        b.expire_joins(Some(soon), None, 2).await.unwrap(),
+        2,
+        "bounded"
+    );
+    assert_eq!(b.expire_joins(Some(soon), None, 100).await.unwrap(), 1);
+    assert_eq!(b.expire_joins(None, Some(soon), 100).await.unwrap(), 1);
+    // Gone: the same join id starts afresh.
+    let r = branch(3, Some(json!(1)), None);
+    assert_eq!(
+        post(b, "team", "p", 0, &r).await,
+        JoinAnswer::Waiting {
+            stored: 1,
+            total: 3
+        }
+    );
+    assert_eq!(b.expire_joins(None, Some(soon), 100).await.unwrap(), 1);
 }
 
 fn branch(

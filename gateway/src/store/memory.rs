@@ -31,6 +31,8 @@ struct Join {
     /// Index → (result, error).
     branches: BTreeMap<u32, (Option<Value>, Option<Value>)>,
     done: Option<Done>,
+    created_ms: i64,
+    finished_ms: Option<i64>,
 }
 
 impl Memory {
@@ -177,6 +179,8 @@ impl Backend for Memory {
                 total: report.total,
                 branches: BTreeMap::new(),
                 done: None,
+                created_ms: super::now_ms(),
+                finished_ms: None,
             });
         let view = JoinView {
             total: j.total,
@@ -193,6 +197,7 @@ impl Backend for Memory {
         }
         if step.fire.is_some() {
             j.done = step.fire;
+            j.finished_ms = Some(super::now_ms());
         }
         Ok(Ok(match step.reply {
             JoinReply::Waiting { stored, total } => JoinAnswer::Waiting { stored, total },
@@ -213,5 +218,41 @@ impl Backend for Memory {
                     .unwrap_or(Value::Null),
             },
         }))
+    }
+
+    async fn expire_joins(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let mut st = self.state()?;
+        let oldest = |pick: &dyn Fn(&Join) -> Option<i64>| -> Vec<(String, String)> {
+            let mut due: Vec<(i64, (String, String))> = st
+                .joins
+                .iter()
+                .filter_map(|(k, j)| pick(j).map(|at| (at, k.clone())))
+                .collect();
+            due.sort();
+            due.into_iter()
+                .take(limit as usize)
+                .map(|(_, k)| k)
+                .collect()
+        };
+        let done = oldest(&|j: &Join| {
+            let (before, at) = (finished_before_ms?, j.finished_ms?);
+            (at < before).then_some(at)
+        });
+        let open = oldest(&|j: &Join| {
+            let before = unfinished_before_ms?;
+            (j.finished_ms.is_none() && j.created_ms < before).then_some(j.created_ms)
+        });
+        let mut n = 0;
+        for k in done.iter().chain(&open) {
+            if st.joins.remove(k).is_some() {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 }

@@ -85,6 +85,16 @@ pub trait Backend: Send + Sync {
         index: u32,
         report: &BranchReport,
     ) -> impl Future<Output = Result<Result<JoinAnswer, JoinRefused>, StoreError>> + Send;
+
+    /// Deletes fan-ins as [`Backend::expire`] deletes envelopes: those done before
+    /// `finished_before_ms`, those never done started before `unfinished_before_ms`; at most
+    /// `limit` of each kind. Returns how many went.
+    fn expire_joins(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
 /// The backends a gateway can run on.
@@ -223,6 +233,16 @@ impl Store {
 
     pub async fn oldest_ms(&self) -> Result<Option<i64>, StoreError> {
         on_backend!(&self.backend, b => b.oldest_ms().await)
+    }
+
+    /// One bounded batch of the retention policy for fan-ins ([`Backend::expire_joins`]).
+    pub async fn expire_joins(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        on_backend!(&self.backend, b => b.expire_joins(finished_before_ms, unfinished_before_ms, limit).await)
     }
 
     /// A fan-in branch's report ([`Backend::branch`]), checked first.

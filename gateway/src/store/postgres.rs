@@ -406,6 +406,25 @@ impl Backend for Postgres {
         row.try_get(0).map_err(down)
     }
 
+    async fn expire_joins(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let limit = i64::from(limit);
+        let c = self.client(&self.maintenance).await?;
+        let r = timeout(
+            DEADLINE,
+            c.execute(
+                EXPIRE_JOINS,
+                &[&finished_before_ms, &unfinished_before_ms, &limit],
+            ),
+        )
+        .await;
+        Self::done(&self.maintenance, r).await
+    }
+
     async fn branch(
         &self,
         namespace: &str,
@@ -438,6 +457,19 @@ impl Backend for Postgres {
         }
     }
 }
+
+/// Fan-ins by age, as envelopes (migration 4's indexes); branches go by the cascade.
+const EXPIRE_JOINS: &str = "WITH f AS (
+       SELECT namespace, join_id FROM fanin_joins
+       WHERE finished_at < to_timestamp($1::bigint / 1000.0)
+       ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED
+     ), u AS (
+       SELECT namespace, join_id FROM fanin_joins
+       WHERE finished_at IS NULL AND created_at < to_timestamp($2::bigint / 1000.0)
+       ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED
+     )
+     DELETE FROM fanin_joins j USING (SELECT * FROM f UNION SELECT * FROM u) d
+     WHERE j.namespace = d.namespace AND j.join_id = d.join_id";
 
 /// One branch report in one transaction: the join's row locked (`FOR UPDATE`) so reports of
 /// the same join are decided one after the other, the rule applied, the branch inserted and
