@@ -252,3 +252,93 @@ async fn fan_out_joins_once(kind: Kind) {
     sink.expect_nothing(QUIET).await;
     sump.expect_nothing(QUIET).await;
 }
+
+/// A benchmark, not a test (docs/benchmarks.md § Flows): the fan-out flow with `N` items
+/// (`ASYA_FANOUT_BENCH_N`, default 10) on RabbitMQ and the gateway on PostgreSQL: split, N
+/// branches joined, 2 more joined, x-sink. Prints p50/p99 end-to-end latency of one envelope
+/// at a time and envelopes/s (branches/s) of a burst of `ASYA_FANOUT_BENCH_COUNT` (200). Run:
+/// `cargo test --profile ci -p asya-sidecar -p asya-gateway --no-run`, then the test binary
+/// with `--ignored --nocapture bench` (ASYA_TEST_GATEWAY_BIN: the ci gateway).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_fan_out() {
+    if !common::have(Kind::Rabbit) || !common::have_var("PostgreSQL", "ASYA_TEST_POSTGRES_URL") {
+        return;
+    }
+    let var = |k: &str, d: usize| -> usize {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (n, count) = (
+        var("ASYA_FANOUT_BENCH_N", 10),
+        var("ASYA_FANOUT_BENCH_COUNT", 200),
+    );
+    let kind = Kind::Rabbit;
+    let gw = gateway(&std::env::var("ASYA_TEST_POSTGRES_URL").unwrap());
+    let url = format!("http://127.0.0.1:{}", gw.port);
+    let ns = unique_ns("fanbench");
+    let sink = Client::new(kind, &queue(&ns, "x-sink")).await;
+    let test = Client::new(kind, &queue(&ns, "x-test-input")).await;
+    let program = program();
+    let split_env = [
+        (asya_flow::PROGRAM_ENV, program.as_str()),
+        ("ASYA_GATEWAY_URL", url.as_str()),
+        ("ASYA_LOG_LEVEL", "warn"),
+    ];
+    let split = Actor::start(
+        kind,
+        &ns,
+        "split",
+        ActorSpec {
+            handler: "fanout.split",
+            env: &split_env,
+            ..Default::default()
+        },
+    );
+    let double_env = [
+        ("ASYA_GATEWAY_URL", url.as_str()),
+        ("ASYA_LOG_LEVEL", "warn"),
+    ];
+    let _double = Actor::start(
+        kind,
+        &ns,
+        "double",
+        ActorSpec {
+            handler: "fanout.double",
+            env: &double_env,
+            ..Default::default()
+        },
+    );
+    // From 100: no 13 (which double refuses) and no negative.
+    let items: Vec<i64> = (100..100 + n as i64).collect();
+    let want: Vec<i64> = items.iter().map(|x| x * 2).collect();
+    let mut lat = Vec::new();
+    for i in 0..100 {
+        let t = Instant::now();
+        test.send(&split.queue(), &input(&format!("l{i}"), json!(items)))
+            .await;
+        let got = sink.take(1, WAIT).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0]["payload"]["doubled"], json!(want));
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let t = Instant::now();
+    for i in 0..count {
+        test.send(&split.queue(), &input(&format!("b{i}"), json!(items)))
+            .await;
+    }
+    let got = sink.take(count, Duration::from_secs(600)).await;
+    let secs = t.elapsed().as_secs_f64();
+    assert_eq!(got.len(), count);
+    assert!(got.iter().all(|e| e["payload"]["doubled"] == json!(want)));
+    println!(
+        "fan-out of {n} (+ a fan-out of 2), RabbitMQ + gateway on PostgreSQL: {count} envelopes in {secs:.1} s = {:.1} envelopes/s ({:.0} branches/s); latency p50 {:.1} ms, p99 {:.1} ms",
+        count as f64 / secs,
+        ((n + 2) * count) as f64 / secs,
+        lat[49],
+        lat[98]
+    );
+}
