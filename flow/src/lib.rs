@@ -37,6 +37,14 @@ pub struct Carried {
     /// Decisions taken so far (`"12:else"`, `"20:except KeyError"`), oldest first, bounded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trail: Vec<String>,
+    /// Fan-outs this envelope has made so far: the next one's join is told apart from the
+    /// earlier ones' (the same envelope id fans out again after a join, or in a loop).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fan_outs: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Carried {
@@ -45,6 +53,7 @@ impl Carried {
             program,
             at: Position::default(),
             trail: Vec::new(),
+            fan_outs: 0,
         }
     }
 

@@ -12,7 +12,8 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::config::Config;
-use crate::flow_routing::{self, FlowStep, Start};
+use crate::fanin_client::{FanInClient, FanInError};
+use crate::flow_routing::{self, FanIn, FlowStep, Start};
 use crate::gateway_client::{Report, Reporter};
 use crate::metrics::Metrics;
 use crate::routing::{self, Answer, Queues};
@@ -62,6 +63,9 @@ pub struct Processor<T: Transport> {
     reporter: Reporter,
     ids: IdSource,
     spans: Arc<Spans>,
+    /// The gateway's fan-in endpoint (with `ASYA_GATEWAY_URL`): a flow fans out only where
+    /// it can gather the branches.
+    fanin: Option<FanInClient>,
 }
 
 fn now_ms() -> u64 {
@@ -83,7 +87,15 @@ impl<T: Transport> Processor<T> {
         };
         let own_queue = queues.actor(&cfg.actor);
         let calls = Arc::new(Semaphore::new(cfg.runtime_pipeline.max(1)));
+        let fanin = cfg.gateway.clone().and_then(|g| match FanInClient::new(g) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "no fan-in client (TLS roots); flows here cannot fan out");
+                None
+            }
+        });
         Processor {
+            fanin,
             reporter: Reporter::disabled(metrics.clone()),
             runtime: RuntimeClient::new(cfg.socket_path.clone()),
             cfg,
@@ -434,6 +446,14 @@ impl<T: Transport> Processor<T> {
                 },
             }
         };
+        let branch = match flow.as_ref().map(|_| flow_routing::branch_of(&env)) {
+            Some(Some(Ok(b))) => Some(b),
+            Some(Some(Err(why))) => {
+                tracing::warn!(%why, "to x-sump");
+                return self.to_sump(&env, &why, None, "failed", "flow_error", hop);
+            }
+            _ => None,
+        };
         let body = started_body.as_deref().unwrap_or(body);
         if self.reporter.enabled() && !self.cfg.is_end_actor {
             for phase in ["received", "processing"] {
@@ -483,6 +503,12 @@ impl<T: Transport> Processor<T> {
             },
         });
         match (answer, flow) {
+            (Answer::Results(items), Some(c)) if let Some(b) = branch => {
+                let ns = &self.cfg.namespace;
+                let report =
+                    flow_routing::branch_answer(&env, &b, items, self.cfg.handler_mode, ns);
+                self.join(&env, c, &b, report, hop).await
+            }
             (Answer::Results(items), Some(c)) => {
                 let step = flow_routing::after_results(
                     &env,
@@ -496,7 +522,7 @@ impl<T: Transport> Processor<T> {
             (Answer::Results(items), None) => self.on_results(env, items, hop),
             (Answer::Failure(f), flow) => {
                 self.metrics.runtime_error(&f.error_type);
-                self.on_failure(env, f, flow, hop)
+                self.on_failure(env, f, flow, branch, hop).await
             }
         }
     }
@@ -636,8 +662,28 @@ impl<T: Transport> Processor<T> {
         status: &'static str,
         hop: &Hop,
     ) -> Disposition {
-        match step {
-            FlowStep::Routed(routed) => {
+        let (routed, branches) = match step {
+            FlowStep::Branches(_) if self.fanin.is_none() => {
+                let reason = "a flow fans out here, and this actor has no gateway to gather the \
+                              branches (ASYA_GATEWAY_URL is not set); nothing was sent";
+                tracing::warn!(reason, "flow to x-sump");
+                return self.to_sump(env, reason, None, "failed", "flow_error", hop);
+            }
+            FlowStep::Branches(b) => (b, true),
+            FlowStep::Routed(r) => (r, false),
+            FlowStep::Sump {
+                reason,
+                failure,
+                metric,
+                instead,
+            } => {
+                tracing::warn!(%reason, "flow to x-sump");
+                let at = instead.as_deref().unwrap_or(env);
+                return self.to_sump(at, &reason, failure.as_ref(), "failed", metric, hop);
+            }
+        };
+        {
+            {
                 let out: Vec<Outgoing> = routed
                     .iter()
                     .map(|(q, e)| self.outgoing(q.clone(), e, None, hop))
@@ -657,25 +703,65 @@ impl<T: Transport> Processor<T> {
                 let mut d = self.done(out, status, None, env.id.clone());
                 if self.reporter.enabled() {
                     d.reports.push(self.progress(env, "completed"));
+                    for (_, e) in routed.iter().filter(|_| branches) {
+                        let parent = e.parent_id.as_deref().unwrap_or(&env.id);
+                        d.reports.push(Report::child(
+                            &e.id,
+                            parent,
+                            &e.route.actors,
+                            e.route.current,
+                        ));
+                    }
                 }
                 d
-            }
-            FlowStep::Sump {
-                reason,
-                failure,
-                metric,
-            } => {
-                tracing::warn!(%reason, "flow to x-sump");
-                self.to_sump(env, &reason, failure.as_ref(), "failed", metric, hop)
             }
         }
     }
 
-    fn on_failure(
+    /// A fan-out branch's report to the gateway, and what its answer calls for: nothing (the
+    /// join waits, or another branch fired it), or the flow's next step when this branch
+    /// completed or failed the join. A gateway out of reach returns the branch to the broker.
+    async fn join(
+        &self,
+        env: &Envelope,
+        c: asya_flow::Carried,
+        b: &FanIn,
+        report: asya_transport::fanin::BranchReport,
+        hop: &Hop,
+    ) -> Disposition {
+        let Some(client) = &self.fanin else {
+            let reason = format!(
+                "flow {}: fan-out branch {} has no gateway to join at (ASYA_GATEWAY_URL is not \
+                 set on actor {})",
+                c.program.flow, env.id, self.cfg.actor
+            );
+            return self.to_sump(env, &reason, None, "failed", "flow_error", hop);
+        };
+        match client.report(&b.join, b.index, &report).await {
+            Ok(answer) => {
+                tracing::debug!(join = %b.join, index = b.index, ?answer, "branch joined");
+                let step = flow_routing::after_join(env, c, b, answer, &self.queues);
+                self.flow_disposition(env, step, "success", hop)
+            }
+            Err(e @ FanInError::Refused { .. }) => {
+                tracing::warn!(error = %e, "to x-sump");
+                self.to_sump(env, &e.to_string(), None, "failed", "flow_error", hop)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "branch result not stored; returning the message for redelivery");
+                let mut d = self.done(Vec::new(), "returned", None, env.id.clone());
+                d.returned = true;
+                d
+            }
+        }
+    }
+
+    async fn on_failure(
         &self,
         mut env: Envelope,
         f: Failure,
         flow: Option<asya_flow::Carried>,
+        branch: Option<FanIn>,
         hop: &Hop,
     ) -> Disposition {
         let actor = self.cfg.actor.clone();
@@ -693,16 +779,23 @@ impl<T: Transport> Processor<T> {
                 )];
                 self.done(out, "retried", None, env.id)
             }
-            Decision::Fail { .. } if let Some(c) = flow => {
-                tracing::info!(attempt, error_type = %f.error_type, "handler failed in a flow; its except paths decide");
-                let step = flow_routing::after_failure(&env, c, &f, &self.queues);
-                self.flow_disposition(&env, step, "caught", hop)
-            }
-            Decision::Fail { reason } => {
-                tracing::warn!(attempt, error_type = %f.error_type, error = %f.message, %reason, "to x-sump");
-                let metric = failed_metric_reason(&reason, &f);
-                self.to_sump(&env, &reason.to_string(), Some(&f), "failed", metric, hop)
-            }
+            Decision::Fail { reason } => match (flow, branch) {
+                (Some(c), Some(b)) => {
+                    tracing::info!(attempt, error_type = %f.error_type, "fan-out branch failed; the join decides");
+                    let report = flow_routing::branch_failure(&b, &f, &self.cfg.namespace);
+                    self.join(&env, c, &b, report, hop).await
+                }
+                (Some(c), None) => {
+                    tracing::info!(attempt, error_type = %f.error_type, "handler failed in a flow; its except paths decide");
+                    let step = flow_routing::after_failure(&env, c, &f, &self.queues);
+                    self.flow_disposition(&env, step, "caught", hop)
+                }
+                (None, _) => {
+                    tracing::warn!(attempt, error_type = %f.error_type, error = %f.message, %reason, "to x-sump");
+                    let metric = failed_metric_reason(&reason, &f);
+                    self.to_sump(&env, &reason.to_string(), Some(&f), "failed", metric, hop)
+                }
+            },
         }
     }
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 pub mod ack_runs;
 pub mod envelope;
+pub mod fanin;
 pub mod http_client;
 pub mod rabbitmq;
 mod rabbitmq_ack;

@@ -577,6 +577,28 @@ fn the_compiled_example_fixture_is_up_to_date() {
     );
 }
 
+/// The same for the fan-out fixture (sidecar/tests/flows_fanout.rs).
+#[test]
+fn the_compiled_fan_out_fixture_is_up_to_date() {
+    let fixture: Program =
+        serde_json::from_str(include_str!("../../../flow/fixtures/fan_out.program.json")).unwrap();
+    let now = compile(
+        include_str!("../../../flow/fixtures/fan_out.py"),
+        "fan_out.py",
+        &Options {
+            module: "fanout".into(),
+            ..Options::default()
+        },
+    )
+    .unwrap()
+    .program;
+    assert_eq!(
+        fixture, now,
+        "regenerate: asya flow compile flow/fixtures/fan_out.py --module fanout -o DIR, then the \
+         program.json of DIR/flow-program.yaml into flow/fixtures/fan_out.program.json"
+    );
+}
+
 /// What `compile` writes is admitted as users deploy it: each AsyncActor passes the same
 /// review as the webhook's (no errors), and the entry reads the program from the ConfigMap.
 #[test]

@@ -4,7 +4,7 @@
 //! - `clients.rs` and the MCP router (`/mcp`): REST and MCP callers; bearer token, a
 //!   per-client rate limit and bound on requests in flight (shared by both), a body size
 //!   limit.
-//! - `reports.rs`: the sidecars' reports; bearer token, a rate limit and a bound in flight
+//! - `reports.rs` and `fanin.rs`: the sidecars' reports and flow branch results; bearer token, a rate limit and a bound in flight
 //!   per report namespace (`limits.rs`), a body size limit.
 //!
 //! Client routes take client tokens only, report routes report tokens only; what each token
@@ -19,6 +19,7 @@ use axum::Router;
 use crate::app::App;
 
 mod clients;
+mod fanin;
 mod guard;
 mod limits;
 mod ops;
@@ -40,7 +41,7 @@ pub fn router(server: Arc<Server>, mcp: Router) -> Router {
     ops::router(server.clone())
         .merge(guard::for_reporters(
             &server,
-            reports::router(server.clone()),
+            reports::router(server.clone()).merge(fanin::router(server.clone())),
         ))
         // Merged last, so its guarded fallback answers unknown paths: without a token they
         // are refused (401) rather than told apart (404).

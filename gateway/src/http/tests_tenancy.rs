@@ -84,6 +84,35 @@ async fn suite(store: Store) {
     client_tokens_never_report(gw).await;
     report_token_keeps_to_its_namespace(gw, &app).await;
     limited_clients(gw).await;
+    fan_ins_are_kept_per_namespace(gw).await;
+}
+
+/// A report token writes only its own namespace's fan-ins; the same join id in two
+/// namespaces is two joins; client tokens are refused.
+async fn fan_ins_are_kept_per_namespace(gw: SocketAddr) {
+    let team = report_token("team");
+    let other = report_token("team-a");
+    let body = |ns: &str, v: i64| format!(r#"{{"total":2,"namespace":"{ns}","result":{v}}}"#);
+    let r = request(gw, "POST", "/fanin/p/0", Some(&team), &body("team-a", 1)).await;
+    refused(&r, 403, "namespace_of_another_token");
+    let r = request(gw, "POST", "/fanin/p/0", Some(TOKEN), &body("team", 1)).await;
+    refused(&r, 403, "client_token_not_allowed");
+    let r = request(gw, "POST", "/fanin/p/0", Some(&team), &body("team", 1)).await;
+    assert_eq!(
+        (r.status, &r.body),
+        (200, &json!({"join": "waiting", "stored": 1, "total": 2}))
+    );
+    // team-a's join of the same id is its own: its branch 1 does not complete team's.
+    let r = request(gw, "POST", "/fanin/p/1", Some(&other), &body("team-a", 9)).await;
+    assert_eq!(r.body, json!({"join": "waiting", "stored": 1, "total": 2}));
+    let r = request(gw, "POST", "/fanin/p/1", Some(&team), &body("team", 2)).await;
+    assert_eq!(r.body, json!({"join": "complete", "results": [1, 2]}));
+    let r = request(gw, "POST", "/fanin/p/2", Some(&team), &body("team", 3)).await;
+    refused(&r, 400, "invalid_branch");
+    assert_eq!(
+        r.body["message"],
+        "index: 2: must be below the fan-out's total of 2"
+    );
 }
 
 /// "with the gateway on, the report token is refused a tool call and another namespace's

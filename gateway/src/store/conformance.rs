@@ -4,9 +4,11 @@
 
 use serde_json::json;
 
+use asya_transport::fanin::{BranchReport, JoinAnswer};
+
 use super::Backend;
 use super::memory::Memory;
-use super::model::{Event, Final, Progress, Record, Status, now_ms};
+use super::model::{Event, Final, JoinRefused, Progress, Record, Status, now_ms};
 use super::postgres::Postgres;
 
 fn rec(id: &str, parent: Option<&str>) -> Record {
@@ -71,6 +73,166 @@ async fn suite<B: Backend>(b: &B) {
     unknown_ids(b).await;
     children_and_history(b).await;
     namespace_is_kept(b).await;
+    fanin_counts_each_branch_once(b).await;
+    fanin_fails_once_on_the_first_error(b).await;
+    fanin_joins_once_under_concurrent_reports(b).await;
+    fanins_expire_by_age(b).await;
+}
+
+/// After the fan-in checks: joins team/p, team/f, team/c done, other/p waiting.
+async fn fanins_expire_by_age<B: Backend>(b: &B) {
+    let past = now_ms() - 60_000;
+    assert_eq!(
+        b.expire_joins(Some(past), Some(past), 100).await.unwrap(),
+        0
+    );
+    let soon = now_ms() + 1000;
+    assert_eq!(
+        b.expire_joins(Some(soon), None, 2).await.unwrap(),
+        2,
+        "bounded"
+    );
+    assert_eq!(b.expire_joins(Some(soon), None, 100).await.unwrap(), 1);
+    assert_eq!(b.expire_joins(None, Some(soon), 100).await.unwrap(), 1);
+    // Gone: the same join id starts afresh.
+    let r = branch(3, Some(json!(1)), None);
+    assert_eq!(
+        post(b, "team", "p", 0, &r).await,
+        JoinAnswer::Waiting {
+            stored: 1,
+            total: 3
+        }
+    );
+    assert_eq!(b.expire_joins(None, Some(soon), 100).await.unwrap(), 1);
+}
+
+fn branch(
+    total: u32,
+    result: Option<serde_json::Value>,
+    error: Option<serde_json::Value>,
+) -> BranchReport {
+    BranchReport {
+        total,
+        namespace: "team".into(),
+        result,
+        error,
+    }
+}
+
+async fn post<B: Backend>(b: &B, ns: &str, join: &str, i: u32, r: &BranchReport) -> JoinAnswer {
+    b.branch(ns, join, i, r).await.unwrap().unwrap()
+}
+
+async fn fanin_counts_each_branch_once<B: Backend>(b: &B) {
+    let ok = |v| branch(3, Some(v), None);
+    let waiting = |stored| JoinAnswer::Waiting { stored, total: 3 };
+    assert_eq!(post(b, "team", "p", 2, &ok(json!("c"))).await, waiting(1));
+    // A duplicate (even with another result) changes nothing and does not count.
+    assert_eq!(
+        post(b, "team", "p", 2, &ok(json!("other"))).await,
+        waiting(1)
+    );
+    // The same join id in another namespace is another join.
+    assert_eq!(post(b, "other", "p", 0, &ok(json!("x"))).await, waiting(1));
+    assert_eq!(
+        post(b, "team", "p", 0, &ok(json!({"a": 1}))).await,
+        waiting(2)
+    );
+    let complete = JoinAnswer::Complete {
+        results: vec![json!({"a": 1}), json!("b"), json!("c")],
+    };
+    assert_eq!(post(b, "team", "p", 1, &ok(json!("b"))).await, complete);
+    // Redelivered, the report that completed the join hears it again; the others do not.
+    assert_eq!(post(b, "team", "p", 1, &ok(json!("b"))).await, complete);
+    assert_eq!(
+        post(b, "team", "p", 0, &ok(json!("late"))).await,
+        JoinAnswer::Joined
+    );
+    // Another total for the same join is refused, and changes nothing.
+    let refused = b
+        .branch("team", "p", 0, &branch(4, Some(json!(1)), None))
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, Err(JoinRefused::Mismatch { stored: 3, .. })),
+        "{refused:?}"
+    );
+    assert_eq!(post(b, "team", "p", 1, &ok(json!("b"))).await, complete);
+}
+
+async fn fanin_fails_once_on_the_first_error<B: Backend>(b: &B) {
+    let err = json!({"type": "ValueError", "mro": ["ValueError", "Exception"], "message": "m"});
+    let w = post(b, "team", "f", 0, &branch(3, Some(json!(1)), None)).await;
+    assert_eq!(
+        w,
+        JoinAnswer::Waiting {
+            stored: 1,
+            total: 3
+        }
+    );
+    let failed = JoinAnswer::Failed {
+        index: 1,
+        error: err.clone(),
+    };
+    assert_eq!(
+        post(b, "team", "f", 1, &branch(3, None, Some(err.clone()))).await,
+        failed
+    );
+    let other = json!({"type": "KeyError"});
+    assert_eq!(
+        post(b, "team", "f", 2, &branch(3, None, Some(other))).await,
+        JoinAnswer::Joined
+    );
+    assert_eq!(
+        post(b, "team", "f", 1, &branch(3, None, Some(err))).await,
+        failed
+    );
+}
+
+async fn fanin_joins_once_under_concurrent_reports<B: Backend>(b: &B) {
+    let n = 16u32;
+    // Every branch twice, all at once: the join fires on one index; only that index's
+    // reports (the one that fired it, and its copy as a redelivery) hear Complete.
+    let reports: Vec<_> = (0..2 * n)
+        .map(|k| {
+            let i = k % n;
+            async move {
+                (
+                    i,
+                    post(b, "team", "c", i, &branch(n, Some(json!(i * 10)), None)).await,
+                )
+            }
+        })
+        .collect();
+    let answers = futures::future::join_all(reports).await;
+    let complete: Vec<_> = answers
+        .iter()
+        .filter(|(_, a)| matches!(a, JoinAnswer::Complete { .. }))
+        .collect();
+    let firing: std::collections::BTreeSet<u32> = complete.iter().map(|(i, _)| *i).collect();
+    assert_eq!(firing.len(), 1, "{answers:?}");
+    let want: Vec<_> = (0..n).map(|i| json!(i * 10)).collect();
+    for (_, a) in &complete {
+        assert_eq!(
+            *a,
+            JoinAnswer::Complete {
+                results: want.clone()
+            }
+        );
+    }
+    let waiting = answers
+        .iter()
+        .filter(|(_, a)| matches!(a, JoinAnswer::Waiting { .. }))
+        .count();
+    assert_eq!(
+        waiting
+            + complete.len()
+            + answers
+                .iter()
+                .filter(|(_, a)| *a == JoinAnswer::Joined)
+                .count(),
+        answers.len()
+    );
 }
 
 async fn create_keeps_the_first_record<B: Backend>(b: &B) {

@@ -1,11 +1,17 @@
 //! Envelope status in memory: only when no database URL is given (said loudly at start), and
 //! in tests. Lost on restart.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+use asya_transport::fanin::{BranchReport, JoinAnswer};
+use serde_json::Value;
 use std::sync::{Mutex, MutexGuard};
 
 use super::Backend;
-use super::model::{Event, Final, Progress, Record, StoreError, after_final, after_progress};
+use super::model::{
+    Done, Event, Final, JoinRefused, JoinReply, JoinView, Progress, Record, StoreError,
+    after_branch, after_final, after_progress,
+};
 
 #[derive(Default)]
 pub struct Memory {
@@ -16,6 +22,17 @@ pub struct Memory {
 struct State {
     records: HashMap<String, Record>,
     events: HashMap<String, Vec<Event>>,
+    /// Fan-ins by (namespace, join id).
+    joins: HashMap<(String, String), Join>,
+}
+
+struct Join {
+    total: u32,
+    /// Index → (result, error).
+    branches: BTreeMap<u32, (Option<Value>, Option<Value>)>,
+    done: Option<Done>,
+    created_ms: i64,
+    finished_ms: Option<i64>,
 }
 
 impl Memory {
@@ -145,5 +162,97 @@ impl Backend for Memory {
 
     async fn oldest_ms(&self) -> Result<Option<i64>, StoreError> {
         Ok(self.state()?.records.values().map(|r| r.created_ms).min())
+    }
+
+    async fn branch(
+        &self,
+        namespace: &str,
+        join: &str,
+        index: u32,
+        report: &BranchReport,
+    ) -> Result<Result<JoinAnswer, JoinRefused>, StoreError> {
+        let mut st = self.state()?;
+        let j = st
+            .joins
+            .entry((namespace.to_string(), join.to_string()))
+            .or_insert_with(|| Join {
+                total: report.total,
+                branches: BTreeMap::new(),
+                done: None,
+                created_ms: super::now_ms(),
+                finished_ms: None,
+            });
+        let view = JoinView {
+            total: j.total,
+            stored: j.branches.keys().copied().collect(),
+            done: j.done,
+        };
+        let step = match after_branch(join, &view, index, report.total, report.error.is_some()) {
+            Ok(s) => s,
+            Err(r) => return Ok(Err(r)),
+        };
+        if step.insert {
+            j.branches
+                .insert(index, (report.result.clone(), report.error.clone()));
+        }
+        if step.fire.is_some() {
+            j.done = step.fire;
+            j.finished_ms = Some(super::now_ms());
+        }
+        Ok(Ok(match step.reply {
+            JoinReply::Waiting { stored, total } => JoinAnswer::Waiting { stored, total },
+            JoinReply::Joined => JoinAnswer::Joined,
+            JoinReply::Complete => JoinAnswer::Complete {
+                results: j
+                    .branches
+                    .values()
+                    .map(|(r, _)| r.clone().unwrap_or(Value::Null))
+                    .collect(),
+            },
+            JoinReply::Failed { index } => JoinAnswer::Failed {
+                index,
+                error: j
+                    .branches
+                    .get(&index)
+                    .and_then(|(_, e)| e.clone())
+                    .unwrap_or(Value::Null),
+            },
+        }))
+    }
+
+    async fn expire_joins(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let mut st = self.state()?;
+        let oldest = |pick: &dyn Fn(&Join) -> Option<i64>| -> Vec<(String, String)> {
+            let mut due: Vec<(i64, (String, String))> = st
+                .joins
+                .iter()
+                .filter_map(|(k, j)| pick(j).map(|at| (at, k.clone())))
+                .collect();
+            due.sort();
+            due.into_iter()
+                .take(limit as usize)
+                .map(|(_, k)| k)
+                .collect()
+        };
+        let done = oldest(&|j: &Join| {
+            let (before, at) = (finished_before_ms?, j.finished_ms?);
+            (at < before).then_some(at)
+        });
+        let open = oldest(&|j: &Join| {
+            let before = unfinished_before_ms?;
+            (j.finished_ms.is_none() && j.created_ms < before).then_some(j.created_ms)
+        });
+        let mut n = 0;
+        for k in done.iter().chain(&open) {
+            if st.joins.remove(k).is_some() {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 }

@@ -17,7 +17,9 @@ pub mod retention;
 #[cfg(test)]
 pub(crate) mod conformance;
 
-pub use model::{Event, Final, Progress, Record, Status, StoreError, now_ms, percent};
+pub use model::{Event, Final, JoinRefused, Progress, Record, Status, StoreError, now_ms, percent};
+
+use asya_transport::fanin::{BranchReport, JoinAnswer};
 
 use memory::Memory;
 use postgres::Postgres;
@@ -72,12 +74,33 @@ pub trait Backend: Send + Sync {
 
     /// When the oldest stored envelope was created; `None` when there is none.
     fn oldest_ms(&self) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
+
+    /// Stores branch `index`'s report under the fan-in `join` of `namespace` by the rule
+    /// `model::after_branch`, the insert and the join's firing in one transaction, and
+    /// answers. The report has passed `model::check_branch`.
+    fn branch(
+        &self,
+        namespace: &str,
+        join: &str,
+        index: u32,
+        report: &BranchReport,
+    ) -> impl Future<Output = Result<Result<JoinAnswer, JoinRefused>, StoreError>> + Send;
+
+    /// Deletes fan-ins as [`Backend::expire`] deletes envelopes: those done before
+    /// `finished_before_ms`, those never done started before `unfinished_before_ms`; at most
+    /// `limit` of each kind. Returns how many went.
+    fn expire_joins(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
 /// The backends a gateway can run on.
 enum Any {
     Memory(Memory),
-    Postgres(Postgres),
+    Postgres(Box<Postgres>),
 }
 
 /// Calls the same method on whichever backend it is.
@@ -108,7 +131,7 @@ impl Store {
     }
 
     pub fn postgres(pg: Postgres) -> Store {
-        Store::new(Any::Postgres(pg))
+        Store::new(Any::Postgres(Box::new(pg)))
     }
 
     fn new(backend: Any) -> Store {
@@ -210,6 +233,32 @@ impl Store {
 
     pub async fn oldest_ms(&self) -> Result<Option<i64>, StoreError> {
         on_backend!(&self.backend, b => b.oldest_ms().await)
+    }
+
+    /// One bounded batch of the retention policy for fan-ins ([`Backend::expire_joins`]).
+    pub async fn expire_joins(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        on_backend!(&self.backend, b => b.expire_joins(finished_before_ms, unfinished_before_ms, limit).await)
+    }
+
+    /// A fan-in branch's report ([`Backend::branch`]), checked first.
+    pub async fn branch(
+        &self,
+        namespace: &str,
+        join: &str,
+        index: u32,
+        report: &BranchReport,
+    ) -> Result<Result<JoinAnswer, JoinRefused>, StoreError> {
+        let has_result = report.result.is_some();
+        let has_error = report.error.is_some();
+        if let Err(r) = model::check_branch(index, report.total, has_result, has_error) {
+            return Ok(Err(r));
+        }
+        on_backend!(&self.backend, b => b.branch(namespace, join, index, report).await)
     }
 }
 

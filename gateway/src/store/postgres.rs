@@ -18,7 +18,11 @@ use tokio::time::timeout;
 use tokio_postgres::{Client, NoTls, Row};
 
 use super::Backend;
-use super::model::{Event, Final, Progress, Record, Status, StoreError};
+use super::model::{
+    Done, Event, Final, JoinRefused, JoinReply, JoinView, Progress, Record, Status, StoreError,
+    after_branch,
+};
+use asya_transport::fanin::{BranchReport, JoinAnswer};
 
 /// (version, SQL), applied in order, each once.
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -31,6 +35,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         3,
         include_str!("../../migrations/0003_envelope_retention.sql"),
     ),
+    (4, include_str!("../../migrations/0004_fanin.sql")),
 ];
 
 const DEADLINE: Duration = Duration::from_secs(5);
@@ -60,6 +65,9 @@ pub struct Postgres {
     /// The retention policy's deletes, on a connection of their own so that a batch never
     /// holds up the statements of calls and reports queued behind it.
     maintenance: Conn,
+    /// Fan-in transactions: a connection of their own, held for the whole transaction (a
+    /// shared, pipelined connection would mix other statements into it); durable commits.
+    fanin: Mutex<Option<Client>>,
 }
 
 fn down(e: impl std::fmt::Display) -> StoreError {
@@ -98,6 +106,7 @@ impl Postgres {
             durable: Conn::new("SET synchronous_commit TO on"),
             advisory: Conn::new("SET synchronous_commit TO off"),
             maintenance: Conn::new("SET synchronous_commit TO off"),
+            fanin: Mutex::new(None),
         };
         pg.migrate().await?;
         Ok(pg)
@@ -396,4 +405,176 @@ impl Backend for Postgres {
         let row = Self::done(&self.maintenance, r).await?;
         row.try_get(0).map_err(down)
     }
+
+    async fn expire_joins(
+        &self,
+        finished_before_ms: Option<i64>,
+        unfinished_before_ms: Option<i64>,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let limit = i64::from(limit);
+        let c = self.client(&self.maintenance).await?;
+        let r = timeout(
+            DEADLINE,
+            c.execute(
+                EXPIRE_JOINS,
+                &[&finished_before_ms, &unfinished_before_ms, &limit],
+            ),
+        )
+        .await;
+        Self::done(&self.maintenance, r).await
+    }
+
+    async fn branch(
+        &self,
+        namespace: &str,
+        join: &str,
+        index: u32,
+        report: &BranchReport,
+    ) -> Result<Result<JoinAnswer, JoinRefused>, StoreError> {
+        let mut guard = self.fanin.lock().await;
+        if guard.as_ref().is_none_or(|c| c.is_closed()) {
+            *guard = Some(self.open("SET synchronous_commit TO on").await?);
+        }
+        let Some(client) = guard.as_mut() else {
+            return Err(down("no fan-in connection"));
+        };
+        let r = timeout(DEADLINE, branch_tx(client, namespace, join, index, report)).await;
+        match r {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) if e.as_db_error().is_some() && !e.is_closed() => {
+                Err(StoreError::Rejected(e.to_string()))
+            }
+            Ok(Err(e)) => {
+                *guard = None;
+                Err(down(e))
+            }
+            Err(_) => {
+                // The transaction may still be open on it: a new connection for the next.
+                *guard = None;
+                Err(down("fan-in transaction timed out"))
+            }
+        }
+    }
+}
+
+/// Fan-ins by age, as envelopes (migration 4's indexes); branches go by the cascade.
+const EXPIRE_JOINS: &str = "WITH f AS (
+       SELECT namespace, join_id FROM fanin_joins
+       WHERE finished_at < to_timestamp($1::bigint / 1000.0)
+       ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED
+     ), u AS (
+       SELECT namespace, join_id FROM fanin_joins
+       WHERE finished_at IS NULL AND created_at < to_timestamp($2::bigint / 1000.0)
+       ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED
+     )
+     DELETE FROM fanin_joins j USING (SELECT * FROM f UNION SELECT * FROM u) d
+     WHERE j.namespace = d.namespace AND j.join_id = d.join_id";
+
+/// One branch report in one transaction: the join's row locked (`FOR UPDATE`) so reports of
+/// the same join are decided one after the other, the rule applied, the branch inserted and
+/// the join marked done together. A refusal rolls back (the transaction is dropped).
+async fn branch_tx(
+    client: &mut Client,
+    namespace: &str,
+    join: &str,
+    index: u32,
+    report: &BranchReport,
+) -> Result<Result<JoinAnswer, JoinRefused>, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    let total = report.total as i32;
+    let idx = index as i32;
+    tx.execute(
+        "INSERT INTO fanin_joins (namespace, join_id, total) VALUES ($1, $2, $3)
+         ON CONFLICT (namespace, join_id) DO NOTHING",
+        &[&namespace, &join, &total],
+    )
+    .await?;
+    let row = tx
+        .query_one(
+            "SELECT total, done_by, failed FROM fanin_joins
+             WHERE namespace = $1 AND join_id = $2 FOR UPDATE",
+            &[&namespace, &join],
+        )
+        .await?;
+    let stored_total: i32 = row.try_get(0)?;
+    let done_by: Option<i32> = row.try_get(1)?;
+    let failed: bool = row.try_get(2)?;
+    let stored = tx
+        .query(
+            "SELECT idx FROM fanin_branches WHERE namespace = $1 AND join_id = $2",
+            &[&namespace, &join],
+        )
+        .await?
+        .iter()
+        .map(|r| r.try_get::<_, i32>(0).map(|i| i as u32))
+        .collect::<Result<_, _>>()?;
+    let view = JoinView {
+        total: stored_total as u32,
+        stored,
+        done: done_by.map(|by| Done {
+            by: by as u32,
+            failed,
+        }),
+    };
+    let step = match after_branch(join, &view, index, report.total, report.error.is_some()) {
+        Ok(s) => s,
+        Err(r) => return Ok(Err(r)),
+    };
+    if step.insert {
+        tx.execute(
+            "INSERT INTO fanin_branches (namespace, join_id, idx, result, error)
+             VALUES ($1, $2, $3, $4, $5)",
+            &[&namespace, &join, &idx, &report.result, &report.error],
+        )
+        .await?;
+    }
+    if let Some(done) = step.fire {
+        tx.execute(
+            "UPDATE fanin_joins SET done_by = $3, failed = $4, finished_at = now()
+             WHERE namespace = $1 AND join_id = $2",
+            &[&namespace, &join, &(done.by as i32), &done.failed],
+        )
+        .await?;
+    }
+    let answer = match step.reply {
+        JoinReply::Waiting { stored, total } => JoinAnswer::Waiting { stored, total },
+        JoinReply::Joined => JoinAnswer::Joined,
+        JoinReply::Complete => {
+            let rows = tx
+                .query(
+                    "SELECT result FROM fanin_branches WHERE namespace = $1 AND join_id = $2
+                     ORDER BY idx",
+                    &[&namespace, &join],
+                )
+                .await?;
+            let results = rows
+                .iter()
+                .map(|r| {
+                    r.try_get::<_, Option<Value>>(0)
+                        .map(|v| v.unwrap_or(Value::Null))
+                })
+                .collect::<Result<_, _>>()?;
+            JoinAnswer::Complete { results }
+        }
+        JoinReply::Failed { index } => {
+            let row = tx
+                .query_opt(
+                    "SELECT error FROM fanin_branches
+                     WHERE namespace = $1 AND join_id = $2 AND idx = $3",
+                    &[&namespace, &join, &(index as i32)],
+                )
+                .await?;
+            let error = match row {
+                Some(r) => r.try_get::<_, Option<Value>>(0)?,
+                None => None,
+            };
+            JoinAnswer::Failed {
+                index,
+                error: error.unwrap_or(Value::Null),
+            }
+        }
+    };
+    tx.commit().await?;
+    Ok(Ok(answer))
 }

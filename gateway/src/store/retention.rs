@@ -78,7 +78,11 @@ pub async fn pass(store: &Store, policy: &Policy) -> Result<Pass, StoreError> {
         if i > 0 {
             tokio::time::sleep(BETWEEN_BATCHES).await;
         }
-        let n = store.expire(finished, unfinished, policy.batch).await?;
+        // Fan-ins age as envelopes do; counted with them.
+        let n = store.expire(finished, unfinished, policy.batch).await?
+            + store
+                .expire_joins(finished, unfinished, policy.batch)
+                .await?;
         deleted += n;
         if n < u64::from(policy.batch) {
             return Ok(Pass {

@@ -40,6 +40,14 @@ use asya_transport::sqs::{SqsSettings, SqsTransport};
 use asya_transport::{Outgoing, Transport};
 use serde_json::{Value, json};
 
+/// The sidecar binary under test: cargo's, or `ASYA_TEST_SIDECAR_BIN` (a copy taken right
+/// after the build, where several checkouts share one target directory).
+pub fn sidecar_bin() -> PathBuf {
+    std::env::var_os("ASYA_TEST_SIDECAR_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_asya-sidecar")))
+}
+
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -425,7 +433,7 @@ impl Actor {
             .append(true)
             .open(self.dir.path().join("sidecar.log"))
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_asya-sidecar"))
+        let child = Command::new(sidecar_bin())
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("AWS_ACCESS_KEY_ID", "test")
