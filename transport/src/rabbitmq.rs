@@ -551,6 +551,32 @@ impl Transport for RabbitTransport {
         }
     }
 
+    /// Publishes through the sidecar's exchange (`asya.{ns}` with scoped identity: a namespace
+    /// wakes only its own actors), not mandatory (no wake queue, as with wake-up off: dropped),
+    /// and does not wait for the confirmation the channel's confirm mode brings.
+    async fn wake(&self, queues: &[String], body: &[u8]) -> usize {
+        let Ok(link) = self.current_link().await else {
+            return queues.len();
+        };
+        let mut failed = 0;
+        for q in queues {
+            let sent = link
+                .publish
+                .basic_publish(
+                    self.s.exchange.as_str().into(),
+                    q.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    BasicProperties::default(),
+                )
+                .await;
+            if sent.is_err() {
+                failed += 1;
+            }
+        }
+        failed
+    }
+
     async fn send(&self, messages: &[Outgoing]) -> Result<(), TransportError> {
         let link = self.current_link().await?;
         let props = envelope_properties();
