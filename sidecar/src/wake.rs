@@ -76,9 +76,35 @@ impl Waker {
     }
 }
 
+/// The wake queues of every actor the envelopes `bodies` are routed to from their current
+/// position (a sender's wake: the whole remaining route, end actors aside), each once. A body
+/// that is not an envelope wakes nobody.
+pub fn route_wake_queues<'a>(ns: &str, bodies: impl IntoIterator<Item = &'a [u8]>) -> Vec<String> {
+    let mut out = Vec::new();
+    for body in bodies {
+        let Ok(env) = serde_json::from_slice::<asya_transport::envelope::Envelope>(body) else {
+            continue;
+        };
+        for a in wake_targets(&env.route.actors, env.route.current, None) {
+            if let Some(q) = wake_queue(ns, a).filter(|q| !out.contains(q)) {
+                out.push(q);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sender_wakes_every_remaining_actor_of_every_envelope_once() {
+        let e1 = br#"{"id":"1","route":{"actors":["a","b","x-sink"],"current":0},"payload":1}"#;
+        let e2 = br#"{"id":"2","route":{"actors":["a","b","c"],"current":1},"payload":1}"#;
+        let q = route_wake_queues("n", [&e1[..], &e2[..], &b"not json"[..]]);
+        assert_eq!(q, ["asya-n-a_wake", "asya-n-b_wake", "asya-n-c_wake"]);
+    }
 
     fn route(names: &[&str]) -> Vec<String> {
         names.iter().map(|s| s.to_string()).collect()
