@@ -374,6 +374,23 @@ def publish(envelope):
             sys.exit(f"demo: RabbitMQ routed nothing to asya-{ns}-validate")
 
 
+def wake(actors):
+    """Route-aware wake-up (docs/DESIGN.md §6.1): a message into each actor's wake queue, so
+    KEDA starts the whole pipeline at once instead of one hop at a time. Best effort."""
+    for a in actors:
+        req = urllib.request.Request(
+            f"{mgmt}/api/exchanges/%2F/asya/publish", method="POST",
+            data=json.dumps({"properties": {}, "routing_key": f"asya-{ns}-{a}_wake",
+                             "payload": json.dumps({"wake": True, "from": "demo"}),
+                             "payload_encoding": "string"}).encode(),
+            headers={"Content-Type": "application/json",
+                     "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+        try:
+            urllib.request.urlopen(req, timeout=10).close()
+        except OSError as e:
+            print(f"    (wake {a}: {e})", flush=True)
+
+
 def watch_sump():
     """x-sump as `asya sump list` sees it, every 2 s: each new envelope once."""
     listed = set()
@@ -395,6 +412,7 @@ time.sleep(1)  # the followers attached
 
 route = {"actors": ["validate", "split", "shout"], "current": 0}
 t0 = time.monotonic()
+wake(route["actors"])
 for id_, payload in [("hello", {"text": "hello asya world"}), ("flaky", {"text": "flaky once", "flaky": True}),
                      ("forbidden", {"text": "a forbidden word"})]:
     publish({"id": id_, "route": route, "headers": {"trace_id": trace}, "payload": payload})

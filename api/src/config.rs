@@ -77,6 +77,31 @@ pub struct ClusterConfig {
     /// Our state proxy connector image (the chart's `stateProxy.image`, under its registry).
     #[serde(default)]
     pub state_proxy: StateProxyConfig,
+    /// Route-aware wake-up (docs/DESIGN.md §6.1): each scaled actor's wake queue and the
+    /// ScaledObject's second trigger on it.
+    #[serde(default, skip_serializing_if = "WakeConfig::is_default")]
+    pub wake: WakeConfig,
+}
+
+/// Route-aware wake-up (docs/DESIGN.md §6.1). On by default; off, the provisioner declares
+/// no wake queue and renders no wake trigger (wake messages then find no queue: dropped).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WakeConfig {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+impl Default for WakeConfig {
+    fn default() -> Self {
+        WakeConfig { enabled: true }
+    }
+}
+
+impl WakeConfig {
+    pub fn is_default(&self) -> bool {
+        *self == WakeConfig::default()
+    }
 }
 
 /// State proxies (docs/DESIGN.md §9, §10): where our connector image comes from, the
@@ -500,6 +525,7 @@ impl Default for ClusterConfig {
             state_proxy: StateProxyConfig::default(),
             tracing: TracingConfig::default(),
             monitoring: MonitoringConfig::default(),
+            wake: WakeConfig::default(),
         }
     }
 }

@@ -12,8 +12,22 @@ pub const WAKE_SUFFIX: &str = "_wake";
 /// name would exceed SQS's 80 characters (one limit for both transports, so an actor's
 /// wake-up does not depend on its transport): such an actor wakes on its own queue only.
 pub fn wake_queue(namespace: &str, actor: &str) -> Option<String> {
-    let q = format!("{}{WAKE_SUFFIX}", naming::actor_queue(namespace, actor));
+    wake_queue_of(&naming::actor_queue(namespace, actor))
+}
+
+/// The wake queue beside the actor queue `queue` (same rule as [`wake_queue`]).
+pub fn wake_queue_of(queue: &str) -> Option<String> {
+    let q = format!("{queue}{WAKE_SUFFIX}");
     naming::is_sqs_queue_name(&q).then_some(q)
+}
+
+/// The wake message's body: its content does not matter (KEDA counts messages; nobody
+/// consumes them), it names the waker for whoever looks at the queue.
+pub fn wake_body(waker: &str) -> String {
+    format!(
+        "{{\"wake\":true,\"from\":{}}}",
+        serde_json::Value::from(waker)
+    )
 }
 
 /// The actors to wake for an envelope routed through `actors` from position `from`: those

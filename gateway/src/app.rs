@@ -246,11 +246,16 @@ impl App {
         };
         let queue = asya_api::naming::actor_queue(&ns, &tool.route[0]);
         let body = serde_json::to_vec(&env).unwrap_or_default();
-        if let Err(source) = self
-            .senders
-            .send(tool.transport.as_deref(), &queue, body)
-            .await
-        {
+        // The route's actors are woken while the envelope is sent (docs/DESIGN.md §6.1).
+        let (sent, unwoken) = futures::join!(
+            self.senders.send(tool.transport.as_deref(), &queue, body),
+            self.senders
+                .wake(tool.transport.as_deref(), &ns, &tool.route)
+        );
+        if unwoken > 0 {
+            tracing::debug!(unwoken, "wake messages not handed to the broker");
+        }
+        if let Err(source) = sent {
             self.metrics.call(&tool.name, "unavailable");
             tracing::warn!(error = %source, %queue, "send failed; the envelope is marked failed");
             let error =

@@ -104,6 +104,39 @@ impl Senders {
         v
     }
 
+    /// Wakes every actor of `route` in namespace `ns` (docs/DESIGN.md §6.1: the sender's
+    /// wake starts all of a pipeline's pods at once), best effort within the deadline.
+    /// Returns how many wake messages could not be handed to the broker.
+    pub async fn wake(&self, transport: Option<&str>, ns: &str, route: &[String]) -> usize {
+        let queues: Vec<String> = asya_api::wake::wake_targets(route, 0, None)
+            .into_iter()
+            .filter_map(|a| asya_api::wake::wake_queue(ns, a))
+            .collect();
+        if queues.is_empty() {
+            return 0;
+        }
+        let body = asya_api::wake::wake_body("gateway").into_bytes();
+        let work = async {
+            match transport.unwrap_or(&self.default) {
+                "rabbitmq" => match &self.rabbit {
+                    Some(t) => {
+                        t.ensure_connected().await;
+                        t.wake(&queues, &body).await
+                    }
+                    None => queues.len(),
+                },
+                "sqs" => match &self.sqs {
+                    Some(t) => t.wake(&queues, &body).await,
+                    None => queues.len(),
+                },
+                _ => queues.len(),
+            }
+        };
+        tokio::time::timeout(self.deadline, work)
+            .await
+            .unwrap_or(queues.len())
+    }
+
     /// Sends one envelope body to `queue`, confirmed, within the deadline.
     pub async fn send(
         &self,

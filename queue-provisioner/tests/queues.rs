@@ -54,6 +54,7 @@ fn spec(ns: &str, actor: &str) -> QueueSpec {
         actor: actor.into(),
         visibility_timeout: Duration::from_secs(120),
         adopt_untagged: false,
+        wake_ttl: None,
     }
 }
 
@@ -282,6 +283,60 @@ async fn rabbitmq_delete_takes_the_sidecars_delay_queues() {
     sidecar.close().await;
 }
 
+/// docs/DESIGN.md §6.1: the wake queue is declared with the actor's queue, bound on `asya`,
+/// holds one message however many wakes, lets it expire after the TTL, follows a changed
+/// cooldown, and goes with the actor's queue.
+#[tokio::test]
+async fn rabbitmq_wake_queue_holds_one_expiring_message_and_goes_with_the_queue() {
+    if !rabbitmq_up() {
+        return;
+    }
+    let b = Backend::Rabbit(Box::new(RabbitQueues::new(
+        env("ASYA_TEST_RABBITMQ_URL"),
+        "asya",
+    )));
+    let Backend::Rabbit(q) = &b else {
+        unreachable!()
+    };
+    let s = QueueSpec {
+        wake_ttl: Some(Duration::from_secs(2)),
+        ..spec(&unique("it"), "hop")
+    };
+    let wake = s.wake_queue().expect("a short name has a wake queue");
+    assert_eq!(wake, format!("{}_wake", s.name));
+    assert!(b.ensure(&s).await.unwrap().created);
+    assert!(b.exists(&wake).await.unwrap());
+
+    let conn = lapin::Connection::connect(&env("ASYA_TEST_RABBITMQ_URL"), Default::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    ch.confirm_select(Default::default()).await.unwrap();
+    for _ in 0..3 {
+        publish(&ch, &wake).await;
+    }
+    wait_depth(q, &wake, depth(1, None), Duration::from_secs(5)).await;
+    // Expired after the TTL: nothing keeps the actor up.
+    wait_depth(q, &wake, depth(0, None), Duration::from_secs(10)).await;
+
+    // A changed cooldown: the queue is declared again with the new TTL.
+    let longer = QueueSpec {
+        wake_ttl: Some(Duration::from_secs(30)),
+        ..s.clone()
+    };
+    assert!(!b.ensure(&longer).await.unwrap().created);
+    publish(&ch, &wake).await;
+    wait_depth(q, &wake, depth(1, None), Duration::from_secs(5)).await;
+
+    b.delete_with_retry_queues(&s.name, None).await.unwrap();
+    assert!(!b.exists(&s.name).await.unwrap());
+    assert!(
+        !b.exists(&wake).await.unwrap(),
+        "{wake} deleted with the queue"
+    );
+    let _ = conn.close(200, "done".into()).await;
+}
+
 /// With the management API, status gets unacknowledged (in-flight) messages too.
 #[tokio::test]
 async fn rabbitmq_management_counts_ready_and_unacknowledged() {
@@ -495,6 +550,52 @@ async fn sqs_attributes_tags_delete_recreate() {
 
 /// Issue 26 finding 2: an SQS queue tagged for another actor is neither adopted nor deleted;
 /// an untagged one only with the actor's `asya.sh/adopt-queue` (then tagged as its own).
+/// docs/DESIGN.md §6.1 on SQS: the wake queue beside the actor's, tagged as the actor's, its
+/// URL the actor queue's with the wake name (what the KEDA trigger reads), deleted with it.
+#[tokio::test]
+async fn sqs_wake_queue_beside_the_queue_and_deleted_with_it() {
+    if !sqs_up() {
+        return;
+    }
+    let b = Backend::Sqs(sqs().await);
+    let Backend::Sqs(q) = &b else { unreachable!() };
+    let s = QueueSpec {
+        wake_ttl: Some(Duration::from_secs(30)),
+        ..spec(&unique("it"), "hop")
+    };
+    let wake = s.wake_queue().unwrap();
+    let info = b.ensure(&s).await.unwrap();
+    let c = q.client().clone();
+    let url = c
+        .get_queue_url()
+        .queue_name(&wake)
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        asya_queue_provisioner::render::keda::sibling_queue_url(&info.url, &s.name, &wake)
+            .as_deref(),
+        Some(url.as_str())
+    );
+    let tags = c.list_queue_tags().queue_url(&url).send().await.unwrap();
+    let t = tags.tags().unwrap();
+    assert_eq!(
+        (t["asya.sh/namespace"].as_str(), t["asya.sh/actor"].as_str()),
+        (s.namespace.as_str(), "hop")
+    );
+    // Idempotent.
+    assert!(!b.ensure(&s).await.unwrap().created);
+    b.delete_with_retry_queues(&s.name, None).await.unwrap();
+    assert!(!b.exists(&s.name).await.unwrap());
+    assert!(
+        !b.exists(&wake).await.unwrap(),
+        "{wake} deleted with the queue"
+    );
+}
+
 #[tokio::test]
 async fn sqs_a_queue_tagged_for_another_actor_is_not_adopted_or_deleted() {
     if !sqs_up() {

@@ -28,6 +28,7 @@ fn spec(ns: &str, actor: &str) -> QueueSpec {
         actor: actor.into(),
         visibility_timeout: Duration::from_secs(60),
         adopt_untagged: false,
+        wake_ttl: None,
     }
 }
 
@@ -105,7 +106,16 @@ async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
         return;
     };
     let other = format!("{ns}-x");
-    for s in [spec(&ns, "a"), spec(&ns, "x-sink"), spec(&other, "a")] {
+    // The actors' queues come with their wake queues (docs/DESIGN.md §6.1).
+    let woken = |s: QueueSpec| QueueSpec {
+        wake_ttl: Some(Duration::from_secs(60)),
+        ..s
+    };
+    for s in [
+        woken(spec(&ns, "a")),
+        spec(&ns, "x-sink"),
+        woken(spec(&other, "a")),
+    ] {
         q.ensure(&s).await.unwrap();
     }
     let admin = q.admin().unwrap();
@@ -156,6 +166,42 @@ async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
     t.ack(&got[0].handle).await.unwrap();
     t.close().await;
 
+    // A namespace wakes its own actors through its exchange, and only those: the other
+    // namespace's wake queue is bound to no exchange this user may write to.
+    let (own_wake, their_wake) = (
+        asya_api::wake::wake_queue(&ns, "a").unwrap(),
+        asya_api::wake::wake_queue(&other, "a").unwrap(),
+    );
+    {
+        let conn = lapin::Connection::connect(&url, Default::default())
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        ch.confirm_select(Default::default()).await.unwrap();
+        for key in [&own_wake, &their_wake] {
+            ch.basic_publish(
+                asya_api::naming::tenant_exchange(&ns).as_str().into(),
+                key.as_str().into(),
+                Default::default(),
+                b"{}",
+                Default::default(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        }
+        let e = publish_refusal(&conn, &format!("asya.{other}"), &their_wake).await;
+        assert!(e.contains("ACCESS_REFUSED"), "{e}");
+        let _ = conn.close(200, "done".into()).await;
+    }
+    let queued = |name: String| {
+        let q = &q;
+        async move { q.depth(&name).await.unwrap().and_then(|d| d.queued) }
+    };
+    assert_eq!(queued(own_wake.clone()).await, Some(1), "woken");
+    assert_eq!(queued(their_wake.clone()).await, Some(0), "not woken");
+
     // What a sidecar never does is refused.
     let conn = lapin::Connection::connect(&url, Default::default())
         .await
@@ -190,6 +236,9 @@ async fn a_tenant_user_does_what_a_sidecar_does_and_nothing_else() {
     admin.delete_user(&user).await.unwrap(); // a missing user is fine
     for s in [spec(&ns, "a"), spec(&ns, "x-sink"), spec(&other, "a")] {
         q.delete(&s.name).await.unwrap();
+    }
+    for w in [own_wake, their_wake] {
+        q.delete(&w).await.unwrap();
     }
     q.delete(&format!("{own}.delay-200ms")).await.unwrap();
     q.delete_tenant_exchange(&ns).await.unwrap();

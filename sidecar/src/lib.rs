@@ -13,6 +13,7 @@ pub mod routing;
 pub mod runtime_client;
 pub mod service;
 pub mod spans;
+pub mod wake;
 
 /// The runtime the injected init container copies next to the user's code.
 pub const RUNTIME_PY: &str = include_str!("../runtime/asya_runtime.py");

@@ -37,6 +37,12 @@ pub struct ErrorTypeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub queue: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReportLabel {
     pub queue: String,
     pub kind: String,
@@ -121,6 +127,7 @@ pub struct Metrics {
     gateway_reports: Family<ReportLabel, Counter>,
     queue_wait: ExemplarFamily,
     timeouts: Family<QueueLabel, Counter>,
+    wakes: Family<OutcomeLabel, Counter>,
     build_info: Family<BuildLabel, Gauge>,
     error_types: Mutex<BTreeSet<String>>,
 }
@@ -147,6 +154,7 @@ impl Metrics {
             gateway_reports: Family::default(),
             queue_wait: Family::new_with_constructor(latency_histogram_with_exemplars),
             timeouts: Family::default(),
+            wakes: Family::default(),
             build_info: Family::default(),
             error_types: Mutex::new(BTreeSet::new()),
             registry: Registry::default(),
@@ -225,6 +233,11 @@ impl Metrics {
             "timeouts",
             "Runtime calls that ran past actorTimeout",
             m.timeouts.clone(),
+        );
+        registry.register(
+            "wakes",
+            "Wake messages to later hops' wake queues (docs/DESIGN.md §6.1), by outcome (sent, failed)",
+            m.wakes.clone(),
         );
         registry.register(
             "build_info",
@@ -334,6 +347,20 @@ impl Metrics {
         self.queue_depth
             .get_or_create(&self.queue)
             .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Wake messages handed to the broker (`sent`) and not (`failed`).
+    pub fn wakes(&self, sent: usize, failed: usize) {
+        for (outcome, n) in [("sent", sent), ("failed", failed)] {
+            if n > 0 {
+                self.wakes
+                    .get_or_create(&OutcomeLabel {
+                        queue: self.q(),
+                        outcome: outcome.to_string(),
+                    })
+                    .inc_by(n as u64);
+            }
+        }
     }
 
     pub fn gateway_report(&self, kind: &str, outcome: &str) {

@@ -66,6 +66,7 @@ pub struct Processor<T: Transport> {
     /// The gateway's fan-in endpoint (with `ASYA_GATEWAY_URL`): a flow fans out only where
     /// it can gather the branches.
     fanin: Option<FanInClient>,
+    waker: Arc<crate::wake::Waker>,
 }
 
 fn now_ms() -> u64 {
@@ -94,8 +95,14 @@ impl<T: Transport> Processor<T> {
                 None
             }
         });
+        let waker = Arc::new(crate::wake::Waker::new(
+            &cfg.namespace,
+            &cfg.actor,
+            crate::wake::WAKE_EVERY,
+        ));
         Processor {
             fanin,
+            waker,
             reporter: Reporter::disabled(metrics.clone()),
             runtime: RuntimeClient::new(cfg.socket_path.clone()),
             cfg,
@@ -460,6 +467,7 @@ impl<T: Transport> Processor<T> {
                 self.reporter.send(self.progress(&env, phase));
             }
         }
+        self.wake_later_hops(&env);
         let started = Instant::now();
         let call_start = SystemTime::now();
         let call = self
@@ -525,6 +533,32 @@ impl<T: Transport> Processor<T> {
                 self.on_failure(env, f, flow, branch, hop).await
             }
         }
+    }
+
+    /// Tells the route's later actors that work is coming (docs/DESIGN.md §6.1), off the
+    /// envelope's path: published from a task of its own, unconfirmed, failures counted.
+    fn wake_later_hops(&self, env: &Envelope) {
+        if self.cfg.is_end_actor {
+            return;
+        }
+        let queues = self
+            .waker
+            .due(&env.route.actors, env.route.current, Instant::now());
+        if queues.is_empty() {
+            return;
+        }
+        let (transport, metrics, body) = (
+            self.transport.clone(),
+            self.metrics.clone(),
+            self.waker.body(),
+        );
+        tokio::spawn(async move {
+            let failed = transport.wake(&queues, &body).await;
+            if failed > 0 {
+                tracing::debug!(failed, "wake messages not handed to the broker");
+            }
+            metrics.wakes(queues.len().saturating_sub(failed), failed);
+        });
     }
 
     fn done(

@@ -304,6 +304,10 @@ pub async fn send_lines(queue: &str, input: impl std::io::BufRead) -> Result<usi
         });
     }
     let sent = bodies.len();
+    // The routes' actors are woken first (docs/DESIGN.md §6.1), best effort.
+    let wake =
+        crate::wake::route_wake_queues(&cfg.namespace, bodies.iter().map(|o| o.body.as_slice()));
+    let wake_body = asya_api::wake::wake_body("asya-sidecar send").into_bytes();
     let err = |source| ServiceError::Send {
         queue: queue.to_string(),
         source,
@@ -324,6 +328,7 @@ pub async fn send_lines(queue: &str, input: impl std::io::BufRead) -> Result<usi
                 Box::new(|| {}),
             );
             t.ensure_connected().await;
+            t.wake(&wake, &wake_body).await;
             t.send(&bodies).await.map_err(err)?;
             t.close().await;
         }
@@ -345,6 +350,7 @@ pub async fn send_lines(queue: &str, input: impl std::io::BufRead) -> Result<usi
                 pollers: 1,
             })
             .await;
+            t.wake(&wake, &wake_body).await;
             t.send(&bodies).await.map_err(err)?;
         }
     }

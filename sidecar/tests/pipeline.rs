@@ -33,6 +33,8 @@ both!(
     runtime_killed_with_calls_queued,
     handler_timeout_spares_queued_calls,
     original_runtime_contract,
+    wakes_the_later_hops_once,
+    send_wakes_the_whole_route,
 );
 
 struct Ends {
@@ -884,4 +886,105 @@ async fn missing_vhost_is_said_once_naming_the_variable() {
     );
     assert!(said[0].contains("asya-no-such-vhost"), "{}", said[0]);
     assert_eq!(a.ready_status(), Some(503));
+}
+
+/// docs/DESIGN.md §6.1: on receipt, a hop puts one message into the wake queue of each later
+/// actor of the route (not its own, not the end actors', not an actor outside the route), and
+/// within the interval not again for the next envelope.
+async fn wakes_the_later_hops_once(kind: Kind) {
+    let ns = unique_ns("wake");
+    let e = ends(kind, &ns).await;
+    let wake = |actor: &str| asya_api::wake::wake_queue(&ns, actor).unwrap();
+    let (wake_a, wake_b, wake_c) = (
+        Client::observer(kind, &wake("a")).await,
+        Client::observer(kind, &wake("b")).await,
+        Client::observer(kind, &wake("c")).await,
+    );
+    for w in [&wake_a, &wake_b, &wake_c] {
+        assert_eq!(w.ready_count().await, Some(0), "created empty");
+    }
+    let a = start(kind, &ns, "a", &[]);
+    let _b = start(kind, &ns, "b", &[]);
+    for id in ["w1", "w2"] {
+        e.input
+            .send(
+                &a.queue(),
+                &envelope(id, &["a", "b"], json!({"do": "double", "value": 1})),
+            )
+            .await;
+    }
+    assert_eq!(e.sink.take(2, WAIT).await.len(), 2);
+    let deadline = std::time::Instant::now() + WAIT;
+    while wake_b.ready_count().await != Some(1) {
+        assert!(std::time::Instant::now() < deadline, "b was never woken");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = a.metrics();
+    assert!(
+        metrics.contains(&format!(
+            "asya_actor_wakes_total{{queue=\"{}\",outcome=\"sent\"}} 1",
+            a.queue()
+        )),
+        "one wake for two envelopes: {metrics}"
+    );
+    // The last hop wakes nobody; nobody wakes the first hop or an actor off the route.
+    assert!(!metrics.contains("outcome=\"failed\""), "{metrics}");
+    assert_eq!(wake_a.ready_count().await, Some(0));
+    assert_eq!(wake_c.ready_count().await, Some(0));
+    assert_eq!(wake_b.ready_count().await, Some(1));
+}
+
+/// `asya-sidecar send` is a sender (docs/DESIGN.md §6.1): it wakes every actor of the route,
+/// the first included, end actors aside, before the envelope goes out.
+async fn send_wakes_the_whole_route(kind: Kind) {
+    use std::io::Write;
+    let ns = unique_ns("swake");
+    let wake = |actor: &str| asya_api::wake::wake_queue(&ns, actor).unwrap();
+    let first = Client::observer(kind, &queue(&ns, "a")).await;
+    let (wake_a, wake_b, wake_sink) = (
+        Client::observer(kind, &wake("a")).await,
+        Client::observer(kind, &wake("b")).await,
+        Client::observer(kind, &wake("x-sink")).await,
+    );
+    for c in [&first, &wake_a, &wake_b, &wake_sink] {
+        assert_eq!(c.ready_count().await, Some(0), "created empty");
+    }
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_asya-sidecar"));
+    cmd.arg("send")
+        .arg(queue(&ns, "a"))
+        .env("ASYA_NAMESPACE", &ns)
+        .stdin(std::process::Stdio::piped());
+    match kind {
+        Kind::Rabbit => cmd.env("ASYA_TRANSPORT", "rabbitmq").env(
+            "ASYA_RABBITMQ_URL",
+            std::env::var("ASYA_TEST_RABBITMQ_URL").unwrap(),
+        ),
+        Kind::Sqs => cmd
+            .env("ASYA_TRANSPORT", "sqs")
+            .env("ASYA_SQS_REGION", "us-east-1")
+            .env(
+                "ASYA_SQS_ENDPOINT",
+                std::env::var("ASYA_TEST_SQS_ENDPOINT").unwrap(),
+            ),
+    };
+    let mut child = cmd.spawn().unwrap();
+    let line = envelope("s1", &["a", "b", "x-sink"], json!({"value": 1}));
+    writeln!(child.stdin.take().unwrap(), "{line}").unwrap();
+    assert!(child.wait().unwrap().success());
+    let deadline = std::time::Instant::now() + WAIT;
+    for (c, what) in [
+        (&first, "the envelope"),
+        (&wake_a, "a's wake"),
+        (&wake_b, "b's wake"),
+    ] {
+        while c.ready_count().await != Some(1) {
+            assert!(std::time::Instant::now() < deadline, "{what} never arrived");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(
+        wake_sink.ready_count().await,
+        Some(0),
+        "end actors are not woken"
+    );
 }

@@ -126,4 +126,10 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Messages waiting in the actor's queue, where the broker can tell.
     fn queue_depth(&self) -> impl Future<Output = Option<u64>> + Send;
+
+    /// Puts `body` into each of the wake queues `queues` (docs/DESIGN.md §6.1), best effort:
+    /// never confirmed, never retried, a missing queue dropped where the broker can (RabbitMQ
+    /// routes it nowhere). Returns how many could not be handed to the broker; the caller
+    /// counts them and goes on.
+    fn wake(&self, queues: &[String], body: &[u8]) -> impl Future<Output = usize> + Send;
 }

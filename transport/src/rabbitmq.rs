@@ -410,6 +410,31 @@ pub async fn declare_bound_queue(
     exchange: &str,
     queue: &str,
 ) -> Result<(), lapin::Error> {
+    declare_bound_queue_with(ch, exchange, queue, FieldTable::default()).await
+}
+
+/// The arguments of an actor's wake queue (docs/DESIGN.md §6.1): one message at most (a new
+/// wake replaces the old: `drop-head`), each living `ttl` (the actor's cooldown), so a woken
+/// actor goes back to zero once no wake comes.
+pub fn wake_queue_args(ttl: Duration) -> FieldTable {
+    let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongLongInt(1));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("drop-head".into()),
+    );
+    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ttl_ms));
+    args
+}
+
+/// [`declare_bound_queue`] with queue arguments (a wake queue's, [`wake_queue_args`]).
+pub async fn declare_bound_queue_with(
+    ch: &Channel,
+    exchange: &str,
+    queue: &str,
+    args: FieldTable,
+) -> Result<(), lapin::Error> {
     ch.exchange_declare(
         exchange.into(),
         ExchangeKind::Direct,
@@ -426,7 +451,7 @@ pub async fn declare_bound_queue(
             durable: true,
             ..Default::default()
         },
-        FieldTable::default(),
+        args,
     )
     .await?;
     ch.queue_bind(
@@ -524,6 +549,32 @@ impl Transport for RabbitTransport {
                 },
             }]);
         }
+    }
+
+    /// Publishes through the sidecar's exchange (`asya.{ns}` with scoped identity: a namespace
+    /// wakes only its own actors), not mandatory (no wake queue, as with wake-up off: dropped),
+    /// and does not wait for the confirmation the channel's confirm mode brings.
+    async fn wake(&self, queues: &[String], body: &[u8]) -> usize {
+        let Ok(link) = self.current_link().await else {
+            return queues.len();
+        };
+        let mut failed = 0;
+        for q in queues {
+            let sent = link
+                .publish
+                .basic_publish(
+                    self.s.exchange.as_str().into(),
+                    q.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    BasicProperties::default(),
+                )
+                .await;
+            if sent.is_err() {
+                failed += 1;
+            }
+        }
+        failed
     }
 
     async fn send(&self, messages: &[Outgoing]) -> Result<(), TransportError> {

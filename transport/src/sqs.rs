@@ -179,6 +179,26 @@ impl SqsTransport {
         Ok(url)
     }
 
+    /// The URL of an existing queue (cached like [`Self::queue_url`]); `None` when it does
+    /// not exist or cannot be looked up.
+    async fn existing_url(&self, name: &str) -> Option<String> {
+        if let Some(u) = self.urls.lock().ok().and_then(|m| m.get(name).cloned()) {
+            return Some(u);
+        }
+        let out = self
+            .client
+            .get_queue_url()
+            .queue_name(name)
+            .send()
+            .await
+            .ok()?;
+        let url = out.queue_url()?.to_string();
+        if let Ok(mut m) = self.urls.lock() {
+            m.insert(name.to_string(), url.clone());
+        }
+        Some(url)
+    }
+
     async fn own_url(&self) -> Result<String, TransportError> {
         let first = self
             .urls
@@ -348,6 +368,37 @@ impl Transport for SqsTransport {
                 }
             }
         }
+    }
+
+    /// Through the batch loop (a `SendMessageBatch` per wake queue's URL); a wake queue is
+    /// looked up, never created (auto-create or not).
+    async fn wake(&self, queues: &[String], body: &[u8]) -> usize {
+        let Ok(body) = std::str::from_utf8(body) else {
+            return queues.len();
+        };
+        let mut failed = 0;
+        let mut answers = Vec::with_capacity(queues.len());
+        for q in queues {
+            let Some(url) = self.existing_url(q).await else {
+                failed += 1;
+                continue;
+            };
+            let (reply, answer) = oneshot::channel();
+            self.batcher.send(SendJob {
+                url,
+                queue: q.clone(),
+                body: body.to_string(),
+                delay_seconds: None,
+                reply,
+            });
+            answers.push(answer);
+        }
+        for r in futures::future::join_all(answers).await {
+            if !matches!(r, Ok(Ok(()))) {
+                failed += 1;
+            }
+        }
+        failed
     }
 
     async fn send(&self, messages: &[Outgoing]) -> Result<(), TransportError> {

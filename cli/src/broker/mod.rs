@@ -149,6 +149,16 @@ impl Broker {
         }
     }
 
+    /// Puts a wake message into each of the wake queues `queues` (docs/DESIGN.md §6.1), best
+    /// effort: unconfirmed, a missing queue no error. Returns how many were not handed over.
+    pub async fn wake(&self, queues: &[String]) -> usize {
+        let body = asya_api::wake::wake_body("asya send").into_bytes();
+        match self {
+            Broker::Rabbit(r) => r.wake(queues, &body).await,
+            Broker::Sqs(s) => s.wake(queues, &body).await,
+        }
+    }
+
     /// Removes a held message from its queue for good.
     pub async fn remove(&self, m: &Held) -> Result<()> {
         match (self, &m.handle) {

@@ -128,6 +128,26 @@ impl Rabbit {
         Ok((out, true))
     }
 
+    /// Publishes `body` to each wake queue through the namespace's exchange, without waiting
+    /// for the confirmations (docs/DESIGN.md §6.1). Returns how many could not be sent.
+    pub async fn wake(&self, queues: &[String], body: &[u8]) -> usize {
+        let mut failed = 0;
+        for q in queues {
+            let sent = self
+                .publish
+                .basic_publish(
+                    self.exchange.as_str().into(),
+                    q.as_str().into(),
+                    Default::default(),
+                    body,
+                    Default::default(),
+                )
+                .await;
+            failed += usize::from(sent.is_err());
+        }
+        failed
+    }
+
     /// Publishes `body` to `queue` through the namespace's exchange; returns once confirmed.
     pub async fn publish(&self, queue: &str, body: &[u8]) -> Result<()> {
         asya_transport::rabbitmq_publish::publish_confirmed(

@@ -165,6 +165,12 @@ impl Sqs {
         Ok((out, true))
     }
 
+    /// Puts `body` into each existing wake queue (docs/DESIGN.md §6.1); how many failed.
+    pub async fn wake(&self, queues: &[String], body: &[u8]) -> usize {
+        use asya_transport::Transport;
+        self.t.wake(queues, body).await
+    }
+
     /// Sends `body` to `queue`; returns once SQS accepted it.
     pub async fn publish(&self, queue: &str, body: &[u8]) -> Result<()> {
         let m = asya_transport::Outgoing {

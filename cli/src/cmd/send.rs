@@ -58,6 +58,12 @@ pub async fn run(g: &Global, a: &SendArgs) -> Result<(String, Exit)> {
     let broker = s.broker(&ns).await?;
     let queue = naming::actor_queue(&ns, &a.actor);
     let span = tracing::info_span!("send", envelope_id = %id, actor = %a.actor);
+    // The route's actors are woken first (docs/DESIGN.md §6.1), best effort.
+    let wake: Vec<String> = asya_api::wake::wake_targets(&env.route.actors, 0, None)
+        .into_iter()
+        .filter_map(|a| asya_api::wake::wake_queue(&ns, a))
+        .collect();
+    broker.wake(&wake).await;
     broker.publish(&queue, &body).instrument(span).await?;
     if !a.wait {
         broker.close().await;

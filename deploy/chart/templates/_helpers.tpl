@@ -142,6 +142,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $_ := set $cfg "stateProxy" $stateProxy -}}
 {{- $_ := set $cfg "policy" .Values.policy -}}
 {{- $_ := set $cfg "endQueueRetention" (.Values.endQueueRetention | default "168h") -}}
+{{- if eq (.Values.wake | default dict).enabled false }}{{ $_ := set $cfg "wake" (dict "enabled" false) }}{{ end -}}
 {{- $_ := set $cfg "flavorLimits" .Values.flavorLimits -}}
 {{- $_ := set $cfg "excludedNamespaces" (include "asya.excludedNamespaces" . | fromJsonArray) -}}
 {{- if .Values.actorServiceAccount.roleArn -}}

@@ -23,12 +23,23 @@ pub struct QueueSpec {
     pub visibility_timeout: Duration,
     /// An existing SQS queue without owner tags may be adopted ([`owner::ADOPT_QUEUE`]).
     pub adopt_untagged: bool,
+    /// Declare the actor's wake queue beside it (docs/DESIGN.md §6.1), its messages living
+    /// this long (RabbitMQ; SQS keeps them its minimum retention). Its name is derived from
+    /// the queue's (`asya_api::wake::wake_queue_of`), never another actor's, so the queue's
+    /// claim and owner check cover it.
+    pub wake_ttl: Option<Duration>,
 }
 
 impl QueueSpec {
     /// Who claims the queue.
     pub fn claimant(&self) -> Claimant {
         Claimant::new(&self.namespace, &self.actor, self.adopt_untagged)
+    }
+
+    /// The wake queue to declare with this queue, if any.
+    pub fn wake_queue(&self) -> Option<String> {
+        self.wake_ttl
+            .and_then(|_| asya_api::wake::wake_queue_of(&self.name))
     }
 }
 
@@ -138,9 +149,9 @@ impl Backend {
         self.delete(name).await
     }
 
-    /// Deletes a deleted actor's queue and what the transport keeps beside it for retries
-    /// (RabbitMQ's delay queues; SQS delays in the queue itself), once the queue is proven
-    /// `who`'s. Returns those extra queues.
+    /// Deletes a deleted actor's queue, its wake queue and what the transport keeps beside it
+    /// for retries (RabbitMQ's delay queues; SQS delays in the queue itself), once the queue
+    /// is proven `who`'s. Returns the delay queues.
     pub async fn delete_actor_queue(
         &self,
         name: &str,
@@ -157,10 +168,16 @@ impl Backend {
         name: &str,
         resiliency: Option<&asya_api::types::Resiliency>,
     ) -> Result<Vec<String>, QueueError> {
-        match self {
-            Backend::Rabbit(b) => b.delete_with_delay_queues(name, resiliency).await,
-            Backend::Sqs(b) => b.delete(name).await.map(|()| Vec::new()),
+        let delay_queues = match self {
+            Backend::Rabbit(b) => b.delete_with_delay_queues(name, resiliency).await?,
+            Backend::Sqs(b) => b.delete(name).await.map(|()| Vec::new())?,
+        };
+        // Its wake queue goes with it (docs/DESIGN.md §6.1; a missing one is no error: never
+        // declared, or wake-up off).
+        if let Some(wake) = asya_api::wake::wake_queue_of(name) {
+            self.delete(&wake).await?;
         }
+        Ok(delay_queues)
     }
 
     /// [`QueueOps::depth`] (`None`: the queue does not exist), counted in the

@@ -476,6 +476,49 @@ impl RabbitQueues {
     }
 }
 
+impl RabbitQueues {
+    /// Declares the wake queue `name` (docs/DESIGN.md §6.1) bound like an actor queue. Its
+    /// arguments follow the actor's cooldown: when that changed the broker refuses the
+    /// declare (PRECONDITION_FAILED), and the queue, which holds at most one disposable wake
+    /// message, is deleted and declared again.
+    async fn ensure_wake_queue(
+        &self,
+        ns: &str,
+        name: &str,
+        ttl: Duration,
+    ) -> Result<(), QueueError> {
+        use asya_transport::rabbitmq::{declare_bound_queue_with, wake_queue_args};
+        let mut exchanges = vec![self.exchange.clone()];
+        if self.tenant_exchanges {
+            exchanges.push(asya_api::naming::tenant_exchange(ns));
+        }
+        let declare = |ch: Channel| {
+            let exchanges = exchanges.clone();
+            async move {
+                for x in &exchanges {
+                    declare_bound_queue_with(&ch, x, name, wake_queue_args(ttl)).await?;
+                }
+                let _ = ch.close(200, "done".into()).await;
+                Ok::<(), lapin::Error>(())
+            }
+        };
+        match declare(self.channel().await?).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.to_string().contains("PRECONDITION_FAILED") => {
+                let ch = self.channel().await?;
+                ch.queue_delete(name.into(), QueueDeleteOptions::default())
+                    .await
+                    .map_err(unavailable)?;
+                let _ = ch.close(200, "done".into()).await;
+                declare(self.channel().await?)
+                    .await
+                    .map_err(|e| QueueError::Rejected(format!("{name}: {e}")))
+            }
+            Err(e) => Err(QueueError::Rejected(format!("{name}: {e}"))),
+        }
+    }
+}
+
 impl QueueOps for RabbitQueues {
     async fn ensure(&self, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
         self.bounded(&format!("declare {}", spec.name), async {
@@ -497,6 +540,9 @@ impl QueueOps for RabbitQueues {
                     .map_err(rejected)?;
             }
             let _ = ch.close(200, "done".into()).await;
+            if let (Some(wake), Some(ttl)) = (spec.wake_queue(), spec.wake_ttl) {
+                self.ensure_wake_queue(&spec.namespace, &wake, ttl).await?;
+            }
             Ok(QueueInfo {
                 url: self.queue_url(&spec.name),
                 identifier: spec.name.clone(),

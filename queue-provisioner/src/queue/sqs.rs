@@ -14,6 +14,9 @@ use super::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 
 pub const RETENTION_SECONDS: u32 = 345_600;
 pub const RECEIVE_WAIT_SECONDS: u32 = 20;
+/// A wake queue's retention (docs/DESIGN.md §6.1): SQS's minimum, so a wake that no
+/// envelope follows keeps the actor up at most a minute plus its cooldown.
+pub const WAKE_RETENTION_SECONDS: u32 = 60;
 /// SQS's bounds on the visibility timeout.
 const MAX_VISIBILITY: u64 = 43_200;
 
@@ -154,12 +157,17 @@ impl SqsQueues {
     }
 }
 
-impl QueueOps for SqsQueues {
-    async fn ensure(&self, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
-        let attrs = attributes(spec);
-        let (url, created) = match self.url(&spec.name).await? {
+impl SqsQueues {
+    /// Creates queue `name` with `attrs` and `tags`, or brings an existing one's in step
+    /// (actorTimeout may have changed). Returns its URL and whether it was created.
+    async fn upsert(
+        &self,
+        name: &str,
+        attrs: HashMap<QueueAttributeName, String>,
+        tags: HashMap<String, String>,
+    ) -> Result<(String, bool), QueueError> {
+        Ok(match self.url(name).await? {
             Some(url) => {
-                // Keeps attributes in step with the spec (actorTimeout may have changed).
                 self.client
                     .set_queue_attributes()
                     .queue_url(&url)
@@ -170,7 +178,7 @@ impl QueueOps for SqsQueues {
                 self.client
                     .tag_queue()
                     .queue_url(&url)
-                    .set_tags(Some(tags(spec)))
+                    .set_tags(Some(tags))
                     .send()
                     .await
                     .map_err(unavailable)?;
@@ -180,21 +188,40 @@ impl QueueOps for SqsQueues {
                 let out = self
                     .client
                     .create_queue()
-                    .queue_name(&spec.name)
+                    .queue_name(name)
                     .set_attributes(Some(attrs))
-                    .set_tags(Some(tags(spec)))
+                    .set_tags(Some(tags))
                     .send()
                     .await
                     .map_err(|e| match e.as_service_error() {
                         Some(se) if se.is_queue_deleted_recently() => {
-                            QueueError::RecreateCooldown(spec.name.clone())
+                            QueueError::RecreateCooldown(name.to_string())
                         }
-                        Some(se) => QueueError::Rejected(format!("{}: {se}", spec.name)),
+                        Some(se) => QueueError::Rejected(format!("{name}: {se}")),
                         None => unavailable(e),
                     })?;
                 (out.queue_url().unwrap_or_default().to_string(), true)
             }
-        };
+        })
+    }
+}
+
+/// A wake queue's attributes (docs/DESIGN.md §6.1): kept a minute, nobody receives.
+pub fn wake_attributes() -> HashMap<QueueAttributeName, String> {
+    HashMap::from([(
+        QueueAttributeName::MessageRetentionPeriod,
+        WAKE_RETENTION_SECONDS.to_string(),
+    )])
+}
+
+impl QueueOps for SqsQueues {
+    async fn ensure(&self, spec: &QueueSpec) -> Result<QueueInfo, QueueError> {
+        let (url, created) = self
+            .upsert(&spec.name, attributes(spec), tags(spec))
+            .await?;
+        if let Some(wake) = spec.wake_queue() {
+            self.upsert(&wake, wake_attributes(), tags(spec)).await?;
+        }
         let identifier = self.arn(&url).await?;
         Ok(QueueInfo {
             url,
@@ -260,6 +287,7 @@ mod tests {
             actor: "a".into(),
             visibility_timeout: Duration::from_secs(90),
             adopt_untagged: false,
+            wake_ttl: None,
         };
         let a = attributes(&spec);
         assert_eq!(a[&QueueAttributeName::VisibilityTimeout], "90");

@@ -336,6 +336,10 @@ impl Brokers for Fake {
             w.queues.insert(spec.name.clone(), QueueDepth::default());
             w.log.push(format!("create queue {}", spec.name));
         }
+        if let (Some(wake), Some(ttl)) = (spec.wake_queue(), spec.wake_ttl) {
+            w.log
+                .push(format!("ensure wake queue {wake} ttl {}s", ttl.as_secs()));
+        }
         if t.starts_with("sqs") {
             let tags = [
                 (owner::TAG_NAMESPACE, &spec.namespace),

@@ -443,8 +443,9 @@ async fn scaling<C: Cluster>(
             } else {
                 k.queue_url
             };
+            let wake = rec.config.wake.enabled;
             let so: DynamicObject =
-                serde_json::from_value(keda::scaled_object(r, k.labels, k.owner, t, url))
+                serde_json::from_value(keda::scaled_object(r, k.labels, k.owner, t, url, wake))
                     .map_err(kube::Error::SerdeError)?;
             let res = async {
                 let mut ta_sent = false;

@@ -25,7 +25,24 @@ pub fn queue_spec(ns: &str, actor: &str, timeout: Duration, adopt_untagged: bool
         actor: actor.into(),
         visibility_timeout: timeout,
         adopt_untagged,
+        wake_ttl: None,
     }
+}
+
+/// How long an actor's wake message lives (docs/DESIGN.md §6.1): its cooldown, so a woken
+/// actor that no envelope reaches goes back to zero one cooldown after the wake. `None`: no
+/// wake queue (wake-up off in the cluster configuration, or the actor not scaled by KEDA).
+pub fn wake_ttl(wake_enabled: bool, r: &ResolvedActor) -> Option<Duration> {
+    if !wake_enabled || !r.scaling_enabled() {
+        return None;
+    }
+    let cooldown = r
+        .scaling()
+        .cooldown_period
+        .unwrap_or(asya_api::resolved::DEFAULT_COOLDOWN_PERIOD);
+    Some(Duration::from_secs(
+        u64::try_from(cooldown).unwrap_or(0).max(1),
+    ))
 }
 
 /// Ensures one queue. Within [`super::memory::RECHECK`] of the last ensure or check with the same spec it
@@ -72,7 +89,8 @@ pub async fn ensure<C: Cluster>(
     sink?;
     sump?;
     let adopt = owner::adopt_annotation(actor.metadata.annotations.as_ref());
-    let spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout, adopt);
+    let mut spec = queue_spec(&r.namespace, &r.actor, r.actor_timeout, adopt);
+    spec.wake_ttl = wake_ttl(rec.config.wake.enabled, r);
     let mut info = ensure_cached(rec, &r.transport, spec.clone()).await?;
     let mut depth = rec.cluster.queue_depth(&r.transport, &r.queue).await;
     if !info.created && matches!(depth, Ok(None)) {

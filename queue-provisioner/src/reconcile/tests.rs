@@ -1417,3 +1417,47 @@ async fn a_deleted_actor_leaves_a_queue_recorded_as_another_actors() {
         .expect("condition");
     assert_eq!(c.reason, "QueueNotOurs");
 }
+
+/// docs/DESIGN.md §6.1: a scaled actor's queue comes with its wake queue (messages living its
+/// cooldown) and its ScaledObject with the wake trigger, at no API request more; an actor
+/// with fixed replicas, or a cluster with wake-up off, gets neither.
+#[tokio::test]
+async fn a_scaled_actor_gets_its_wake_queue_and_trigger_unless_wake_up_is_off() {
+    let triggers = |r: &Reconciler<Fake>| {
+        let w = r.cluster.world();
+        let so = &w.objects[&key(ObjectKind::ScaledObject, "n", "a")].body;
+        so["spec"]["triggers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["metadata"]["queueName"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let r = reconciler();
+    let mut a =
+        actor(json!({"image": "py:3.12", "handler": "m.f", "scaling": {"cooldownPeriod": 45}}));
+    step(&r, &mut a).await;
+    let log = r.cluster.take_log();
+    assert!(
+        has(&log, "ensure wake queue asya-n-a_wake ttl 45s"),
+        "{log:#?}"
+    );
+    assert!(
+        !has(&log, "ensure wake queue asya-n-x-"),
+        "end queues wake nobody"
+    );
+    assert_eq!(triggers(&r), ["asya-n-a", "asya-n-a_wake"]);
+
+    let r = reconciler();
+    let mut a = actor(manual(2));
+    step(&r, &mut a).await;
+    assert!(!has(&r.cluster.take_log(), "ensure wake queue"));
+
+    let mut off = ClusterConfig::default();
+    off.wake.enabled = false;
+    let r = Reconciler::new(Fake::default(), Arc::new(off));
+    let mut a = actor(plain());
+    step(&r, &mut a).await;
+    assert!(!has(&r.cluster.take_log(), "ensure wake queue"));
+    assert_eq!(triggers(&r), ["asya-n-a"]);
+}

@@ -52,27 +52,41 @@ pub fn authentication_ref(actor: &ResolvedActor, transport: &Transport) -> Value
     }
 }
 
-fn trigger(actor: &ResolvedActor, transport: &Transport, queue_url: Option<&str>) -> Value {
-    let s = actor.scaling();
-    let queue_length = s.queue_length.unwrap_or(5).to_string();
+/// The target per replica of a wake trigger (docs/DESIGN.md §6.1): far above any depth, so
+/// the HPA never scales out on it (the envelope queue's trigger does); with activation at 0
+/// one wake message activates the actor at KEDA's next poll.
+pub const WAKE_TARGET: &str = "1000000";
+
+/// One queue's trigger: `target` messages per replica, activating above `activation`
+/// (`None`: KEDA's default, 0).
+fn queue_trigger(
+    actor: &ResolvedActor,
+    transport: &Transport,
+    (queue, queue_url): (&str, Option<&str>),
+    target: &str,
+    activation: Option<&str>,
+) -> Value {
     let auth = authentication_ref(actor, transport);
     if transport.kind == TRANSPORT_RABBITMQ {
         // The protocol of the `host` the monitor Secret holds (super::keda_rabbitmq_host).
         let protocol = super::keda_rabbitmq_protocol(&transport.config);
-        json!({
-            "type": "rabbitmq",
-            "metadata": {"protocol": protocol, "queueName": actor.queue, "mode": "QueueLength", "value": queue_length},
-            "authenticationRef": auth
-        })
+        let mut md = json!({"protocol": protocol, "queueName": queue, "mode": "QueueLength", "value": target});
+        if let Some(a) = activation {
+            md["activationValue"] = json!(a);
+        }
+        json!({"type": "rabbitmq", "metadata": md, "authenticationRef": auth})
     } else {
         let c = &transport.config;
         let mut md = json!({
             "queueURL": queue_url.unwrap_or_default(),
-            "queueLength": queue_length,
+            "queueLength": target,
             "awsRegion": c.region.clone().unwrap_or_default(),
         });
         if let Some(ep) = &c.endpoint {
             md["awsEndpoint"] = json!(ep);
+        }
+        if let Some(a) = activation {
+            md["activationQueueLength"] = json!(a);
         }
         // Count in-flight messages too: a busy actor must not scale in mid-work.
         md["scaleOnInFlight"] = json!("true");
@@ -80,12 +94,51 @@ fn trigger(actor: &ResolvedActor, transport: &Transport, queue_url: Option<&str>
     }
 }
 
+/// The URL of the queue `name` beside the queue at `url` (same account and endpoint: an SQS
+/// URL ends with the queue's name). `None` when `url` does not end with `queue`.
+pub fn sibling_queue_url(url: &str, queue: &str, name: &str) -> Option<String> {
+    let base = url.strip_suffix(queue)?;
+    base.ends_with('/').then(|| format!("{base}{name}"))
+}
+
+/// The actor's triggers: its queue's, and with `wake` the wake queue's
+/// (docs/DESIGN.md §6.1), read with the same identity.
+fn triggers(
+    actor: &ResolvedActor,
+    transport: &Transport,
+    queue_url: Option<&str>,
+    wake: bool,
+) -> Vec<Value> {
+    let s = actor.scaling();
+    let queue_length = s.queue_length.unwrap_or(5).to_string();
+    let own = (actor.queue.as_str(), queue_url);
+    let mut out = vec![queue_trigger(actor, transport, own, &queue_length, None)];
+    let Some(wake_queue) = wake
+        .then(|| asya_api::wake::wake_queue_of(&actor.queue))
+        .flatten()
+    else {
+        return out;
+    };
+    let wake_url = match queue_url {
+        Some(u) => sibling_queue_url(u, &actor.queue, &wake_queue),
+        None => None,
+    };
+    if transport.kind != TRANSPORT_RABBITMQ && wake_url.is_none() {
+        return out;
+    }
+    let q = (wake_queue.as_str(), wake_url.as_deref());
+    out.push(queue_trigger(actor, transport, q, WAKE_TARGET, Some("0")));
+    out
+}
+
+/// `wake`: route-aware wake-up is on (the cluster configuration's `wake.enabled`).
 pub fn scaled_object(
     actor: &ResolvedActor,
     actor_labels: &BTreeMap<String, String>,
     owner: &OwnerReference,
     transport: &Transport,
     queue_url: Option<&str>,
+    wake: bool,
 ) -> Value {
     let s = actor.scaling();
     json!({
@@ -104,7 +157,7 @@ pub fn scaled_object(
             "pollingInterval": s.polling_interval.unwrap_or(30),
             "cooldownPeriod": s.cooldown_period.unwrap_or(300),
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior()}},
-            "triggers": [trigger(actor, transport, queue_url)],
+            "triggers": triggers(actor, transport, queue_url, wake),
         }
     })
 }

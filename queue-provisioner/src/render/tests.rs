@@ -194,7 +194,14 @@ fn rabbitmq_scaled_object() {
                     "scaling": {"minReplicaCount": 1, "maxReplicaCount": 7, "queueLength": 3, "pollingInterval": 10, "cooldownPeriod": 60}})),
         &cfg,
     );
-    let so = scaled_object(&a, &labels(), &owner(), &cfg.transports["rabbitmq"], None);
+    let so = scaled_object(
+        &a,
+        &labels(),
+        &owner(),
+        &cfg.transports["rabbitmq"],
+        None,
+        false,
+    );
     assert_eq!(so["apiVersion"], "keda.sh/v1alpha1");
     let s = &so["spec"];
     assert_eq!(
@@ -254,6 +261,7 @@ fn sqs_scaled_object_and_shared_static_credentials() {
         &owner(),
         t,
         Some("http://q/asya-team-doubler"),
+        false,
     );
     let tr = &so["spec"]["triggers"][0];
     assert_eq!(tr["type"], "aws-sqs-queue");
@@ -387,7 +395,7 @@ fn keda_reads_rabbitmq_over_the_management_api_when_configured() {
         "http://guest:p%40ss@10.0.0.5:15672/team%2Fa"
     );
     let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &cfg);
-    let so = scaled_object(&a, &labels(), &owner(), t, None);
+    let so = scaled_object(&a, &labels(), &owner(), t, None, false);
     assert_eq!(so["spec"]["triggers"][0]["metadata"]["protocol"], "http");
     let creds = TransportCredentials {
         password: Some("pw".into()),
@@ -408,7 +416,7 @@ fn keda_reads_rabbitmq_over_the_management_api_when_configured() {
         keda_rabbitmq_host(&amqp.config, None),
         "amqp://guest@10.0.0.5:5672/team%2Fa"
     );
-    let so = scaled_object(&a, &labels(), &owner(), &amqp, None);
+    let so = scaled_object(&a, &labels(), &owner(), &amqp, None, false);
     assert_eq!(so["spec"]["triggers"][0]["metadata"]["protocol"], "amqp");
 }
 
@@ -512,4 +520,66 @@ fn the_webhook_judges_the_pod_rendered_here() {
             "{spec}"
         );
     }
+}
+
+/// docs/DESIGN.md §6.1: with wake-up on, a second trigger on the actor's wake queue, with the
+/// same identity, a target no depth reaches and activation at the first message; off, none.
+#[test]
+fn wake_up_adds_a_second_trigger_on_the_wake_queue_with_the_same_identity() {
+    let rabbit = ClusterConfig::default();
+    let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &rabbit);
+    let t = &rabbit.transports["rabbitmq"];
+    let so = scaled_object(&a, &labels(), &owner(), t, None, true);
+    let tr = so["spec"]["triggers"].as_array().unwrap();
+    assert_eq!(tr.len(), 2);
+    assert_eq!(tr[1]["type"], "rabbitmq");
+    assert_eq!(tr[1]["authenticationRef"], tr[0]["authenticationRef"]);
+    assert_eq!(
+        tr[1]["metadata"],
+        json!({"protocol": tr[0]["metadata"]["protocol"], "queueName": "asya-team-doubler_wake",
+               "mode": "QueueLength", "value": "1000000", "activationValue": "0"})
+    );
+    assert_eq!(tr[0]["metadata"].get("activationValue"), None);
+    let off = scaled_object(&a, &labels(), &owner(), t, None, false);
+    assert_eq!(off["spec"]["triggers"].as_array().unwrap().len(), 1);
+
+    let sqs = ClusterConfig::from_yaml(
+        "defaultTransport: sqs\ntransports:\n  sqs:\n    type: sqs\n    config: {region: eu-west-1, endpoint: 'http://127.0.0.1:4566'}\n",
+    )
+    .unwrap();
+    let a = resolve(flat(json!({"image": "i", "handler": "m.f"})), &sqs);
+    let t = &sqs.transports["sqs"];
+    let url = "http://q:9324/000000000000/asya-team-doubler";
+    let so = scaled_object(&a, &labels(), &owner(), t, Some(url), true);
+    let tr = so["spec"]["triggers"].as_array().unwrap();
+    assert_eq!(tr.len(), 2);
+    assert_eq!(tr[1]["type"], "aws-sqs-queue");
+    assert_eq!(tr[1]["authenticationRef"], tr[0]["authenticationRef"]);
+    let md = &tr[1]["metadata"];
+    assert_eq!(
+        md["queueURL"],
+        "http://q:9324/000000000000/asya-team-doubler_wake"
+    );
+    assert_eq!(md["queueLength"], "1000000");
+    assert_eq!(md["activationQueueLength"], "0");
+    assert_eq!(md["awsRegion"], tr[0]["metadata"]["awsRegion"]);
+    // No URL to derive the wake queue's from: no wake trigger (never one on a wrong queue).
+    let so = scaled_object(&a, &labels(), &owner(), t, Some("http://q/other"), true);
+    assert_eq!(so["spec"]["triggers"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn a_sibling_queue_url_replaces_only_the_queue_name() {
+    assert_eq!(
+        keda::sibling_queue_url("http://h/1/asya-a-b", "asya-a-b", "asya-a-b_wake").as_deref(),
+        Some("http://h/1/asya-a-b_wake")
+    );
+    assert_eq!(
+        keda::sibling_queue_url("http://h/1/xasya-a-b", "asya-a-b", "w"),
+        None
+    );
+    assert_eq!(
+        keda::sibling_queue_url("http://h/1/other", "asya-a-b", "w"),
+        None
+    );
 }
