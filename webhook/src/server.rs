@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -48,6 +49,9 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 /// A client has this long to send a whole request; the API server's own timeout is 10 s.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the reviews under way may take to finish once shutdown begins, by default
+/// (`--drain-timeout`): the API server's own timeout for a call (chart `webhook.timeoutSeconds`).
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(10);
 
 // Label values are static strings: recording a request allocates nothing.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -469,7 +473,8 @@ pub fn metrics_router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// Serve `router` over TLS on `listener` until `shutdown` resolves, to any peer.
+/// Serve `router` over TLS on `listener` until `shutdown` resolves, to any peer; then drain
+/// for at most [`DEFAULT_DRAIN`] (see [`serve_tls_from`]).
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,
@@ -482,6 +487,7 @@ pub async fn serve_tls(
         resolver,
         Arc::new(SourceGate::open()),
         shutdown,
+        DEFAULT_DRAIN,
     )
     .await
 }
@@ -490,19 +496,31 @@ pub async fn serve_tls(
 /// `gate` refuses is closed before anything is read from it (no TLS handshake: nothing of the
 /// webhook is exposed to it). Each other connection speaks HTTP/1.1 or h2 (ALPN); a stalled
 /// handshake or header is cut off, never left hanging.
+///
+/// When `shutdown` resolves the listener is closed (new connections are refused) and every
+/// open connection is shut down gracefully: an h2 one gets a GOAWAY, so the API server opens
+/// its next stream on a new connection (to another replica) instead of failing a review on a
+/// connection closed under it; an HTTP/1.1 one is closed after its current response. Reviews
+/// under way finish; the call returns once every connection is closed, or after `drain`,
+/// whichever comes first.
 pub async fn serve_tls_from(
     listener: TcpListener,
     router: Router,
     resolver: Arc<ReloadingResolver>,
     gate: Arc<SourceGate>,
     shutdown: impl std::future::Future<Output = ()>,
+    drain: Duration,
 ) -> anyhow::Result<()> {
     let acceptor = TlsAcceptor::from(Arc::new(asya_certs::server_config(resolver)?));
     let service = TowerToHyperService::new(router);
+    let graceful = GracefulShutdown::new();
+    // The connections' tasks: dropped (aborted) at the drain bound, not left running.
+    let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
@@ -520,7 +538,10 @@ pub async fn serve_tls_from(
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let service = service.clone();
-        tokio::spawn(async move {
+        // Taken before the task starts: a connection still in its handshake when shutdown
+        // begins is shut down as soon as it is served.
+        let watcher = graceful.watcher();
+        conns.spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
@@ -538,11 +559,31 @@ pub async fn serve_tls_from(
                 .timer(TokioTimer::new())
                 .header_read_timeout(HANDSHAKE_TIMEOUT);
             builder.http2().timer(TokioTimer::new());
-            if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
+    drop(listener);
+    let open = graceful.count();
+    tracing::info!(
+        connections = open,
+        drain_seconds = drain.as_secs_f64(),
+        "stopped accepting; closing connections (GOAWAY) once their reviews finish"
+    );
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drain_seconds = drain.as_secs_f64(),
+            open = conns.len(),
+            "connections still open at the drain bound; closing them"
+        );
+    }
+    conns.shutdown().await;
+    Ok(())
 }
 
 /// Serve the metrics router over plain HTTP.
