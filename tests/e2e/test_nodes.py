@@ -315,8 +315,7 @@ def test_webhook_replicas_keep_admitting_through_deletion_drain_roll_and_a_node_
     and AsyncActors, failure policy Fail). Deleting a replica, draining its node and rolling
     the Deployment each cause no failed admission; a node crash causes failures only until the
     API server stops calling the dead replica (its endpoint goes once the node is NotReady):
-    that window is measured and printed. (A deletion may fail the one review in flight on the
-    API server's connection to that replica: see the limits below.)"""
+    that window is measured and printed."""
     with AdmissionStream(namespace) as stream:
         results = {}
         # Roll: the replicas come back spread over both nodes (the chart's anti-affinity).
@@ -377,12 +376,11 @@ def test_webhook_replicas_keep_admitting_through_deletion_drain_roll_and_a_node_
           + ", ".join(f"{k} {len(v)}" for k, v in results.items())
           + f"; node crash: {len(crash)} of {during} failed, the last {window:.1f} s after the crash")
     # The API server keeps one HTTP/2 connection to the webhook Service and sends every
-    # review over it, to the replica it was dialled to, endpoints or not. A replica that gets
-    # SIGTERM closes it without a GOAWAY (webhook/src/server.rs stops at once): the review on
-    # it at that instant fails. The preStop delay removes every other failure (measured: roll
-    # 0, drain 0, delete 0 or 1); a graceful HTTP/2 shutdown in the webhook would remove that
-    # one (issue 35, not done). Until then: at most one per replica stopped.
-    limits = {"roll": 4, "drain": 1, "delete": 1}  # two rolls of two replicas, one, one
+    # review over it, to the replica it was dialled to, endpoints or not. The preStop delay
+    # keeps a stopping replica serving while its endpoint goes; at SIGTERM it sends a GOAWAY
+    # on that connection and answers the reviews under way (webhook/src/server.rs), so the
+    # API server dials again, to a live replica, for its next review: none fails.
+    limits = {"roll": 0, "drain": 0, "delete": 0}
     for k, v in results.items():
         assert len(v) <= limits[k], f"{k}: {len(v)} failed admissions:\n{failure_summary(v, v[0][0])}"
     assert all("connection" != what for _, what, _ in crash), crash[:3]

@@ -52,6 +52,13 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the reviews under way may take to finish once shutdown begins, by default
 /// (`--drain-timeout`): the API server's own timeout for a call (chart `webhook.timeoutSeconds`).
 pub const DEFAULT_DRAIN: Duration = Duration::from_secs(10);
+/// At shutdown, how long HTTP/1.1 clients are given to send one more request on a kept-alive
+/// connection, answered with `Connection: close`, before idle ones are closed (within the
+/// drain bound). The API server calls webhooks over HTTP/1.1 and does not retry a POST
+/// written to a connection the server has just closed: closing an idle connection under it
+/// fails a review with EOF; one answered with `Connection: close` it simply dials again, to a
+/// replica that is still in the Service.
+pub const LAME_DUCK: Duration = Duration::from_secs(2);
 
 // Label values are static strings: recording a request allocates nothing.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -498,11 +505,13 @@ pub async fn serve_tls(
 /// handshake or header is cut off, never left hanging.
 ///
 /// When `shutdown` resolves the listener is closed (new connections are refused) and every
-/// open connection is shut down gracefully: an h2 one gets a GOAWAY, so the API server opens
-/// its next stream on a new connection (to another replica) instead of failing a review on a
-/// connection closed under it; an HTTP/1.1 one is closed after its current response. Reviews
-/// under way finish; the call returns once every connection is closed, or after `drain`,
-/// whichever comes first.
+/// HTTP/1.1 response, the ones under way included, says `Connection: close`: a client's next
+/// request on a kept-alive connection is answered and the connection closed after it, so
+/// the client dials again (to a replica still in the Service) instead of writing to a
+/// connection closed under it. After [`LAME_DUCK`] the connections left are shut down
+/// gracefully: an idle HTTP/1.1 one closed, an h2 one sent a GOAWAY (its client opens its next
+/// stream elsewhere), reviews under way finish. The call returns once every connection is
+/// closed, or after `drain`, whichever comes first.
 pub async fn serve_tls_from(
     listener: TcpListener,
     router: Router,
@@ -512,7 +521,25 @@ pub async fn serve_tls_from(
     drain: Duration,
 ) -> anyhow::Result<()> {
     let acceptor = TlsAcceptor::from(Arc::new(asya_certs::server_config(resolver)?));
-    let service = TowerToHyperService::new(router);
+    let closing = Arc::new(AtomicBool::new(false));
+    let service = TowerToHyperService::new(router.layer(axum::middleware::from_fn({
+        let closing = closing.clone();
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let closing = closing.clone();
+            async move {
+                // (h2 has no Connection header: its connections get a GOAWAY instead.)
+                let h1 = req.version() < axum::http::Version::HTTP_2;
+                let mut resp = next.run(req).await;
+                if h1 && closing.load(Ordering::Acquire) {
+                    resp.headers_mut().insert(
+                        header::CONNECTION,
+                        header::HeaderValue::from_static("close"),
+                    );
+                }
+                resp
+            }
+        }
+    })));
     let graceful = GracefulShutdown::new();
     // The connections' tasks: dropped (aborted) at the drain bound, not left running.
     let mut conns = tokio::task::JoinSet::new();
@@ -566,13 +593,23 @@ pub async fn serve_tls_from(
         });
     }
     drop(listener);
-    let open = graceful.count();
+    closing.store(true, Ordering::Release);
+    let deadline = tokio::time::Instant::now() + drain;
     tracing::info!(
-        connections = open,
+        connections = conns.len(),
         drain_seconds = drain.as_secs_f64(),
-        "stopped accepting; closing connections (GOAWAY) once their reviews finish"
+        "stopped accepting; HTTP/1.1 connections close after their next response"
     );
-    if tokio::time::timeout(drain, graceful.shutdown())
+    let lame_duck = tokio::time::Instant::now() + LAME_DUCK.min(drain);
+    let _ = tokio::time::timeout_at(lame_duck, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    tracing::info!(
+        connections = conns.len(),
+        "closing the connections left (GOAWAY on h2) once their reviews finish"
+    );
+    if tokio::time::timeout_at(deadline, graceful.shutdown())
         .await
         .is_err()
     {

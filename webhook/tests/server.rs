@@ -525,3 +525,94 @@ async fn shutdown_waits_at_most_the_drain_bound() {
     })
     .await;
 }
+
+/// One HTTP/1.1 response read off `io`: status line and headers (lowercased), and the body.
+async fn read_h1_response(io: &mut (impl tokio::io::AsyncRead + Unpin)) -> (String, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = io.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed before a response: {buf:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        let mut chunk = [0u8; 4096];
+        let n = io.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed mid-body");
+        body.extend_from_slice(&chunk[..n]);
+    }
+    (head, body)
+}
+
+/// How the API server calls a webhook: HTTP/1.1 over kept-alive connections, and a POST
+/// written to a connection the server has just closed fails with EOF (it is not retried).
+/// At shutdown a kept-alive connection's next review is answered, with `Connection: close`,
+/// and only then is the connection closed; an idle one is closed after the lame-duck time.
+#[tokio::test]
+async fn at_shutdown_http1_keep_alive_connections_get_connection_close_not_eof() {
+    use tokio::io::AsyncReadExt;
+    let s = start_draining(Limits::default(), None, Duration::from_secs(30)).await;
+    let connect = || async {
+        let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        asya_webhook::client::connector(&s.ca, &[b"http/1.1"])
+            .unwrap()
+            .connect("localhost".try_into().unwrap(), tcp)
+            .await
+            .unwrap()
+    };
+    let body = review_body();
+    let request = [
+        format!("POST /mutate/asyncactors HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes(),
+        body.to_vec(),
+    ]
+    .concat();
+    let (mut busy, mut idle) = (connect().await, connect().await);
+    for c in [&mut busy, &mut idle] {
+        c.write_all(&request).await.unwrap();
+        let (head, _) = read_h1_response(c).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+    }
+
+    let stopped_at = tokio::time::Instant::now();
+    s.stop.send(()).unwrap();
+    // Wait until the server is shutting down (it refuses new connections), as the API
+    // server's next review would come at any moment after SIGTERM.
+    until("new connections refused", || {
+        std::net::TcpStream::connect(s.addr).is_err()
+    })
+    .await;
+    busy.write_all(&request).await.unwrap();
+    let (head, body) = read_h1_response(&mut busy).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["response"]["uid"], "u-1");
+    // Closed by the server once answered.
+    let mut rest = Vec::new();
+    assert_eq!(busy.read_to_end(&mut rest).await.unwrap_or(0), 0);
+    // The idle one is closed after the lame-duck time, and the server exits then.
+    let mut rest = Vec::new();
+    assert_eq!(idle.read_to_end(&mut rest).await.unwrap_or(0), 0);
+    tokio::time::timeout(Duration::from_secs(5), s.served)
+        .await
+        .expect("the server did not exit after the lame-duck time")
+        .unwrap()
+        .unwrap();
+    let took = stopped_at.elapsed();
+    assert!(
+        took >= asya_webhook::server::LAME_DUCK,
+        "idle connections closed after {took:?}, before the lame-duck time"
+    );
+}
