@@ -276,14 +276,16 @@ func run(args []string) error {
 
 	// Any child exiting takes the whole cluster down: tests/cluster/up then says which. SIGUSR1
 	// restarts the API server alone (tests/cluster/restart-apiserver): a clean stop (SIGTERM)
-	// and a start with the same flags; etcd, in this process, keeps the data.
+	// and a start with the same flags; etcd, in this process, keeps the data. SIGUSR2 kills it
+	// instead (restart-apiserver --kill).
 	exited := make(chan *child, len(children)+1)
 	watch := func(ch *child) { go func() { ch.err = <-ch.done; exited <- ch }() }
 	for _, ch := range children {
 		watch(ch)
 	}
+	// SIGUSR2: the same, but killed (SIGKILL) as a crash would.
 	restart := make(chan os.Signal, 1)
-	signal.Notify(restart, syscall.SIGUSR1)
+	signal.Notify(restart, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(restart)
 	writeAPIServerPid := func(ch *child) {
 		_ = os.WriteFile(filepath.Join(c.dir, "apiserver.pid"), []byte(strconv.Itoa(ch.cmd.Process.Pid)+"\n"), 0o644)
@@ -302,11 +304,16 @@ loop:
 			}
 			failure = fmt.Errorf("%s exited: %v (log: %s)", ch.name, ch.err, ch.logPath)
 			break loop
-		case <-restart:
-			log.Printf("restarting kube-apiserver")
+		case sig := <-restart:
+			log.Printf("restarting kube-apiserver (%v)", sig)
 			old := children[0]
 			old.replaced = true
-			stopChild(old)
+			if sig == syscall.SIGUSR2 {
+				_ = old.cmd.Process.Kill()
+				<-old.done
+			} else {
+				stopChild(old)
+			}
 			next, err := startChild(ctx, c, self, "kube-apiserver", apiserverArgs)
 			if err != nil {
 				failure = err
