@@ -207,12 +207,7 @@ pub async fn run(
     // that matter to what it renders (`watch`'s fingerprints): not for the controller's own
     // status and finalizer writes, not for the controller manager's status bookkeeping.
     let (actor_store, actor_writer) = reflector::store();
-    // Every list is a consistent read (the default semantic), never `any_semantic` (served
-    // from the API server's watch cache): after an API server restart that cache can answer a
-    // list with a resourceVersion older than its own window, the watch from it ends `410
-    // Expired`, and kube-runtime lists again the same way: a loop that never delivered an
-    // AsyncActor created after the restart (tests/e2e/test_restarts.py).
-    let actor_events = watcher(actors, watcher::Config::default())
+    let actor_events = watcher(actors, watcher::Config::default().any_semantic())
         .default_backoff()
         .modify(watch::slim_actor)
         .reflect(actor_writer)
@@ -221,7 +216,7 @@ pub async fn run(
     let (deployments, deployments_w) = reflector::store();
     let deployment_events = watcher(
         Api::<Deployment>::all(client.clone()),
-        watcher::Config::default().labels(&managed),
+        watcher::Config::default().labels(&managed).any_semantic(),
     )
     .default_backoff()
     .modify(watch::slim_deployment)
@@ -231,7 +226,7 @@ pub async fn run(
     let (stateful_sets, stateful_sets_w) = reflector::store();
     let stateful_set_events = watcher(
         Api::<StatefulSet>::all(client.clone()),
-        watcher::Config::default().labels(&managed),
+        watcher::Config::default().labels(&managed).any_semantic(),
     )
     .default_backoff()
     .modify(watch::slim_stateful_set)
@@ -241,7 +236,9 @@ pub async fn run(
     let (pods, pods_w) = reflector::store();
     let pod_events = watcher(
         Api::<Pod>::all(client.clone()),
-        watcher::Config::default().labels(&format!("{}=true", labels::INJECT)),
+        watcher::Config::default()
+            .labels(&format!("{}=true", labels::INJECT))
+            .any_semantic(),
     )
     .default_backoff()
     .modify(watch::slim_pod)
@@ -268,7 +265,9 @@ pub async fn run(
     let (hpas, hpas_w) = reflector::store();
     let hpa_events = watcher(
         Api::<HorizontalPodAutoscaler>::all(client.clone()),
-        watcher::Config::default().labels(KEDA_HPA_LABEL),
+        watcher::Config::default()
+            .labels(KEDA_HPA_LABEL)
+            .any_semantic(),
     )
     .default_backoff()
     .modify(watch::slim_hpa)
@@ -287,7 +286,7 @@ pub async fn run(
     drive(
         watcher(
             Api::<PartialObjectMeta<ServiceAccount>>::all(client.clone()),
-            watcher::Config::default().labels(&managed),
+            watcher::Config::default().labels(&managed).any_semantic(),
         )
         .default_backoff()
         .reflect(sa_w),
@@ -299,7 +298,7 @@ pub async fn run(
     drive(
         watcher(
             Api::<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>::all(client.clone()),
-            watcher::Config::default(),
+            watcher::Config::default().any_semantic(),
         )
         .default_backoff()
         .modify(|n| {
@@ -318,7 +317,7 @@ pub async fn run(
     drive(
         watcher(
             Api::<asya_api::queue_claim::QueueClaim>::all(client.clone()),
-            watcher::Config::default(),
+            watcher::Config::default().any_semantic(),
         )
         .default_backoff()
         .modify(|c| {
@@ -337,7 +336,7 @@ pub async fn run(
         drive(
             watcher(
                 Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), ta_ar),
-                watcher::Config::default().labels(&managed),
+                watcher::Config::default().labels(&managed).any_semantic(),
             )
             .default_backoff()
             .reflect(w),
@@ -346,7 +345,7 @@ pub async fn run(
         scaled_objects = Some(w.as_reader());
         let events = watcher(
             Api::<DynamicObject>::all_with(client.clone(), so_ar),
-            watcher::Config::default().labels(&managed),
+            watcher::Config::default().labels(&managed).any_semantic(),
         )
         .default_backoff()
         .modify(watch::slim_scaled_object)
