@@ -274,17 +274,60 @@ func run(args []string) error {
 		return err
 	}
 
-	// Any child exiting takes the whole cluster down: tests/cluster/up then says which.
-	exited := make(chan *child, len(children))
+	// Any child exiting takes the whole cluster down: tests/cluster/up then says which. SIGUSR1
+	// restarts the API server alone (tests/cluster/restart-apiserver): a clean stop (SIGTERM)
+	// and a start with the same flags; etcd, in this process, keeps the data. SIGUSR2 kills it
+	// instead (restart-apiserver --kill).
+	exited := make(chan *child, len(children)+1)
+	watch := func(ch *child) { go func() { ch.err = <-ch.done; exited <- ch }() }
 	for _, ch := range children {
-		go func(ch *child) { ch.err = <-ch.done; exited <- ch }(ch)
+		watch(ch)
 	}
+	// SIGUSR2: the same, but killed (SIGKILL) as a crash would.
+	restart := make(chan os.Signal, 1)
+	signal.Notify(restart, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(restart)
+	writeAPIServerPid := func(ch *child) {
+		_ = os.WriteFile(filepath.Join(c.dir, "apiserver.pid"), []byte(strconv.Itoa(ch.cmd.Process.Pid)+"\n"), 0o644)
+	}
+	writeAPIServerPid(apiserver)
 	var failure error
-	select {
-	case <-ctx.Done():
-		log.Printf("stopping")
-	case ch := <-exited:
-		failure = fmt.Errorf("%s exited: %v (log: %s)", ch.name, ch.err, ch.logPath)
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			log.Printf("stopping")
+			break loop
+		case ch := <-exited:
+			if ch.replaced {
+				continue
+			}
+			failure = fmt.Errorf("%s exited: %v (log: %s)", ch.name, ch.err, ch.logPath)
+			break loop
+		case sig := <-restart:
+			log.Printf("restarting kube-apiserver (%v)", sig)
+			old := children[0]
+			old.replaced = true
+			if sig == syscall.SIGUSR2 {
+				_ = old.cmd.Process.Kill()
+				<-old.done
+			} else {
+				stopChild(old)
+			}
+			next, err := startChild(ctx, c, self, "kube-apiserver", apiserverArgs)
+			if err != nil {
+				failure = err
+				break loop
+			}
+			children[0] = next
+			watch(next)
+			if err := waitReady(ctx, c, next, 120*time.Second); err != nil {
+				failure = err
+				break loop
+			}
+			writeAPIServerPid(next)
+			log.Printf("kube-apiserver restarted, ready")
+		}
 	}
 	os.Remove(filepath.Join(c.dir, "ready"))
 	stopAll()
@@ -316,6 +359,8 @@ type child struct {
 	done    chan error
 	err     error
 	logPath string
+	// Stopped on purpose to be started anew (the API server's restart): its exit is expected.
+	replaced bool
 }
 
 func startChild(ctx context.Context, c config, self, name string, args []string) (*child, error) {

@@ -1075,6 +1075,8 @@ def test_webhook_limits_and_probes_on_the_metrics_port():
     c = webhook_container(render("--show-only", "templates/webhook.yaml"))
     assert flag(c, "max-in-flight") == "32"
     assert flag(c, "max-body-bytes") == "1048576"
+    # At SIGTERM the reviews under way get the API server's own timeout to finish.
+    assert flag(c, "drain-timeout") == "10s"
     # The probes use the plain-HTTP metrics port: the admission port may answer only the
     # API server, and the kubelet probes from the node.
     for probe in ("readinessProbe", "livenessProbe"):

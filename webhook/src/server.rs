@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -48,6 +49,16 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 /// A client has this long to send a whole request; the API server's own timeout is 10 s.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the reviews under way may take to finish once shutdown begins, by default
+/// (`--drain-timeout`): the API server's own timeout for a call (chart `webhook.timeoutSeconds`).
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(10);
+/// At shutdown, how long HTTP/1.1 clients are given to send one more request on a kept-alive
+/// connection, answered with `Connection: close`, before idle ones are closed (within the
+/// drain bound). The API server calls webhooks over HTTP/1.1 and does not retry a POST
+/// written to a connection the server has just closed: closing an idle connection under it
+/// fails a review with EOF; one answered with `Connection: close` it simply dials again, to a
+/// replica that is still in the Service.
+pub const LAME_DUCK: Duration = Duration::from_secs(2);
 
 // Label values are static strings: recording a request allocates nothing.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -469,7 +480,8 @@ pub fn metrics_router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// Serve `router` over TLS on `listener` until `shutdown` resolves, to any peer.
+/// Serve `router` over TLS on `listener` until `shutdown` resolves, to any peer; then drain
+/// for at most [`DEFAULT_DRAIN`] (see [`serve_tls_from`]).
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,
@@ -482,6 +494,7 @@ pub async fn serve_tls(
         resolver,
         Arc::new(SourceGate::open()),
         shutdown,
+        DEFAULT_DRAIN,
     )
     .await
 }
@@ -490,19 +503,51 @@ pub async fn serve_tls(
 /// `gate` refuses is closed before anything is read from it (no TLS handshake: nothing of the
 /// webhook is exposed to it). Each other connection speaks HTTP/1.1 or h2 (ALPN); a stalled
 /// handshake or header is cut off, never left hanging.
+///
+/// When `shutdown` resolves the listener is closed (new connections are refused) and every
+/// HTTP/1.1 response, the ones under way included, says `Connection: close`: a client's next
+/// request on a kept-alive connection is answered and the connection closed after it, so
+/// the client dials again (to a replica still in the Service) instead of writing to a
+/// connection closed under it. After [`LAME_DUCK`] the connections left are shut down
+/// gracefully: an idle HTTP/1.1 one closed, an h2 one sent a GOAWAY (its client opens its next
+/// stream elsewhere), reviews under way finish. The call returns once every connection is
+/// closed, or after `drain`, whichever comes first.
 pub async fn serve_tls_from(
     listener: TcpListener,
     router: Router,
     resolver: Arc<ReloadingResolver>,
     gate: Arc<SourceGate>,
     shutdown: impl std::future::Future<Output = ()>,
+    drain: Duration,
 ) -> anyhow::Result<()> {
     let acceptor = TlsAcceptor::from(Arc::new(asya_certs::server_config(resolver)?));
-    let service = TowerToHyperService::new(router);
+    let closing = Arc::new(AtomicBool::new(false));
+    let service = TowerToHyperService::new(router.layer(axum::middleware::from_fn({
+        let closing = closing.clone();
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let closing = closing.clone();
+            async move {
+                // (h2 has no Connection header: its connections get a GOAWAY instead.)
+                let h1 = req.version() < axum::http::Version::HTTP_2;
+                let mut resp = next.run(req).await;
+                if h1 && closing.load(Ordering::Acquire) {
+                    resp.headers_mut().insert(
+                        header::CONNECTION,
+                        header::HeaderValue::from_static("close"),
+                    );
+                }
+                resp
+            }
+        }
+    })));
+    let graceful = GracefulShutdown::new();
+    // The connections' tasks: dropped (aborted) at the drain bound, not left running.
+    let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
@@ -520,7 +565,10 @@ pub async fn serve_tls_from(
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let service = service.clone();
-        tokio::spawn(async move {
+        // Taken before the task starts: a connection still in its handshake when shutdown
+        // begins is shut down as soon as it is served.
+        let watcher = graceful.watcher();
+        conns.spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
@@ -538,11 +586,41 @@ pub async fn serve_tls_from(
                 .timer(TokioTimer::new())
                 .header_read_timeout(HANDSHAKE_TIMEOUT);
             builder.http2().timer(TokioTimer::new());
-            if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
+    drop(listener);
+    closing.store(true, Ordering::Release);
+    let deadline = tokio::time::Instant::now() + drain;
+    tracing::info!(
+        connections = conns.len(),
+        drain_seconds = drain.as_secs_f64(),
+        "stopped accepting; HTTP/1.1 connections close after their next response"
+    );
+    let lame_duck = tokio::time::Instant::now() + LAME_DUCK.min(drain);
+    let _ = tokio::time::timeout_at(lame_duck, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    tracing::info!(
+        connections = conns.len(),
+        "closing the connections left (GOAWAY on h2) once their reviews finish"
+    );
+    if tokio::time::timeout_at(deadline, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drain_seconds = drain.as_secs_f64(),
+            open = conns.len(),
+            "connections still open at the drain bound; closing them"
+        );
+    }
+    conns.shutdown().await;
+    Ok(())
 }
 
 /// Serve the metrics router over plain HTTP.

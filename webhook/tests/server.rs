@@ -10,7 +10,8 @@ use asya_api::flavor::FlavorCatalog;
 use asya_certs::{ReloadingResolver, ServingSpec, generate_ca, issue_serving};
 use asya_webhook::client::Conn;
 use asya_webhook::server::{
-    DEFAULT_MAX_BODY, Limits, Shared, metrics_router, router, serve_tls, serve_tls_from,
+    DEFAULT_DRAIN, DEFAULT_MAX_BODY, Limits, Shared, metrics_router, router, serve_tls,
+    serve_tls_from,
 };
 use asya_webhook::sources::{Allowlist, SourceGate};
 use bytes::Bytes;
@@ -24,6 +25,10 @@ struct Running {
     addr: std::net::SocketAddr,
     ca: String,
     shared: Arc<Shared>,
+    /// Sent (or dropped, with the rest) to shut the server down.
+    stop: tokio::sync::oneshot::Sender<()>,
+    /// The server's task: done once it has drained.
+    served: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 async fn start() -> Running {
@@ -32,6 +37,11 @@ async fn start() -> Running {
 
 /// A server with `limits`, and connections only from `allowed` (any when `None`).
 async fn start_with(limits: Limits, allowed: Option<&[&str]>) -> Running {
+    start_draining(limits, allowed, DEFAULT_DRAIN).await
+}
+
+/// [`start_with`], draining for at most `drain` once stopped.
+async fn start_draining(limits: Limits, allowed: Option<&[&str]>, drain: Duration) -> Running {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let now = SystemTime::now();
     let ca = generate_ca("ca", now, DAY).unwrap();
@@ -56,24 +66,32 @@ async fn start_with(limits: Limits, allowed: Option<&[&str]>) -> Running {
     shared.synced.store(false, Ordering::Release);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    match allowed {
-        None => tokio::spawn(serve_tls(
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopped = async move {
+        let _ = stopped.await;
+    };
+    let served = match (allowed, drain == DEFAULT_DRAIN) {
+        (None, true) => tokio::spawn(serve_tls(
             listener,
             router(shared.clone()),
             resolver,
-            std::future::pending(),
+            stopped,
         )),
-        Some(cidrs) => {
-            let gate = SourceGate::new(
-                Allowlist::parse(cidrs).unwrap(),
-                shared.metrics.refused_connections.clone(),
-            );
+        (cidrs, _) => {
+            let gate = match cidrs {
+                Some(cidrs) => SourceGate::new(
+                    Allowlist::parse(cidrs).unwrap(),
+                    shared.metrics.refused_connections.clone(),
+                ),
+                None => SourceGate::open(),
+            };
             tokio::spawn(serve_tls_from(
                 listener,
                 router(shared.clone()),
                 resolver,
                 Arc::new(gate),
-                std::future::pending(),
+                stopped,
+                drain,
             ))
         }
     };
@@ -81,6 +99,8 @@ async fn start_with(limits: Limits, allowed: Option<&[&str]>) -> Running {
         addr,
         ca: ca.cert_pem,
         shared,
+        stop,
+        served,
     }
 }
 
@@ -379,4 +399,220 @@ async fn a_peer_outside_the_allowed_sources_gets_no_handshake_and_is_counted() {
         .unwrap();
     assert_eq!(status, 200);
     assert_eq!(s.shared.metrics.refused_connections.get(), 0);
+}
+
+/// An h2 connection over TLS with the `h2` crate, which reports what the server's frames said
+/// (a GOAWAY) as the API server's Go client sees them.
+async fn h2_client(s: &Running) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let tls = asya_webhook::client::connector(&s.ca, &[b"h2"])
+        .unwrap()
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (client, conn) = h2::client::handshake(tls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+fn h2_request(method: &str, path: &str) -> axum::http::Request<()> {
+    axum::http::Request::builder()
+        .method(method)
+        .uri(format!("https://localhost{path}"))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap()
+}
+
+/// What the API server needs from a replica being stopped: the review it is sending when
+/// the replica gets SIGTERM is answered; its next one is refused by a GOAWAY before it is
+/// sent (so its client opens a new connection, to another replica) instead of being lost
+/// with a connection closed under it; new connections are refused; the server exits as
+/// soon as nothing is in flight.
+#[tokio::test]
+async fn at_shutdown_reviews_in_flight_finish_and_h2_clients_get_a_goaway() {
+    let s = start_draining(Limits::default(), None, Duration::from_secs(30)).await;
+    let mut client = h2_client(&s).await;
+    // A review in flight: half its body sent.
+    let body = review_body();
+    let (half, rest) = body.split_at(body.len() / 2);
+    let (half, rest) = (Bytes::copy_from_slice(half), Bytes::copy_from_slice(rest));
+    client = client.ready().await.unwrap();
+    let (response, mut stream) = client
+        .send_request(h2_request("POST", "/mutate/asyncactors"), false)
+        .unwrap();
+    stream.send_data(half, false).unwrap();
+    until("the review is in flight", || {
+        s.shared.limits.in_flight() == 1
+    })
+    .await;
+
+    let stopped_at = tokio::time::Instant::now();
+    s.stop.send(()).unwrap();
+    // The next stream is refused by the server's GOAWAY (NO_ERROR), before it is sent.
+    let refused = loop {
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(5),
+            "no GOAWAY within 5 s of shutdown"
+        );
+        match client.clone().ready().await {
+            Err(e) => break e,
+            Ok(mut c) => match c.send_request(h2_request("GET", "/healthz"), true) {
+                Err(e) => break e,
+                // Sent before the GOAWAY arrived: served as usual.
+                Ok((r, _)) => assert_eq!(r.await.unwrap().status(), 200),
+            },
+        }
+    };
+    assert!(
+        refused.is_go_away() && refused.is_remote(),
+        "not a GOAWAY from the server: {refused:?}"
+    );
+    assert_eq!(refused.reason(), Some(h2::Reason::NO_ERROR), "{refused:?}");
+    // New connections are refused.
+    assert!(tokio::net::TcpStream::connect(s.addr).await.is_err());
+    assert!(!s.served.is_finished(), "exited with a review in flight");
+
+    // The review in flight completes and is answered.
+    stream.send_data(rest, true).unwrap();
+    let resp = response.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = body.data().await {
+        bytes.extend_from_slice(&chunk.unwrap());
+    }
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["response"]["uid"], "u-1");
+    assert_eq!(v["response"]["allowed"], true);
+    // Then the server exits at once, far inside its 30 s bound.
+    tokio::time::timeout(Duration::from_secs(5), s.served)
+        .await
+        .expect("the server did not exit once the review was answered")
+        .unwrap()
+        .unwrap();
+}
+
+/// A review that never completes holds the shutdown for at most the drain bound; then its
+/// connection is closed and the server exits.
+#[tokio::test]
+async fn shutdown_waits_at_most_the_drain_bound() {
+    let drain = Duration::from_millis(500);
+    let s = start_draining(Limits::default(), None, drain).await;
+    let client = h2_client(&s).await;
+    let mut client = client.ready().await.unwrap();
+    let (response, mut stream) = client
+        .send_request(h2_request("POST", "/mutate/asyncactors"), false)
+        .unwrap();
+    stream.send_data(Bytes::from_static(b"{"), false).unwrap();
+    until("the review is in flight", || {
+        s.shared.limits.in_flight() == 1
+    })
+    .await;
+    let stopped_at = tokio::time::Instant::now();
+    s.stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), s.served)
+        .await
+        .expect("the server outlived its drain bound")
+        .unwrap()
+        .unwrap();
+    let took = stopped_at.elapsed();
+    assert!(took >= drain, "exited after {took:?}, before the bound");
+    // Its connection went with it: the stalled review gets no answer.
+    assert!(response.await.is_err());
+    until("the review's place freed", || {
+        s.shared.limits.in_flight() == 0
+    })
+    .await;
+}
+
+/// One HTTP/1.1 response read off `io`: status line and headers (lowercased), and the body.
+async fn read_h1_response(io: &mut (impl tokio::io::AsyncRead + Unpin)) -> (String, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = io.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed before a response: {buf:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        let mut chunk = [0u8; 4096];
+        let n = io.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed mid-body");
+        body.extend_from_slice(&chunk[..n]);
+    }
+    (head, body)
+}
+
+/// How the API server calls a webhook: HTTP/1.1 over kept-alive connections, and a POST
+/// written to a connection the server has just closed fails with EOF (it is not retried).
+/// At shutdown a kept-alive connection's next review is answered, with `Connection: close`,
+/// and only then is the connection closed; an idle one is closed after the lame-duck time.
+#[tokio::test]
+async fn at_shutdown_http1_keep_alive_connections_get_connection_close_not_eof() {
+    use tokio::io::AsyncReadExt;
+    let s = start_draining(Limits::default(), None, Duration::from_secs(30)).await;
+    let connect = || async {
+        let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        asya_webhook::client::connector(&s.ca, &[b"http/1.1"])
+            .unwrap()
+            .connect("localhost".try_into().unwrap(), tcp)
+            .await
+            .unwrap()
+    };
+    let body = review_body();
+    let request = [
+        format!("POST /mutate/asyncactors HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes(),
+        body.to_vec(),
+    ]
+    .concat();
+    let (mut busy, mut idle) = (connect().await, connect().await);
+    for c in [&mut busy, &mut idle] {
+        c.write_all(&request).await.unwrap();
+        let (head, _) = read_h1_response(c).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+    }
+
+    let stopped_at = tokio::time::Instant::now();
+    s.stop.send(()).unwrap();
+    // Wait until the server is shutting down (it refuses new connections), as the API
+    // server's next review would come at any moment after SIGTERM.
+    until("new connections refused", || {
+        std::net::TcpStream::connect(s.addr).is_err()
+    })
+    .await;
+    busy.write_all(&request).await.unwrap();
+    let (head, body) = read_h1_response(&mut busy).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["response"]["uid"], "u-1");
+    // Closed by the server once answered.
+    let mut rest = Vec::new();
+    assert_eq!(busy.read_to_end(&mut rest).await.unwrap_or(0), 0);
+    // The idle one is closed after the lame-duck time, and the server exits then.
+    let mut rest = Vec::new();
+    assert_eq!(idle.read_to_end(&mut rest).await.unwrap_or(0), 0);
+    tokio::time::timeout(Duration::from_secs(5), s.served)
+        .await
+        .expect("the server did not exit after the lame-duck time")
+        .unwrap()
+        .unwrap();
+    let took = stopped_at.elapsed();
+    assert!(
+        took >= asya_webhook::server::LAME_DUCK,
+        "idle connections closed after {took:?}, before the lame-duck time"
+    );
 }

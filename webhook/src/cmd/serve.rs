@@ -69,6 +69,10 @@ pub struct ServeArgs {
     /// handshake and counted. Empty: any peer (probes use the metrics port either way).
     #[arg(long = "allowed-source-cidrs", value_delimiter = ',')]
     pub allowed_source_cidrs: Vec<String>,
+    /// At SIGTERM: stop accepting, send GOAWAY on every HTTP/2 connection, and let the
+    /// reviews under way finish for at most this long before exiting.
+    #[arg(long, default_value = "10s", value_parser = parse_secs)]
+    pub drain_timeout: Duration,
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
@@ -256,6 +260,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         resolver,
         Arc::new(gate),
         shutdown_signal(),
+        args.drain_timeout,
     )
     .await;
     metrics.abort();
@@ -328,6 +333,7 @@ mod tests {
         assert_eq!(a.max_in_flight, crate::server::DEFAULT_MAX_IN_FLIGHT);
         assert_eq!(a.max_body_bytes, 1024 * 1024);
         assert!(a.allowed_source_cidrs.is_empty());
+        assert_eq!(a.drain_timeout, crate::server::DEFAULT_DRAIN);
         let a = Cli::try_parse_from([
             "x",
             "--max-in-flight=8",
