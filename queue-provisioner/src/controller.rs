@@ -26,6 +26,7 @@ use crate::kube_cluster::{
 };
 use crate::metrics::{ErrorLabel, Metrics, ResultLabel};
 use crate::reconcile::{Error, MANAGER, Next, Reconciler};
+use crate::relist;
 use crate::render::workload;
 use crate::spans::{ReconcileOutcome, reconcile_span};
 use crate::transports::Transports;
@@ -173,7 +174,7 @@ pub async fn run(
         unsynced.clone(),
         reflector::reflector(
             flavors_w,
-            watcher(
+            relist::watcher(
                 Api::<Flavor>::all(client.clone()),
                 watcher::Config::default(),
             )
@@ -188,7 +189,7 @@ pub async fn run(
         unsynced.clone(),
         reflector::reflector(
             maps_w,
-            watcher(
+            relist::watcher(
                 Api::<ConfigMap>::all(client.clone()),
                 watcher::Config::default().labels(labels::FLAVOR),
             )
@@ -207,14 +208,14 @@ pub async fn run(
     // that matter to what it renders (`watch`'s fingerprints): not for the controller's own
     // status and finalizer writes, not for the controller manager's status bookkeeping.
     let (actor_store, actor_writer) = reflector::store();
-    let actor_events = watcher(actors, watcher::Config::default().any_semantic())
+    let actor_events = relist::watcher(actors, watcher::Config::default().any_semantic())
         .default_backoff()
         .modify(watch::slim_actor)
         .reflect(actor_writer)
         .applied_objects()
         .predicate_filter(watch::actor_fingerprint, pred());
     let (deployments, deployments_w) = reflector::store();
-    let deployment_events = watcher(
+    let deployment_events = relist::watcher(
         Api::<Deployment>::all(client.clone()),
         watcher::Config::default().labels(&managed).any_semantic(),
     )
@@ -224,7 +225,7 @@ pub async fn run(
     .applied_objects()
     .predicate_filter(watch::deployment_fingerprint, pred());
     let (stateful_sets, stateful_sets_w) = reflector::store();
-    let stateful_set_events = watcher(
+    let stateful_set_events = relist::watcher(
         Api::<StatefulSet>::all(client.clone()),
         watcher::Config::default().labels(&managed).any_semantic(),
     )
@@ -234,7 +235,7 @@ pub async fn run(
     .applied_objects()
     .predicate_filter(watch::stateful_set_fingerprint, pred());
     let (pods, pods_w) = reflector::store();
-    let pod_events = watcher(
+    let pod_events = relist::watcher(
         Api::<Pod>::all(client.clone()),
         watcher::Config::default()
             .labels(&format!("{}=true", labels::INJECT))
@@ -263,7 +264,7 @@ pub async fn run(
         });
     // KEDA's HPAs (label set by KEDA), mapped back by the ScaledObject (= actor) name.
     let (hpas, hpas_w) = reflector::store();
-    let hpa_events = watcher(
+    let hpa_events = relist::watcher(
         Api::<HorizontalPodAutoscaler>::all(client.clone()),
         watcher::Config::default()
             .labels(KEDA_HPA_LABEL)
@@ -284,7 +285,7 @@ pub async fn run(
     // for changes: enough to skip an apply that would change nothing, after a restart too.
     let (service_accounts, sa_w) = reflector::store();
     drive(
-        watcher(
+        relist::watcher(
             Api::<PartialObjectMeta<ServiceAccount>>::all(client.clone()),
             watcher::Config::default().labels(&managed).any_semantic(),
         )
@@ -296,7 +297,7 @@ pub async fn run(
     // namespace from the API server.
     let (namespaces, ns_w) = reflector::store();
     drive(
-        watcher(
+        relist::watcher(
             Api::<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>::all(client.clone()),
             watcher::Config::default().any_semantic(),
         )
@@ -315,7 +316,7 @@ pub async fn run(
     // name and spec only.
     let (claims, claims_w) = reflector::store::<asya_api::queue_claim::QueueClaim>();
     drive(
-        watcher(
+        relist::watcher(
             Api::<asya_api::queue_claim::QueueClaim>::all(client.clone()),
             watcher::Config::default().any_semantic(),
         )
@@ -334,7 +335,7 @@ pub async fn run(
         let w = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(ta_ar.clone());
         trigger_auths = Some(w.as_reader());
         drive(
-            watcher(
+            relist::watcher(
                 Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), ta_ar),
                 watcher::Config::default().labels(&managed).any_semantic(),
             )
@@ -343,7 +344,7 @@ pub async fn run(
         );
         let w = reflector::store::Writer::<DynamicObject>::new(so_ar.clone());
         scaled_objects = Some(w.as_reader());
-        let events = watcher(
+        let events = relist::watcher(
             Api::<DynamicObject>::all_with(client.clone(), so_ar),
             watcher::Config::default().labels(&managed).any_semantic(),
         )
@@ -364,7 +365,7 @@ pub async fn run(
     let s2 = store.clone();
     // Triggers only: the labels name the flavor, so metadata is all this watch reads.
     controller = controller.watches_stream(
-        watcher(
+        relist::watcher(
             Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
             watcher::Config::default().labels(labels::FLAVOR),
         )
@@ -383,7 +384,7 @@ pub async fn run(
             unsynced,
             reflector::reflector(
                 w,
-                watcher(
+                relist::watcher(
                     Api::<DynamicObject>::all_with(client.clone(), &ec_ar),
                     watcher::Config::default(),
                 )

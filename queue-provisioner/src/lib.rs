@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod model;
 pub mod queue;
 pub mod reconcile;
+pub mod relist;
 pub mod render;
 pub mod spans;
 pub mod state_identity;

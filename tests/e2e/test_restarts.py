@@ -186,11 +186,6 @@ def converged(ns: str, names: list[str]) -> bool:
 BEFORE, AFTER = 5, 5
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 35, open: after an API server restart that the provisioner's leader lives through "
-    "(no exit: the crash variant, or a slow stop it happens to survive), AsyncActors created "
-    "after the restart are not reconciled in 120 s, then 60 s (2 of 2 such runs; every run where it "
-    "exited and re-listed converged)"))
 @pytest.mark.parametrize("how", ["stop", "kill"])
 def test_api_server_restarted_webhook_and_provisioner_recover_and_actors_converge(namespace, how):
     """AsyncActors applied just before the API server restarts and right after it all converge
