@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod flow_routing;
+pub mod flow_trace;
 pub mod gateway_client;
 pub mod http;
 pub mod metrics;

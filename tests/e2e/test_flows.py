@@ -5,8 +5,9 @@ condition, continue, break, the iteration guard, `raise ValueError(...)` before 
 AsyncActors it writes completed for this cluster (transport, the test node, one pod each) and
 applied with `kubectl apply -f DIR`; the webhook injects the sidecars, each entry reads its
 program from the compiled ConfigMap. One envelope per path: its exact payload, path and
-decisions in x-sink, or in x-sump with its original error. Both transports. Fan-out is
-tests/e2e/test_flows_fanout.py's."""
+decisions in x-sink, or in x-sump with its original error; `asya trace` of one of them shows
+the decisions each hop took (its sidecar's span attributes in the test Jaeger). Both
+transports. Fan-out is tests/e2e/test_flows_fanout.py's."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import yaml
 
 from asya_e2e.actors import EXAMPLES_IMAGE, ON_TEST_NODE, POD_TIMEOUT, wait_running
 from asya_e2e.brokers import TRANSPORTS, Collected
+from asya_e2e.cli import asya, asya_json
 from asya_e2e.env import bin_dir
 from asya_e2e.kube import kubectl
+from asya_e2e.traces import JAEGER_QUERY_URL, fresh_traceparent, jaeger_answers, tag, trace
 from asya_e2e.wait import wait_for
 
 pytestmark = pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
@@ -103,8 +106,11 @@ def test_compiled_flows_run_on_the_node(namespace, transport, tmp_path):
     }
     loops_in = {"odd3": {"n": 3}, "stop3": {"n": 9, "stop": 3}, "none": {"n": 0}, "guard": {"n": 20},
                 "negative": {"n": -1}}
+    trace_id, _, traceparent = fresh_traceparent()
     for id_, payload in orders_in.items():
-        send(f"asya-{ns}-validate", {"id": id_, "route": {"actors": ["validate"], "current": 0}, "payload": payload})
+        headers = {"traceparent": traceparent} if id_ == "once" else {}
+        send(f"asya-{ns}-validate", {"id": id_, "route": {"actors": ["validate"], "current": 0},
+                                     "headers": headers, "payload": payload})
     for id_, payload in loops_in.items():
         send(f"asya-{ns}-echo", {"id": id_, "route": {"actors": ["echo"], "current": 0}, "payload": payload})
 
@@ -183,3 +189,29 @@ def test_compiled_flows_run_on_the_node(namespace, transport, tmp_path):
     err = failed["negative"]["headers"]["x-asya-error"]
     assert err["reason"] == f"unhandled ValueError in flow count_odd (line {neg + 1})", err
     assert (err["type"], err["message"]) == ("ValueError", "n must not be negative"), err
+
+    # --- which way "once" went, from the trace backend --------------------------------------
+    assert jaeger_answers(), f"the test Jaeger does not answer at {JAEGER_QUERY_URL} (tests/services/up starts it)"
+    # The sidecars' batch processors export every 5 s.
+    process = wait_for("the five process spans of 'once' in Jaeger", lambda: (
+        p := sorted((s for t in trace(trace_id) for s in t["spans"] if s["operationName"].startswith("process ")),
+                    key=lambda s: s["startTime"])) and len(p) >= 5 and p, timeout=60, interval=1.0)
+    assert [(s["service"], tag(s, "asya.flow.name"), tag(s, "asya.flow.decisions")) for s in process] == [
+        ("validate", "review_order", None),
+        ("charge", "review_order", f"{except_payment}:except PaymentDeclined, {third}:else"),
+        ("charge", "review_order", f"{big_order}:else, {us}:if"),
+        ("standard-ship", "review_order", None),
+        ("notify", "review_order", None)]
+    # `asya trace` reads them back: one hop per actor called, with what its sidecar decided.
+    hops = wait_for("asya trace once from the trace backend", lambda: (
+        t := asya_json(ns, "trace", "once", check=False)) and "trace backend" in t.get("source", "")
+        and len(t["hops"]) >= 5 and t["hops"], timeout=60, interval=1.0)
+    assert [(h["actor"], h["outcome"]) for h in hops] == [
+        ("validate", "completed"),
+        ("charge", f"failed: PaymentDeclined: card declined-once declined on attempt 1 "
+                   f"(decisions: {except_payment}:except PaymentDeclined, {third}:else)"),
+        ("charge", f"completed (decisions: {big_order}:else, {us}:if)"),
+        ("standard-ship", "completed"),
+        ("notify", "completed")], hops
+    tree = asya(ns, "trace", "once").stdout
+    assert f"decisions: {big_order}:else, {us}:if" in tree, tree
