@@ -113,15 +113,18 @@ pub async fn watch(client: kube::Client, app: Arc<App>) {
     let api: kube::Api<AsyncActor> = kube::Api::all(client);
     let (store, writer) = reflector::store();
     let config = watcher::Config::default().labels(&format!("{ROLE_LABEL}={ENTRY}"));
-    let stream = reflector::reflector(writer, watcher(api, config))
-        .default_backoff()
-        .touched_objects();
+    let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
     futures::pin_mut!(stream);
     let mut last: Option<Tools> = None;
     while let Some(ev) = stream.next().await {
-        if let Err(e) = ev {
-            tracing::warn!(error = %e, "watching the flows' entry actors (retrying)");
-            continue;
+        match ev {
+            Err(e) => {
+                tracing::warn!(error = %e, "watching the flows' entry actors (retrying)");
+                continue;
+            }
+            // The store shows a (re)list only once it is whole (InitDone).
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
+            Ok(_) => {}
         }
         let (tools, warnings) = tools_of(&store.state());
         for w in warnings {

@@ -6,7 +6,9 @@ AsyncActors it writes completed for this cluster (transport, the test node, one 
 applied with `kubectl apply -f DIR`; the webhook injects the sidecars, each entry reads its
 program from the compiled ConfigMap. One envelope per path: its exact payload, path and
 decisions in x-sink, or in x-sump with its original error; `asya trace` of one of them shows
-the decisions each hop took (its sidecar's span attributes in the test Jaeger). Both
+the decisions each hop took (its sidecar's span attributes in the test Jaeger); the real
+gateway (`--flows kube`, watching the entry AsyncActors) offers each flow as one tool to the
+namespace's token only, and a call of it reaches x-sink with the flow's result. Both
 transports. Fan-out is tests/e2e/test_flows_fanout.py's."""
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import pytest
 import yaml
 
 from asya_e2e.actors import EXAMPLES_IMAGE, ON_TEST_NODE, POD_TIMEOUT, wait_running
-from asya_e2e.brokers import TRANSPORTS, Collected
+from asya_e2e.brokers import SQS_ENDPOINT, TRANSPORTS, Collected
 from asya_e2e.cli import asya, asya_json
 from asya_e2e.env import bin_dir
+from asya_e2e.gateway import call, running_gateway
 from asya_e2e.kube import kubectl
 from asya_e2e.traces import JAEGER_QUERY_URL, fresh_traceparent, jaeger_answers, tag, trace
 from asya_e2e.wait import wait_for
@@ -215,3 +218,30 @@ def test_compiled_flows_run_on_the_node(namespace, transport, tmp_path):
         ("notify", "completed")], hops
     tree = asya(ns, "trace", "once").stdout
     assert f"decisions: {big_order}:else, {us}:if" in tree, tree
+
+    # --- the flow as a tool of the gateway ----------------------------------------------------
+    mine, theirs = f"flows-{ns}-token-0123456789", "other-namespace-token-0123456789"
+    args = ["--flows", "kube", "--rabbitmq-url", os.environ.get("ASYA_TEST_RABBITMQ_URL",
+                                                               "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            "--sqs-region", "us-east-1", "--sqs-endpoint", SQS_ENDPOINT]
+    tool = f"{ns}.review_order"
+    with running_gateway(tmp_path / "gw", [f"{mine} namespaces={ns}", f"{theirs} namespaces=kube-system"], args,
+                         env={"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}) as url:
+        listed = wait_for(f"tool {tool} listed", lambda: (
+            names := [t["name"] for t in call("GET", f"{url}/tools", mine)[1]["tools"]]) and names,
+            timeout=30, interval=0.5)
+        assert listed == [f"{ns}.count_odd", tool], listed
+        assert call("GET", f"{url}/tools", theirs)[1]["tools"] == []
+        status, body = call("POST", f"{url}/tools/call", theirs, {"name": tool, "arguments": {}})
+        assert (status, body.get("error")) == (403, "namespace_not_allowed"), body
+        status, body = call("POST", f"{url}/tools/call", mine,
+                            {"name": tool, "arguments": {"items": [{"price": 5}], "country": "DE"}})
+        assert status == 202, body
+        eid = body["envelope_id"]
+        done = wait_for("the tool call's result in x-sink",
+                        lambda: sink.at_least(8) and [e for e in sink.items if e["id"] == eid], timeout=60, interval=0.5)
+    assert done[0]["payload"] == {
+        "items": [{"price": 5}], "country": "DE", "status": "done", "attempt": 1, "total": 5, "charged": 5,
+        "shipping": "pickup", "notified": True, "trail": ["validate", "charge", "notify"]}
+    assert done[0]["route"]["actors"] == ["validate", "charge", "notify"]
+    assert done[0]["headers"]["x-asya-tool"] == tool
