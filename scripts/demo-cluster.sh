@@ -620,9 +620,16 @@ for id_ in orders:
         print(f"    {'':18} {e['type']}: {e['message']}  [{e['reason']}]")
 print(f"    all three in {time.monotonic() - t0:.1f}s (decisions: source line and what it chose)")
 PY
-say "\$ asya -n $flow_ns trace once"
-"$asya_bin" -n "$flow_ns" --release-namespace asya-system trace once 2>&1 | sed 's/^/    /' \
-  || say "(asya trace failed: see above)"
+# The sidecars export their spans every 5 s: wait (at most 20 s) for the five hops of "once"
+# in the trace backend, where each hop carries the decisions its sidecar took.
+flow_trace() { "$asya_bin" -n "$flow_ns" --release-namespace asya-system trace once "$@"; }
+deadline=$((SECONDS + 20))
+until flow_trace -o json 2>/dev/null | python3 -c 'import json,sys; t=json.load(sys.stdin); sys.exit(not ("trace backend" in t["source"] and len(t["hops"]) >= 5))'; do
+  [ $SECONDS -lt $deadline ] || break
+  sleep 1
+done
+say "\$ asya -n $flow_ns trace once    (each hop with the decisions its sidecar took after the handler)"
+flow_trace 2>&1 | sed 's/^/    /' || say "(asya trace failed: see above)"
 
 if [ "${ASYA_DEMO_LOAD:-0}" -gt 0 ]; then
   heading "Load: ${ASYA_DEMO_LOAD} more envelopes over two minutes (ASYA_DEMO_LOAD)"
