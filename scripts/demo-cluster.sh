@@ -12,8 +12,10 @@
 #      too strict policy in validate's env fails); the pods as they appear; the results as they
 #      reach x-sink and x-sump; `kubectl get asyas -o wide`; `asya sump list/show`, the policy
 #      fixed, `asya sump redrive` and the redriven envelope in x-sink; `asya trace` of an
-#      envelope (its spans in the test Jaeger: the chart traces the sidecars); the Actors
-#      dashboard's queries in the test Prometheus, and a picture of them (target/demo/);
+#      envelope (its spans in the test Jaeger: the chart traces the sidecars); a flow
+#      (docs/flows.md's order review: `asya flow compile`, `kubectl apply -f DIR` in a namespace
+#      of its own, three orders taking three paths, each one's path and decisions, `asya trace`);
+#      the Actors dashboard's queries in the test Prometheus, and a picture of them (target/demo/);
 #   3. the namespace and the flavor deleted. The cluster keeps running (tests/cluster/down
 #      stops it).
 #
@@ -34,6 +36,8 @@ image_profile="${IMAGE_PROFILE:-ci}"
 # namespace of the same name for 10 minutes (queue-provisioner: applied cache), so a namespace
 # re-created under the same name would start its sidecars without credentials.
 ns="asya-demo-$(date +%H%M%S)"
+# The flow example in a namespace of its own (its own x-sink and x-sump queues).
+flow_ns="$ns-flow"
 flavor=asya-demo-on-test-node
 image=localhost/asya-rs/asya-examples:dev
 logs="$root/target/demo"
@@ -264,6 +268,27 @@ YAML
 sed -n '1,/^---/p' "$logs/actors.yaml" | sed '$d' | sed 's/^/    | /'
 say "| ... (split, x-sink: $logs/actors.yaml)"
 kubectl apply -f "$logs/actors.yaml" 2>&1 | sed 's/^/    /'
+
+heading "A flow: the order review of docs/flows.md, compiled to AsyncActors (namespace $flow_ns)"
+say "One Python function (deploy/examples/flows/order_review.py): its awaits are actor calls; the"
+say "branches, the retry loop, the except paths between them run in the sidecars, without hops."
+say "\$ asya flow compile deploy/examples/flows/order_review.py -o $logs/order-review --module orders --image $image"
+rm -rf "$logs/order-review"
+"$asya_bin" flow compile deploy/examples/flows/order_review.py -o "$logs/order-review" --module orders \
+  --image "$image" 2>&1 | sed 's/^/    /' || die "asya flow compile failed"
+# What a user adds for this cluster: the transport, the test node, one pod each (the pods start
+# now, while the pipeline's story goes on; the flow's envelopes come after asya trace).
+python3 - "$logs/order-review" <<'PY'
+import pathlib, sys, yaml
+for f in pathlib.Path(sys.argv[1]).glob("actor-*.yaml"):
+    doc = yaml.safe_load(f.read_text())
+    doc["spec"].update({"transport": "rabbitmq", "scaling": {"enabled": False}, "replicas": 1,
+                        "tolerations": [{"key": "asya.sh/test-node", "operator": "Exists", "effect": "NoSchedule"}]})
+    f.write_text(yaml.safe_dump(doc))
+PY
+kubectl create namespace "$flow_ns" >/dev/null && kubectl label namespace "$flow_ns" asya.sh/demo=true >/dev/null
+say "\$ kubectl apply -n $flow_ns -f $logs/order-review"
+kubectl apply -n "$flow_ns" -f "$logs/order-review" 2>&1 | sed 's/^/    /'
 
 heading "The third actor, written with the older field names: accepted, with a warning"
 cat > "$logs/shout.yaml" <<YAML
@@ -553,6 +578,77 @@ say "\$ asya -n $ns trace hello"
 asya trace hello 2>&1 | sed 's/^/    /' || say "(asya trace failed: see above)"
 say "(the same trace in Jaeger's API: http://127.0.0.1:16686/api/traces/<trace id>)"
 
+heading "The flow: three orders, three paths"
+# Their pods started with the pipeline's story: by now they are usually up.
+deadline=$((SECONDS + 180))
+for a in validate charge express-ship standard-ship notify; do
+  until [ "$(kubectl get pods -n "$flow_ns" -l "asya.sh/actor=$a" \
+      -o jsonpath='{.items[*].status.conditions[?(@.type=="Ready")].status}')" = True ]; do
+    [ $SECONDS -lt $deadline ] || die "the flow's actor $a has no ready pod after 3 minutes (kubectl get pods -n $flow_ns)"
+    sleep 1
+  done
+done
+say "Sent to the flow's entry queue asya-$flow_ns-validate, plain envelopes (route: validate):"
+say "  big       items 60 + 50           express shipping"
+say "  once      card declined once, US  PaymentDeclined caught by 'except PaymentError', charged again"
+say "  declined  card always declined    three attempts, then 'raise': x-sump with charge's own error"
+python3 - "$flow_ns" "$ASYA_TEST_RABBITMQ_MANAGEMENT_URL" <<'PY' || die "the flow's envelopes did not all arrive"
+import base64, json, sys, time, urllib.request
+
+ns, mgmt = sys.argv[1], sys.argv[2]
+auth = {"Content-Type": "application/json", "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
+
+
+def post(path, body):
+    req = urllib.request.Request(f"{mgmt}/api/{path}", data=json.dumps(body).encode(), method="POST", headers=auth)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+orders = {"big": {"items": [{"price": 60}, {"price": 50}]},
+          "once": {"items": [{"price": 5}], "card": "declined-once", "country": "US"},
+          "declined": {"items": [{"price": 5}], "card": "declined"}}
+t0 = time.monotonic()
+for id_, payload in orders.items():
+    env = {"id": id_, "route": {"actors": ["validate"], "current": 0}, "payload": payload}
+    if not post("exchanges/%2F/asya/publish", {"properties": {"delivery_mode": 2}, "routing_key": f"asya-{ns}-validate",
+                                                "payload": json.dumps(env), "payload_encoding": "string"})["routed"]:
+        sys.exit(f"demo: RabbitMQ routed nothing to asya-{ns}-validate")
+seen = {}
+while len(seen) < len(orders):
+    if time.monotonic() - t0 > 120:
+        sys.exit(f"demo: after 2 minutes, not yet in x-sink or x-sump: {sorted(set(orders) - set(seen))}")
+    for end in ("x-sink", "x-sump"):
+        # Looked at and put back: `asya trace` below finds them there.
+        for m in post(f"queues/%2F/asya-{ns}-{end}/get", {"count": 10, "ackmode": "ack_requeue_true",
+                                                          "encoding": "auto"}):
+            env = json.loads(m["payload"])
+            if env["id"] in orders and env["id"] not in seen:
+                seen[env["id"]] = (end, env)
+    time.sleep(0.5)
+for id_ in orders:
+    end, env = seen[id_]
+    print(f"    {end:8} {id_:9} path: {' -> '.join(env['route']['actors'])}")
+    print(f"    {'':18} decisions: {', '.join((env.get('flow') or {}).get('trail') or []) or '(none)'}")
+    if end == "x-sink":
+        p = env["payload"]
+        print(f"    {'':18} status={p['status']} attempt={p['attempt']} total={p['total']} shipping={p['shipping']}")
+    else:
+        e = env["headers"]["x-asya-error"]
+        print(f"    {'':18} {e['type']}: {e['message']}  [{e['reason']}]")
+print(f"    all three in {time.monotonic() - t0:.1f}s (decisions: source line and what it chose)")
+PY
+# The sidecars export their spans every 5 s: wait (at most 20 s) for the five hops of "once"
+# in the trace backend, where each hop carries the decisions its sidecar took.
+flow_trace() { "$asya_bin" -n "$flow_ns" --release-namespace asya-system trace once "$@"; }
+deadline=$((SECONDS + 20))
+until flow_trace -o json 2>/dev/null | python3 -c 'import json,sys; t=json.load(sys.stdin); sys.exit(not ("trace backend" in t["source"] and len(t["hops"]) >= 5))'; do
+  [ $SECONDS -lt $deadline ] || break
+  sleep 1
+done
+say "\$ asya -n $flow_ns trace once    (each hop with the decisions its sidecar took after the handler)"
+flow_trace 2>&1 | sed 's/^/    /' || say "(asya trace failed: see above)"
+
 if [ "${ASYA_DEMO_LOAD:-0}" -gt 0 ]; then
   heading "Load: ${ASYA_DEMO_LOAD} more envelopes over two minutes (ASYA_DEMO_LOAD)"
   say "1 to 5 words each; one in ten flaky (retried), one in ten with 'spam' (x-sump). KEDA scales up."
@@ -612,11 +708,11 @@ say "runbooks: docs/observability.md"
 
 # --- 3. clean up -------------------------------------------------------------------------------
 if [ "${ASYA_DEMO_KEEP:-}" = 1 ]; then
-  heading "Kept: namespace $ns and flavor $flavor (the next run removes them)"
+  heading "Kept: namespaces $ns, $flow_ns and flavor $flavor (the next run removes them)"
   say "source tests/cluster/env; kubectl get asyas,pods -n $ns -w"
 else
-  heading "Cleaning up: namespace $ns and flavor $flavor (ASYA_DEMO_KEEP=1 keeps them)"
-  remove_demo "$ns"
+  heading "Cleaning up: namespaces $ns, $flow_ns and flavor $flavor (ASYA_DEMO_KEEP=1 keeps them)"
+  remove_demo "$ns" "$flow_ns"
   say "deleted; the provisioner removed the queues with the actors"
 fi
 echo

@@ -44,3 +44,16 @@ pub fn drop_bookkeeping(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v
         }
     }
 }
+
+/// Flows (docs/flows.md): what `asya flow compile` writes and the gateway reads to offer a
+/// flow as a tool. The flow an actor serves.
+pub const FLOW: &str = "asya.sh/flow";
+/// The actor's role in its flow: `entry`, `step` or `fan-out-branch`.
+pub const FLOW_ROLE: &str = "asya.sh/flow-role";
+/// The program's version (on the ConfigMap and the entry actor).
+pub const FLOW_VERSION: &str = "asya.sh/flow-version";
+/// Annotation of the entry actor: the flow's docstring (the tool's description).
+pub const ANNOTATION_FLOW_DESCRIPTION: &str = "asya.sh/flow-description";
+/// Annotation of the entry actor a user may add: the tool's parameters (JSON, the gateway
+/// tools file's `parameters` shape).
+pub const ANNOTATION_FLOW_PARAMETERS: &str = "asya.sh/flow-parameters";

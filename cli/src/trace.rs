@@ -52,6 +52,8 @@ pub struct Hop {
 pub fn hops_from_gateway(record: &Value) -> Vec<Hop> {
     let id = record.get("id").and_then(Value::as_str).unwrap_or_default();
     let mut hops: Vec<Hop> = Vec::new();
+    // Per hop: the flow decisions its sidecar reported (the `completed` report's message).
+    let mut decided: Vec<Option<String>> = Vec::new();
     let history = record
         .get("history")
         .and_then(Value::as_array)
@@ -69,21 +71,38 @@ pub fn hops_from_gateway(record: &Value) -> Vec<Hop> {
             .unwrap_or("-")
             .to_string();
         let at = ev.get("at_ms").and_then(Value::as_i64);
+        let decisions = ev
+            .get("message")
+            .and_then(Value::as_str)
+            .and_then(asya_flow::trace::decisions_of)
+            .map(str::to_string);
         match hops.last_mut() {
-            Some(h) if h.actor == actor => {
+            // A flow may call an actor twice in a row (a retry loop): a new `received` after
+            // `completed` is the next hop.
+            Some(h) if h.actor == actor && !(h.outcome == "completed" && phase == "received") => {
                 if let (Some(start), Some(t)) = (h.at_ms, at) {
                     h.duration_ms = Some(t - start);
                 }
                 h.outcome = phase;
             }
-            _ => hops.push(Hop {
-                envelope: id.to_string(),
-                actor,
-                at_ms: at,
-                duration_ms: None,
-                outcome: phase,
-            }),
+            _ => {
+                hops.push(Hop {
+                    envelope: id.to_string(),
+                    actor,
+                    at_ms: at,
+                    duration_ms: None,
+                    outcome: phase,
+                });
+                decided.push(None);
+            }
         }
+        if let (Some(d), Some(slot)) = (decisions, decided.last_mut()) {
+            *slot = Some(d);
+        }
+    }
+    for (h, d) in hops.iter_mut().zip(decided) {
+        h.outcome =
+            crate::trace_backend::with_decisions(std::mem::take(&mut h.outcome), d.as_deref());
     }
     hops
 }
@@ -162,6 +181,34 @@ mod tests {
             vec![Source::TraceBackend("http://j".into()), Source::Queues]
         );
         assert_eq!(sources(Some(""), Some("")), vec![Source::Queues]);
+    }
+
+    #[test]
+    fn a_flow_hop_shows_the_decisions_its_sidecar_reported() {
+        let rec = json!({"id": "once", "history": [
+            {"actor": "validate", "phase": "received", "at_ms": 100},
+            {"actor": "validate", "phase": "completed", "message": "flow review_order", "at_ms": 110},
+            {"actor": "charge", "phase": "received", "at_ms": 120},
+            {"actor": "charge", "phase": "processing", "at_ms": 121},
+            {"actor": "charge", "phase": "completed", "at_ms": 130,
+             "message": "flow review_order: 37:except PaymentDeclined, 38:else"},
+            {"actor": "charge", "phase": "received", "at_ms": 140},
+            {"actor": "charge", "phase": "completed", "at_ms": 150,
+             "message": "flow review_order: 14:else, 17:if"}
+        ]});
+        let outcomes: Vec<(String, String)> = hops_from_gateway(&rec)
+            .into_iter()
+            .map(|h| (h.actor, h.outcome))
+            .collect();
+        let want = [
+            ("validate", "completed"),
+            (
+                "charge",
+                "completed (decisions: 37:except PaymentDeclined, 38:else)",
+            ),
+            ("charge", "completed (decisions: 14:else, 17:if)"),
+        ];
+        assert_eq!(outcomes, want.map(|(a, o)| (a.to_string(), o.to_string())));
     }
 
     #[test]

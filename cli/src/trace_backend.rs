@@ -35,6 +35,10 @@ pub struct Span {
     pub envelope: Option<String>,
     /// `error.type` and the status description, when the span ended in ERROR.
     pub error: Option<String>,
+    /// A hop in a flow: the decisions its sidecar took after the handler
+    /// (`37:except PaymentDeclined, 38:else`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decisions: Option<String>,
 }
 
 /// The trace ids of a search answer.
@@ -101,6 +105,7 @@ pub fn spans(answer: &Value) -> Vec<Span> {
                 duration_us: s["duration"].as_i64().unwrap_or_default(),
                 envelope: tag_str(tags, MESSAGE_ID),
                 error,
+                decisions: tag_str(tags, asya_flow::trace::DECISIONS_ATTRIBUTE),
             })
         })
         .collect();
@@ -145,10 +150,21 @@ pub fn hops(spans: &[Span]) -> Vec<Hop> {
                 actor: s.service.clone(),
                 at_ms: Some(s.start_us / 1000),
                 duration_ms: Some(s.duration_us / 1000),
-                outcome: error.map_or_else(|| "completed".into(), |e| format!("failed: {e}")),
+                outcome: with_decisions(
+                    error.map_or_else(|| "completed".into(), |e| format!("failed: {e}")),
+                    s.decisions.as_deref(),
+                ),
             }
         })
         .collect()
+}
+
+/// A hop's outcome with the flow decisions it took: `completed (decisions: 14:else, 17:if)`.
+pub fn with_decisions(outcome: String, decisions: Option<&str>) -> String {
+    match decisions {
+        Some(d) => format!("{outcome} (decisions: {d})"),
+        None => outcome,
+    }
 }
 
 /// The spans as a tree, one line each: name, service, duration, and ERROR with its reason.
@@ -192,6 +208,9 @@ fn walk(
     }
     if let Some(e) = &s.error {
         line.push_str(&format!(" ERROR {e}"));
+    }
+    if let Some(d) = &s.decisions {
+        line.push_str(&format!(" decisions: {d}"));
     }
     out.push_str(&line);
     out.push('\n');
@@ -297,6 +316,27 @@ mod tests {
         );
         assert_eq!(h[0].at_ms, Some(1000));
         assert_eq!(h[0].duration_ms, Some(2));
+    }
+
+    #[test]
+    fn a_flow_hop_shows_its_decisions_in_the_hops_and_the_tree() {
+        let mut a = answer();
+        let b1 = a["data"][0]["spans"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|s| s["spanID"] == "b1")
+            .unwrap();
+        b1["tags"].as_array_mut().unwrap().push(json!({
+            "key": asya_flow::trace::DECISIONS_ATTRIBUTE, "value": "14:else, 17:if"
+        }));
+        let sp = spans(&a);
+        let h = hops(&sp);
+        assert_eq!(h[1].outcome, "completed (decisions: 14:else, 17:if)");
+        assert_eq!(h[0].outcome, "completed");
+        let tree = render_tree(&sp);
+        let line = tree.lines().find(|l| l.contains("envelope=e-b1")).unwrap();
+        assert!(line.ends_with(" decisions: 14:else, 17:if"), "{tree}");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod error;
 pub mod eval;
 pub mod expr;
 pub mod ir;
+pub mod trace;
 
 pub use error::FlowError;
 pub use eval::{Evaluation, Event, Outcome, Position, resume};

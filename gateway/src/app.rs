@@ -1,6 +1,6 @@
 //! What REST and MCP share: the tools, the store, the senders, and starting a call.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use asya_transport::envelope::{Envelope, Route, SendTrace};
@@ -21,7 +21,10 @@ pub const TOOL_HEADER: &str = "x-asya-tool";
 pub const DEFAULT_TIMEOUT: u64 = 300;
 
 pub struct App {
+    /// The tools file's and the flows' (`crate::flows`), merged: what is offered.
     tools: RwLock<Arc<Tools>>,
+    /// (the tools file's, the flows'): changed and merged under this one lock.
+    sources: Mutex<(Arc<Tools>, Arc<Tools>)>,
     pub store: Store,
     pub senders: Senders,
     pub namespace: String,
@@ -55,8 +58,10 @@ pub struct Started {
 
 impl App {
     pub fn new(tools: Tools, store: Store, senders: Senders, namespace: String) -> App {
+        let tools = Arc::new(tools);
         App {
-            tools: RwLock::new(Arc::new(tools)),
+            tools: RwLock::new(tools.clone()),
+            sources: Mutex::new((tools, Arc::new(Tools::default()))),
             store,
             senders,
             namespace,
@@ -91,10 +96,31 @@ impl App {
             .unwrap_or_else(|p| p.into_inner().clone())
     }
 
+    /// The tools file's tools (at start and on each reload).
     pub fn set_tools(&self, tools: Tools) {
+        self.merge_tools(|s| s.0 = Arc::new(tools));
+    }
+
+    /// The flows' tools (`crate::flows::watch`).
+    pub fn set_flow_tools(&self, tools: Tools) {
+        self.merge_tools(|s| s.1 = Arc::new(tools));
+    }
+
+    /// Changes one source and offers both merged; a name in the tools file wins over a
+    /// flow's (the operator's word is last).
+    fn merge_tools(&self, change: impl FnOnce(&mut (Arc<Tools>, Arc<Tools>))) {
+        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        change(&mut sources);
+        let (file, flows) = &*sources;
+        let mut all = (**flows).clone();
+        for (name, t) in &file.tools {
+            if all.tools.insert(name.clone(), t.clone()).is_some() {
+                tracing::warn!(tool = %name, "the tools file and a flow offer a tool of the same name; the file's is offered");
+            }
+        }
         match self.tools.write() {
-            Ok(mut t) => *t = Arc::new(tools),
-            Err(p) => *p.into_inner() = Arc::new(tools),
+            Ok(mut t) => *t = Arc::new(all),
+            Err(p) => *p.into_inner() = Arc::new(all),
         }
     }
 

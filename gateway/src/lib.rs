@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod app;
+pub mod flows;
 pub mod http;
 pub mod mcp;
 pub mod metrics;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use asya_gateway::http::Limits;
-use asya_gateway::serve::{Settings, UidSource, run};
+use asya_gateway::serve::{FlowSource, Settings, UidSource, run};
 use asya_gateway::store::retention::Policy;
 use asya_gateway::tools::Tools;
 use clap::{Parser, Subcommand};
@@ -108,6 +108,11 @@ struct ServeArgs {
         default_value = "kube"
     )]
     namespace_uids: UidSource,
+    /// Compiled flows as tools: `kube` watches the flows' entry AsyncActors (labelled
+    /// asya.sh/flow-role=entry) in every namespace, each the tool `{namespace}.{flow}`;
+    /// `off`: the tools file's only.
+    #[arg(long, env = "ASYA_GATEWAY_FLOWS", value_enum, default_value = "off")]
+    flows: FlowSource,
     /// Stored envelopes are deleted this long after their final status (e.g. 168h); 0: kept.
     #[arg(long, env = "ASYA_GATEWAY_RETENTION_FINISHED", default_value = "168h", value_parser = duration)]
     retention_finished: Duration,
@@ -251,6 +256,7 @@ fn main() -> ExitCode {
                     max_body_bytes: a.max_body_bytes,
                 },
                 namespace_uids: a.namespace_uids,
+                flows: a.flows,
                 retention: Policy {
                     finished: Policy::duration(a.retention_finished),
                     unfinished: Policy::duration(a.retention_unfinished),

@@ -36,6 +36,8 @@ pub struct Settings {
     pub limits: Limits,
     /// How report tokens' namespace uids are checked.
     pub namespace_uids: UidSource,
+    /// Whether compiled flows are offered as tools (`crate::flows`).
+    pub flows: FlowSource,
     /// When stored envelopes are deleted (`crate::store::retention`).
     pub retention: Policy,
     pub allowed_hosts: Vec<String>,
@@ -50,6 +52,15 @@ pub enum UidSource {
     /// kubeconfig): a report token of a namespace deleted since is refused.
     Kube,
     /// Signatures only, for runs without a cluster; said at start.
+    Off,
+}
+
+/// Where flow tools come from (`--flows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FlowSource {
+    /// A watch of the flows' entry AsyncActors in every namespace: each is a tool.
+    Kube,
+    /// None: only the tools file's (runs without a cluster).
     Off,
 }
 
@@ -73,6 +84,11 @@ pub enum ServeError {
          signatures only"
     )]
     NamespaceUids(String),
+    #[error(
+        "--flows=kube: no Kubernetes API to watch the flows' entry actors in ({0}); run in the \
+         cluster or with a kubeconfig, or pass --flows=off"
+    )]
+    Flows(String),
     #[error("{0}")]
     Transport(String),
     #[error("{0}")]
@@ -306,6 +322,15 @@ pub async fn start(
         })?;
     let addr = listener.local_addr().unwrap_or(s.addr);
     let reload = spawn_reload(app.clone(), s.tools.clone(), s.reload_interval);
+    let flows = match s.flows {
+        FlowSource::Off => None,
+        FlowSource::Kube => {
+            let client = kube::Client::try_default()
+                .await
+                .map_err(|e| ServeError::Flows(e.to_string()))?;
+            Some(tokio::spawn(crate::flows::watch(client, app.clone())))
+        }
+    };
     let retention = retention::spawn(app.clone(), s.retention.clone());
     tracing::info!(%addr, "listening: /mcp, /tools/call, /envelopes, /health, /metrics");
     let traces_app = app.clone();
@@ -318,6 +343,9 @@ pub async fn start(
         .await
         .map_err(|source| ServeError::Listen { addr, source });
         reload.abort();
+        if let Some(f) = flows {
+            f.abort();
+        }
         if let Some(r) = retention {
             r.abort();
         }

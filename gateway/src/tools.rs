@@ -48,6 +48,10 @@ pub struct Tool {
     /// poll instead (default 300).
     #[serde(default)]
     pub timeout: Option<u64>,
+    /// Any object is accepted as the arguments: a flow that declares no parameters
+    /// (`crate::flows`); never set from a tools file.
+    #[serde(skip)]
+    pub open: bool,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -294,6 +298,11 @@ pub struct ArgError {
 impl Tool {
     /// The JSON Schema of the tool's arguments (`tools/list`'s `inputSchema`).
     pub fn input_schema(&self) -> Map<String, Value> {
+        if self.open {
+            let mut schema = Map::new();
+            schema.insert("type".into(), json!("object"));
+            return schema;
+        }
         let mut props = Map::new();
         let mut required = Vec::new();
         for (name, p) in &self.parameters {
@@ -340,6 +349,9 @@ impl Tool {
                 }]);
             }
         };
+        if self.open {
+            return Ok(given.clone());
+        }
         let mut out = Map::new();
         for (name, v) in given {
             let Some(p) = self.parameters.get(name) else {

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod fanin_client;
 pub mod flow_routing;
+pub mod flow_trace;
 pub mod gateway_client;
 pub mod http;
 pub mod metrics;

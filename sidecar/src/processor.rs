@@ -429,7 +429,10 @@ impl<T: Transport> Processor<T> {
             None
         } else {
             match flow_routing::carried(&env) {
-                Some(Ok(c)) => Some(c),
+                Some(Ok(c)) => {
+                    hop.note_trail_before(c.trail.len());
+                    Some(c)
+                }
                 Some(Err(why)) => {
                     tracing::warn!(%why, "to x-sump");
                     return self.to_sump(&env, &why, None, "failed", "flow_error", hop);
@@ -696,6 +699,11 @@ impl<T: Transport> Processor<T> {
         status: &'static str,
         hop: &Hop,
     ) -> Disposition {
+        let decided = crate::flow_trace::decided(hop.trail_before(), &step);
+        if let Some(d) = &decided {
+            tracing::debug!(decisions = %d.message(), "flow decided");
+            hop.note_flow(d.clone());
+        }
         let (routed, branches) = match step {
             FlowStep::Branches(_) if self.fanin.is_none() => {
                 let reason = "a flow fans out here, and this actor has no gateway to gather the \
@@ -736,7 +744,15 @@ impl<T: Transport> Processor<T> {
                 tracing::debug!(to = %out.iter().map(|o| o.queue.as_str()).collect::<Vec<_>>().join(","), "flow routed");
                 let mut d = self.done(out, status, None, env.id.clone());
                 if self.reporter.enabled() {
-                    d.reports.push(self.progress(env, "completed"));
+                    let mut report = self.progress(env, "completed");
+                    // The gateway keeps each report's message in the envelope's history,
+                    // where `asya trace` reads the hop's decisions.
+                    if let (Some(dec), crate::gateway_client::Body::Progress(p)) =
+                        (&decided, &mut report.body)
+                    {
+                        p.message = Some(dec.message());
+                    }
+                    d.reports.push(report);
                     for (_, e) in routed.iter().filter(|_| branches) {
                         let parent = e.parent_id.as_deref().unwrap_or(&env.id);
                         d.reports.push(Report::child(

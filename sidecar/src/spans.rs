@@ -8,6 +8,8 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use asya_telemetry::{KeyValue, Recorder, SpanKind, SpanRecord};
+
+use crate::flow_trace::{DECISIONS_ATTRIBUTE, Decided, FLOW_ATTRIBUTE};
 use asya_transport::trace_context::{Incoming, TraceParent, TraceSettings};
 
 pub use asya_telemetry::ExportError;
@@ -44,6 +46,9 @@ pub struct Hop {
     pub start: SystemTime,
     runtime: Mutex<Option<RuntimeCall>>,
     sends: Mutex<Vec<(u64, String)>>,
+    /// Decisions the envelope's flow trail held when it arrived (0: none, or no flow).
+    trail_before: std::sync::atomic::AtomicUsize,
+    flow: Mutex<Option<Decided>>,
 }
 
 impl Hop {
@@ -56,6 +61,25 @@ impl Hop {
             start: SystemTime::now(),
             runtime: Mutex::new(None),
             sends: Mutex::new(Vec::new()),
+            trail_before: Default::default(),
+            flow: Mutex::new(None),
+        }
+    }
+
+    /// The envelope arrived in a flow whose trail held `n` decisions.
+    pub fn note_trail_before(&self, n: usize) {
+        self.trail_before
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn trail_before(&self) -> usize {
+        self.trail_before.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// What the flow decided in this hop (the `process` span's attributes).
+    pub fn note_flow(&self, decided: Decided) {
+        if let Ok(mut f) = self.flow.lock() {
+            *f = Some(decided);
         }
     }
 
@@ -91,6 +115,7 @@ impl Hop {
             start: self.start,
             runtime: self.runtime.lock().map(|r| r.clone()).unwrap_or_default(),
             sends: self.sends.lock().map(|s| s.clone()).unwrap_or_default(),
+            flow: self.flow.lock().map(|f| f.clone()).unwrap_or_default(),
             end: SystemTime::now(),
             send_error,
         }
@@ -109,6 +134,8 @@ pub struct HopRecord {
     pub runtime: Option<RuntimeCall>,
     /// Each send: producer span id, destination queue.
     pub sends: Vec<(u64, String)>,
+    /// The flow's decisions in this hop, when the envelope is in a flow.
+    pub flow: Option<Decided>,
     /// When the sends were confirmed (or failed) and whether they failed.
     pub end: SystemTime,
     pub send_error: Option<String>,
@@ -218,7 +245,16 @@ impl Spans {
             remote_parent: true,
             start: hop.start,
             end: hop.end,
-            attributes: messaging("process", &self.queue),
+            attributes: {
+                let mut a = messaging("process", &self.queue);
+                if let Some(f) = &hop.flow {
+                    a.push(KeyValue::new(FLOW_ATTRIBUTE, f.flow.clone()));
+                    if !f.decisions.is_empty() {
+                        a.push(KeyValue::new(DECISIONS_ATTRIBUTE, f.decisions.join(", ")));
+                    }
+                }
+                a
+            },
             error: hop.send_error.clone(),
         }];
         let child = |span_id: u64| hop.span.child(span_id);
@@ -296,6 +332,47 @@ mod tests {
         );
         hop.forget_sends();
         assert!(hop.record("e1", None).sends.is_empty());
+    }
+
+    #[test]
+    fn a_flow_hop_names_its_flow_and_decisions_on_the_process_span() {
+        let parent =
+            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let incoming = || Incoming {
+            parent: Some(parent),
+            tracestate: None,
+            refused: None,
+        };
+        let spans = Spans {
+            recorder: Recorder::off(),
+            system: "rabbitmq",
+            queue: "asya-ns-charge".into(),
+        };
+        let hop = Hop::new(parent.child(7), incoming());
+        hop.note_flow(Decided {
+            flow: "review_order".into(),
+            decisions: vec!["37:except PaymentDeclined".into(), "38:else".into()],
+        });
+        let process = spans.hop_spans(&hop.record("e1", None)).remove(0);
+        assert!(
+            process
+                .attributes
+                .contains(&KeyValue::new(FLOW_ATTRIBUTE, "review_order"))
+        );
+        assert!(process.attributes.contains(&KeyValue::new(
+            DECISIONS_ATTRIBUTE,
+            "37:except PaymentDeclined, 38:else"
+        )));
+        // Outside a flow (or nothing decided): no such attributes.
+        let plain = spans
+            .hop_spans(&Hop::new(parent.child(8), incoming()).record("e2", None))
+            .remove(0);
+        assert!(
+            !plain
+                .attributes
+                .iter()
+                .any(|a| a.key.as_str().starts_with("asya.flow."))
+        );
     }
 
     #[test]

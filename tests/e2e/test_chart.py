@@ -688,6 +688,26 @@ def test_gateway_watches_namespaces_only_for_uid_bound_report_tokens(tmp_path):
         assert bool(to_api) == reaches, (uids, egress)
 
 
+def test_gateway_watches_flow_entries_only_when_asked(tmp_path):
+    """Compiled flows as tools (docs/flows.md): gateway.flows=kube gives the gateway read-only
+    get/list/watch on AsyncActors (added to its namespaces rule, or alone), an API token and
+    `--flows=kube`; the default `off` none of it; another value is refused naming the field."""
+    assert "--flows=off" in gateway_container(render("--set", "gateway.enabled=true"))["args"]
+    actors = {"apiGroups": ["asya.sh"], "resources": ["asyncactors"], "verbs": ["get", "list", "watch"]}
+    namespaces = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}
+    for values, rules in (({}, [namespaces, actors]), ({"auth": {"namespaceUids": "off"}}, [actors]),
+                          ({"auth": {"disabled": True}}, [actors])):
+        docs = render(*values_file(tmp_path, {"gateway": {"enabled": True, "flows": "kube", **values}}))
+        gw = component(docs, "gateway")
+        assert gw[("ClusterRole", "asya-gateway")]["rules"] == rules, values
+        pod = gw[("Deployment", "asya-gateway")]["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is True, values
+        assert "--flows=kube" in gateway_container(docs)["args"], values
+    out = helm("template", "asya", CHART, "--set", "gateway.enabled=true", "--set", "gateway.flows=maybe",
+               check=False)
+    assert out.returncode != 0 and "/gateway/flows" in out.stderr, out.stderr
+
+
 def provisioner_secret_rules(docs) -> tuple[list, list]:
     """The provisioner's rules on Secrets: cluster-wide (actor namespaces), and in the release
     namespace."""

@@ -14,13 +14,13 @@ import os
 import signal
 import subprocess
 import uuid
-from pathlib import Path
 
 import pytest
 
 from asya_e2e.actors import EXAMPLES_IMAGE, POD_TIMEOUT, apply_on_node, pods, wait_running
 from asya_e2e.brokers import TRANSPORTS, Collected
-from asya_e2e.env import KUBECONFIG, RELEASE_NS, bin_dir
+from asya_e2e.cli import asya, asya_bin, asya_json
+from asya_e2e.env import KUBECONFIG, RELEASE_NS
 from asya_e2e.kube import apply, kubectl
 from asya_e2e.wait import wait_for
 
@@ -28,24 +28,6 @@ pytestmark = pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
                                 reason="ASYA_TEST_NODE=0: the test cluster runs without a node")
 
 FLAG_DIR = "/flags"
-
-
-def asya_bin() -> str:
-    return os.path.join(bin_dir(), "asya")
-
-
-def asya(ns: str, *args, kubeconfig: Path | None = None, check: bool = True, timeout: int = 120):
-    """Runs `asya -n NS ARGS...`; returns the CompletedProcess (stdout, stderr, returncode)."""
-    cmd = [asya_bin(), "-n", ns, "--release-namespace", RELEASE_NS,
-           "--kubeconfig", str(kubeconfig or KUBECONFIG), *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if check and out.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {out.returncode}\nstdout: {out.stdout}\nstderr: {out.stderr}")
-    return out
-
-
-def asya_json(ns: str, *args, **kw):
-    return json.loads(asya(ns, *args, "-o", "json", **kw).stdout)
 
 
 def sump_ids(ns: str, transport: str, *args) -> list[str]:

@@ -14,46 +14,18 @@ as a send. Every wait is a bounded poll on a condition.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 
-from asya_e2e.env import KUBECONFIG, bin_dir
+from asya_e2e.gateway import GATEWAY, post, running_gateway
 from asya_e2e.kube import kubectl, run
 from asya_e2e.wait import wait_for
 
-GATEWAY = Path(bin_dir()) / "asya-gateway"
 CLIENT = "tenancy-client-token-0123456789"
 KEY = "tenancy-report-key-0123456789abcdef0123"
 PROGRESS = {"actor": "a", "phase": "received", "current": 0, "total": 1}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(url: str, token: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
-    req.add_header("Content-Type", "application/json")
-    req.add_header("Authorization", "Bearer " + token)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        text = e.read()
-        try:
-            return e.code, json.loads(text)
-        except ValueError:
-            return e.code, {"raw": text.decode(errors="replace")}
 
 
 def uid_of(ns: str) -> str:
@@ -69,41 +41,13 @@ def report_token(key_file: Path, ns: str) -> str:
 @pytest.fixture
 def gateway(tmp_path):
     """A gateway on a free port watching the cluster's Namespaces; its URL and key file."""
-    if not GATEWAY.exists():
-        pytest.fail(f"{GATEWAY} is missing: build the binaries first (cargo build -p asya-gateway)")
-    (tmp_path / "tools.yaml").write_text("tools: []\n")
-    (tmp_path / "tokens").write_text(CLIENT + "\n")
     key = tmp_path / "key"
     key.write_text(KEY)
-    port = free_port()
-    log = open(tmp_path / "gateway.log", "wb")
-    env = dict(os.environ, KUBECONFIG=str(KUBECONFIG), ASYA_LOG_FORMAT="text",
-               AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test")
-    proc = subprocess.Popen(
-        [str(GATEWAY), "serve", "--addr", f"127.0.0.1:{port}", "--tools", str(tmp_path / "tools.yaml"),
-         "--auth-tokens", str(tmp_path / "tokens"), "--report-key-file", str(key),
-         "--namespace-uids", "kube", "--sqs-region", "us-east-1", "--sqs-endpoint", "http://127.0.0.1:9"],
-        env=env, stdout=subprocess.DEVNULL, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy():
-        assert proc.poll() is None, (tmp_path / "gateway.log").read_text()
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    wait_for("the gateway's /health", healthy, timeout=30)
-    try:
+    args = ["--report-key-file", str(key), "--namespace-uids", "kube", "--sqs-region", "us-east-1",
+            "--sqs-endpoint", "http://127.0.0.1:9"]
+    with running_gateway(tmp_path, [CLIENT], args,
+                         env={"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}) as url:
         yield url, key
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_a_report_token_is_refused_once_its_namespace_is_made_again(gateway):

@@ -36,6 +36,8 @@ impl std::fmt::Display for Refusal {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Compiled {
     pub program: Program,
+    /// The flow function's docstring, whitespace collapsed (the gateway's tool description).
+    pub description: Option<String>,
     /// Each actor called: its name (a DNS label) and its handler (`module.function`).
     pub actors: Vec<ActorRef>,
 }
@@ -121,8 +123,24 @@ pub fn compile(source: &str, file: &str, opts: &Options) -> Result<Compiled, Vec
     program.version = version_of(&program);
     Ok(Compiled {
         program,
+        description: docstring(flow.body),
         actors: c.actors,
     })
+}
+
+/// The docstring of a function body, its whitespace collapsed; `None` when there is none.
+fn docstring(body: &[ast::Stmt]) -> Option<String> {
+    let ast::Stmt::Expr(e) = body.first()? else {
+        return None;
+    };
+    let ast::Expr::Constant(c) = e.value.as_ref() else {
+        return None;
+    };
+    let ast::Constant::Str(s) = &c.value else {
+        return None;
+    };
+    let text = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    (!text.is_empty()).then_some(text)
 }
 
 /// A short content hash of the program (FNV-1a over its JSON): the same source and options

@@ -8,12 +8,10 @@ use serde_json::{Value, json};
 use super::compile::{Compiled, dns_label};
 use super::graph;
 
-/// Label naming the flow an actor serves.
-pub const FLOW_LABEL: &str = "asya.sh/flow";
-/// Label naming the actor's role in it: `entry`, `step` or `fan-out-branch`.
-pub const ROLE_LABEL: &str = "asya.sh/flow-role";
-/// Label with the program's version (on the ConfigMap and the entry actor).
-pub const VERSION_LABEL: &str = "asya.sh/flow-version";
+pub use asya_api::labels::{
+    ANNOTATION_FLOW_DESCRIPTION as DESCRIPTION_ANNOTATION, FLOW as FLOW_LABEL,
+    FLOW_ROLE as ROLE_LABEL, FLOW_VERSION as VERSION_LABEL,
+};
 
 #[derive(Debug, Clone)]
 pub struct Deploy {
@@ -92,12 +90,16 @@ pub fn files(c: &Compiled, d: &Deploy) -> Vec<File> {
                 "valueFrom": {"configMapKeyRef": {"name": cm, "key": "program.json"}},
             }]});
         }
+        let mut metadata = json!({"name": a.actor, "labels": labels});
+        if let (true, Some(d)) = (role == "entry", &c.description) {
+            metadata["annotations"] = json!({DESCRIPTION_ANNOTATION: d});
+        }
         out.push(File {
             name: format!("actor-{}.yaml", a.actor),
             text: yaml(&json!({
                 "apiVersion": "asya.sh/v1alpha1",
                 "kind": "AsyncActor",
-                "metadata": {"name": a.actor, "labels": labels},
+                "metadata": metadata,
                 "spec": spec,
             })),
         });

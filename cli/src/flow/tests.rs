@@ -661,6 +661,8 @@ fn the_compiled_manifests_pass_the_admission_review() {
         yaml("actor-notify.yaml")["metadata"]["labels"]["asya.sh/flow-role"],
         "step"
     );
+    // review_order has no docstring: no description for the gateway's tool.
+    assert_eq!(entry["metadata"].get("annotations"), None);
     let cm = yaml("flow-program.yaml");
     let program: Program =
         serde_json::from_str(cm["data"]["program.json"].as_str().unwrap()).unwrap();
@@ -674,4 +676,24 @@ fn the_compiled_manifests_pass_the_admission_review() {
             .text
             .starts_with("// flow review_order")
     );
+}
+
+#[test]
+fn the_flow_docstring_describes_the_entry_for_the_gateway() {
+    use super::manifests::{Deploy, files};
+    let src = "async def triage(state: dict) -> dict:\n    \"\"\"Sorts a ticket:\n\n    by urgency.\"\"\"\n    state = await classify(state)\n    state = await route(state)\n    return state\n";
+    let c = compile(src, "triage.py", &Options::default()).unwrap();
+    assert_eq!(
+        c.description.as_deref(),
+        Some("Sorts a ticket: by urgency.")
+    );
+    let out = files(&c, &Deploy { image: "x".into() });
+    let doc = |name: &str| -> Value {
+        serde_yaml::from_str(&out.iter().find(|f| f.name == name).unwrap().text).unwrap()
+    };
+    assert_eq!(
+        doc("actor-classify.yaml")["metadata"]["annotations"],
+        json!({"asya.sh/flow-description": "Sorts a ticket: by urgency."})
+    );
+    assert_eq!(doc("actor-route.yaml")["metadata"].get("annotations"), None);
 }

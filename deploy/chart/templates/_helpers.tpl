@@ -304,6 +304,17 @@ a report key no report is accepted, so the sidecars get no token to start with. 
 {{- if and $g.enabled (not $g.auth.disabled) $rk.name (eq ($g.auth.namespaceUids | default "kube") "kube") -}}true{{- end -}}
 {{- end -}}
 
+{{/* The gateway offers compiled flows as tools: a watch of their entry AsyncActors. */}}
+{{- define "asya.gatewayWatchesFlows" -}}
+{{- $g := .Values.gateway -}}
+{{- if and $g.enabled (eq ($g.flows | default "off") "kube") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The gateway talks to the API server (an API token in its pod, egress to the server). */}}
+{{- define "asya.gatewayUsesKube" -}}
+{{- if or (include "asya.gatewayWatchesNamespaces" .) (include "asya.gatewayWatchesFlows" .) -}}true{{- end -}}
+{{- end -}}
+
 {{- define "asya.gatewayReportTokens" -}}
 {{- $g := .Values.gateway -}}
 {{- $rk := $g.auth.reportKeySecretRef | default dict -}}

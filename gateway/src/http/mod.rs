@@ -61,6 +61,8 @@ mod tests;
 #[cfg(test)]
 mod tests_bounds;
 #[cfg(test)]
+mod tests_flows;
+#[cfg(test)]
 mod tests_tenancy;
 
 #[cfg(test)]
