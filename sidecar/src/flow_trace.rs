@@ -93,6 +93,7 @@ mod tests {
             reason: "unhandled".into(),
             failure: None,
             metric: "flow_unhandled",
+            instead: None,
         };
         assert_eq!(decided(0, &sump), None);
         let full: Vec<String> = (0..asya_flow::MAX_TRAIL)
