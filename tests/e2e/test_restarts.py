@@ -186,7 +186,10 @@ def converged(ns: str, names: list[str]) -> bool:
 BEFORE, AFTER = 5, 5
 
 
-@pytest.mark.parametrize("how", ["stop", "kill"])
+@pytest.mark.parametrize("how", ["stop", pytest.param("kill", marks=pytest.mark.xfail(strict=True, reason=(
+    "issue 35, open: a provisioner leader that lives through an API server crash (away ~2 s, "
+    "inside its Lease) never reconciles AsyncActors made after it, and its reconciles of the "
+    "earlier ones fail with 422 Invalid; 3 of 3 runs. Strict: the day it passes, this marker goes")))])
 def test_api_server_restarted_webhook_and_provisioner_recover_and_actors_converge(namespace, how):
     """AsyncActors applied just before the API server restarts and right after it all converge
     (transport Ready, workload, scaling), their pods are created through the webhook (the
