@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from asya_e2e.actors import FLAT, actor, phase_is
+from asya_e2e.actors import EXAMPLES_IMAGE, FLAT, actor, apply_on_node, phase_is
 from asya_e2e.brokers import RABBIT_CTL, rabbit_publish, rabbit_queues, rabbit_stopped, sqs, sqs_publish, sqs_queue_url
 from asya_e2e.components import component_log, process_stopped
 from asya_e2e.env import ROOT, STATE, cluster_config, provisioner_url, webhook_enabled
@@ -505,7 +505,10 @@ def test_pod_stuck_on_the_other_identity_modes_secret_is_replaced(namespace):
     with its credential variables pointing at another Secret (the webhook leaves a pod that
     already carries the injection marker as it is)."""
     ns = namespace
-    apply(ns, actor("stale", {**FLAT, "scaling": {"enabled": False}, "replicas": 1}))
+    # On the node (its taint tolerated, the examples image there): the copy must be
+    # scheduled for the kubelet to find its Secret missing.
+    apply_on_node(ns, "stale", {"image": EXAMPLES_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                "handler": "testing.act", "scaling": {"enabled": False}, "replicas": 1})
     good = wait_for("an injected pod", lambda: [p for p in pods_of(ns, "stale") if has_sidecar(p)], timeout=60)[0]
     spec = json.loads(json.dumps(good["spec"]))
     sidecars = [c for c in spec["containers"] + spec.get("initContainers", []) if c["name"] == "asya-sidecar"]

@@ -24,7 +24,7 @@ import pytest
 from asya_e2e.actors import EXAMPLES_IMAGE, FLAT, actor, apply_on_node, pod_story, pods, wait_running
 from asya_e2e.brokers import RABBIT_CTL, TRANSPORTS, rabbit_accepts_connections, sqs
 from asya_e2e.env import ROOT
-from asya_e2e.kube import apply, kubectl_json
+from asya_e2e.kube import apply, kubectl, kubectl_json
 from asya_e2e.wait import wait_for
 
 pytestmark = [pytest.mark.disruptive]
@@ -199,6 +199,18 @@ def test_api_server_restarted_webhook_and_provisioner_recover_and_actors_converg
     exits by design and is restarted once. `stop` stops the API server cleanly: on this machine
     its shutdown hangs until the cluster process kills it 20 s later, so it is away about 22 s;
     `kill` SIGKILLs it, as a crash, away a few seconds. The figures printed say which."""
+    try:
+        api_server_restart(namespace, how)
+    finally:
+        if how == "kill":
+            # The provisioner that lived through it is left missing new actors (the bug the
+            # xfail names): a fresh one for the tests after this one.
+            kubectl("-n", RELEASE_NS, "rollout", "restart", "deployment/asya-provisioner")
+            kubectl("-n", RELEASE_NS, "rollout", "status", "deployment/asya-provisioner",
+                    "--timeout=120s", timeout=150)
+
+
+def api_server_restart(namespace, how):
     webhook_before = restarts(RELEASE_NS, "app.kubernetes.io/component=webhook")
     provisioner_before = restarts(RELEASE_NS, "app.kubernetes.io/component=provisioner")
     assert webhook_before and provisioner_before, f"no webhook or provisioner pod in {RELEASE_NS}"
