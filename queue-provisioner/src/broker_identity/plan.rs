@@ -180,8 +180,10 @@ pub fn spec_uses_secret(spec: &PodSpec, name: &str) -> bool {
 /// namespace once no pod there reads it (every pod rolled onto the namespace's identity).
 /// A pod still terminating counts: it may still publish.
 pub fn platform_copy_removable<'a>(pods: impl IntoIterator<Item = &'a Pod>, copy: &str) -> bool {
+    // A pod being deleted starts no container again, so it needs the Secret no more.
     !pods
         .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| p.spec.as_ref())
         .any(|s| spec_uses_secret(s, copy))
 }
@@ -317,6 +319,13 @@ mod tests {
         assert!(!platform_copy_removable([&old, &new], "rabbitmq-secret"));
         assert!(platform_copy_removable([&new], "rabbitmq-secret"));
         assert!(platform_copy_removable([], "rabbitmq-secret"));
+        // An old pod being deleted after the roll holds nothing back.
+        let mut going = old.clone();
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(platform_copy_removable([&going, &new], "rabbitmq-secret"));
         let mounted: Pod = serde_json::from_value(serde_json::json!({"spec": {"containers": [],
             "volumes": [{"name": "v", "secret": {"secretName": "rabbitmq-secret"}}]}}))
         .unwrap();
