@@ -155,23 +155,6 @@ pub fn slim_stateful_set(s: &mut StatefulSet) {
 /// holds every labelled pod in the cluster, and an injected pod's spec (the sidecar's env,
 /// probes, volumes) is most of its size: of it only the containers' names stay. A pod
 /// without the sidecar keeps its spec and annotations, which the injection probe copies.
-/// The container's broker credential variables that come from a Secret; `None` if none.
-fn credential_refs(c: &Container) -> Option<Vec<k8s_openapi::api::core::v1::EnvVar>> {
-    let refs: Vec<_> = c
-        .env
-        .iter()
-        .flatten()
-        .filter(|e| {
-            asya_api::sidecar_settings::CREDENTIAL_VARS.contains(&e.name.as_str())
-                && e.value_from
-                    .as_ref()
-                    .is_some_and(|v| v.secret_key_ref.is_some())
-        })
-        .cloned()
-        .collect();
-    (!refs.is_empty()).then_some(refs)
-}
-
 pub fn slim_pod(p: &mut Pod) {
     p.metadata.managed_fields = None;
     if !needs_replacing(p) {
@@ -181,15 +164,10 @@ pub fn slim_pod(p: &mut Pod) {
                 .collect()
         });
         if let Some(spec) = p.spec.as_mut() {
-            // Names, and of the sidecar the Secrets its broker credentials come from: what
-            // `status::stale_credentials` reads.
             let names = |cs: &[Container]| -> Vec<Container> {
                 cs.iter()
                     .map(|c| Container {
                         name: c.name.clone(),
-                        env: (c.name == asya_api::labels::SIDECAR_CONTAINER)
-                            .then(|| credential_refs(c))
-                            .flatten(),
                         ..Default::default()
                     })
                     .collect()
@@ -353,43 +331,6 @@ mod tests {
         assert!(needs_replacing(&bare));
         assert_eq!(kept.spec, bare.spec);
         assert_eq!(kept.metadata.annotations, bare.metadata.annotations);
-    }
-
-    /// The cache keeps of the sidecar the Secrets of its broker credentials (and nothing
-    /// else of its env): a pod stuck on another identity mode's Secret is recognised from it.
-    #[test]
-    fn the_slim_pod_keeps_the_sidecars_credential_secrets() {
-        let stuck = serde_json::json!({"waiting": {"reason": "CreateContainerConfigError"}});
-        let mut p = injected_pod(false, stuck.clone());
-        let sidecar = &mut p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[1];
-        sidecar.env.get_or_insert_default().push(
-            serde_json::from_value(serde_json::json!({"name": "ASYA_RABBITMQ_PASSWORD",
-                "valueFrom": {"secretKeyRef": {"name": "asya-broker-rabbitmq", "key": "password"}}}))
-            .unwrap(),
-        );
-        p.status
-            .as_mut()
-            .unwrap()
-            .init_container_statuses
-            .as_mut()
-            .unwrap()[0]
-            .state = Some(serde_json::from_value(stuck).unwrap());
-        let mut slim = p.clone();
-        slim_pod(&mut slim);
-        let shared = [("ASYA_RABBITMQ_PASSWORD", "rabbitmq-admin")];
-        assert_eq!(
-            crate::status::stale_credentials(&slim, &shared, &[]),
-            crate::status::stale_credentials(&p, &shared, &[])
-        );
-        assert!(crate::status::stale_credentials(&slim, &shared, &[]).is_some());
-        let kept = &slim
-            .spec
-            .as_ref()
-            .unwrap()
-            .init_containers
-            .as_ref()
-            .unwrap()[1];
-        assert_eq!(kept.env.as_ref().map(Vec::len), Some(1), "{kept:?}");
     }
 
     #[test]

@@ -497,6 +497,11 @@ def test_pod_without_sidecar_is_replaced_once_injection_works(namespace):
     assert ev[0]["type"] == "Warning"
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 35, open: the provisioner's pod cache keeps no container env (watch::slim_pod), so "
+    "status::stale_credentials never sees the Secret a stuck sidecar reads; keeping it exposed "
+    "that the platform's copied password was removed while running pods still read it "
+    "(test_upgrading_to_scoped_identities). Strict: the day it passes, this marker goes"))
 def test_pod_stuck_on_the_other_identity_modes_secret_is_replaced(namespace):
     """A pod injected under the other broker identity mode (a webhook replica of the previous
     release while `helm upgrade` switched `shareAdminCredentials`) reads a Secret this mode
