@@ -289,13 +289,22 @@ def imported() -> Imported:
 
 
 def run_once(ref: str, *args: str, mounts: tuple[str, ...] = (), env: tuple[str, ...] = (), read_only: bool = True):
+    """Runs a container to its end. `stdout` is the container's output (stdout and stderr
+    together), `stderr` is ctr's own. The output goes through a log file the shim writes, not
+    ctr's FIFOs: ctr can lose the output of a process that exits at once (containerd#770; seen
+    in CI as an empty `--version`), while the shim finishes copying into the file before the
+    task's delete returns."""
     cid = f"t-{uuid.uuid4().hex[:12]}"
-    flags = ["--rm"] + (["--read-only"] if read_only else [])
-    for m in mounts:
-        flags += ["--mount", m]
-    for e in env:
-        flags += ["--env", e]
-    return ctr("run", *flags, ref, cid, *args, check=False)
+    with tempfile.TemporaryDirectory(prefix="asya-run-once-") as tmp:
+        log = Path(tmp, "output")
+        flags = ["--rm", "--log-uri", f"file://{log}"] + (["--read-only"] if read_only else [])
+        for m in mounts:
+            flags += ["--mount", m]
+        for e in env:
+            flags += ["--env", e]
+        proc = ctr("run", *flags, ref, cid, *args, check=False)
+        output = log.read_text() if log.exists() else ""
+    return subprocess.CompletedProcess(proc.args, proc.returncode, output, proc.stderr)
 
 
 @contextlib.contextmanager
