@@ -92,12 +92,24 @@ fn gone(e: std::io::Error) -> CallError {
     }
 }
 
+/// Which runtime instance listens on the socket: each one binds a new file. The inode
+/// alone is not enough: a file system may give the new file the number of the one just
+/// removed (seen on ext4, where a requeued call then waited its whole `wait` for a
+/// replacement that had already come), so the file's change time is part of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RuntimeInstance {
+    dev: u64,
+    ino: u64,
+    ctime: i64,
+    ctime_nsec: i64,
+}
+
 /// One connection to the runtime, shared by the calls written on it.
 struct Conn {
     stream: UnixStream,
-    /// Which runtime it reached: the socket file's inode when it connected (each runtime
-    /// binds a new file). A call requeued off a dead runtime waits for a new one.
-    runtime: Option<u64>,
+    /// Which runtime it reached: the socket file's identity when it connected. A call
+    /// requeued off a dead runtime waits for a new one.
+    runtime: Option<RuntimeInstance>,
     /// Bytes read and not consumed yet (answers may arrive together). Only the call whose
     /// turn it is reads (the order chain), so the lock is never contended.
     inbox: tokio::sync::Mutex<Vec<u8>>,
@@ -114,7 +126,7 @@ struct ConnState {
 }
 
 impl Conn {
-    fn new(stream: UnixStream, runtime: Option<u64>) -> Arc<Self> {
+    fn new(stream: UnixStream, runtime: Option<RuntimeInstance>) -> Arc<Self> {
         Arc::new(Conn {
             stream,
             runtime,
@@ -292,6 +304,11 @@ struct Deaths {
     /// the old one being gone (a doomed call saw it close): calls written meanwhile may
     /// still have reached the dying runtime.
     window: bool,
+    /// The runtime instance whose death (or abandoned call) was last blamed on a call. A
+    /// runtime dies once: a later call that reached the same instance and saw it go was
+    /// written to it after the death was judged (e.g. on the kept-alive connection, once a
+    /// requeued call had closed the window) and never reached its handler.
+    blamed: Option<RuntimeInstance>,
 }
 
 impl Default for Deaths {
@@ -304,6 +321,7 @@ impl Default for Deaths {
             next: 0,
             doomed_below: 0,
             window: true,
+            blamed: None,
         }
     }
 }
@@ -355,17 +373,22 @@ impl RuntimeClient {
         UnixStream::connect(&self.path).await.is_ok()
     }
 
-    /// The socket file's inode: which runtime instance listens there now.
-    fn runtime_id(&self) -> Option<u64> {
+    /// Which runtime instance listens there now (the socket file's identity).
+    fn runtime_id(&self) -> Option<RuntimeInstance> {
         use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(&self.path).ok().map(|m| m.ino())
+        std::fs::metadata(&self.path).ok().map(|m| RuntimeInstance {
+            dev: m.dev(),
+            ino: m.ino(),
+            ctime: m.ctime(),
+            ctime_nsec: m.ctime_nsec(),
+        })
     }
 
     /// Waits (up to `wait`) until the runtime at `dead` has been replaced: the socket file
     /// is another one, or gone. A call requeued because that runtime went away would
     /// otherwise reach it again while it exits (accepted, then closed unanswered) and be
     /// charged with a crash it had no part in.
-    async fn replaced(&self, dead: Option<u64>, wait: Duration) {
+    async fn replaced(&self, dead: Option<RuntimeInstance>, wait: Duration) {
         let Some(dead) = dead else { return };
         let deadline = tokio::time::Instant::now() + wait;
         while self.runtime_id() == Some(dead) && tokio::time::Instant::now() < deadline {
@@ -424,7 +447,7 @@ impl RuntimeClient {
     ) -> Result<Value, CallError> {
         let mut requeues = 0;
         // The runtime a requeued call was on: the next attempt waits for its successor.
-        let mut requeued_off: Option<Option<u64>> = None;
+        let mut requeued_off: Option<Option<RuntimeInstance>> = None;
         loop {
             if let Some(dead) = requeued_off.take() {
                 self.replaced(dead, wait).await;
@@ -467,7 +490,9 @@ impl RuntimeClient {
                 }
                 Err(e)
                     if e.runtime_gone()
-                        && (in_window || seq < d.doomed_below)
+                        && (in_window
+                            || seq < d.doomed_below
+                            || (reached.is_some() && reached == d.blamed))
                         && requeues < MAX_REQUEUES =>
                 {
                     // Queued on a runtime that died serving an earlier call: not this
@@ -486,6 +511,7 @@ impl RuntimeClient {
                     if e.runtime_gone() || matches!(e, CallError::Timeout(_)) {
                         d.doomed_below = d.next;
                         d.window = true;
+                        d.blamed = reached;
                     }
                     drop(d);
                     drop(done);
@@ -693,6 +719,64 @@ mod tests {
         assert!(matches!(a.await.unwrap(), Err(CallError::Crashed)));
         assert_eq!(b.await.unwrap().unwrap(), serde_json::json!("b"));
         assert_eq!(d.await.unwrap().unwrap(), serde_json::json!("d"));
+    }
+
+    /// Waits (no sleep) until the client has judged a death and a call queued on the dead
+    /// runtime has since seen it close (the window is shut again).
+    async fn death_judged_and_window_shut(c: &RuntimeClient) {
+        loop {
+            {
+                let d = c.deaths();
+                if d.blamed.is_some() && !d.window {
+                    return;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_reaching_the_dying_runtime_after_its_death_was_judged_is_not_blamed() {
+        // CI saw it: the runtime dies in a's handler; b, queued behind a, is requeued (which
+        // shuts the window); c arrives only then and reaches the dying process's listener
+        // before it is gone. c never reached a handler: it goes to the next runtime.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let first = UnixListener::bind(&path).unwrap();
+        let client = RuntimeClient::new(&path);
+        let call = |body| spawn_call(&client, body, Duration::from_secs(10));
+        let w = call(b"\"w\"");
+        let (mut s, _) = first.accept().await.unwrap();
+        let req = read_req(&mut s).await;
+        answer(&mut s, &req).await;
+        assert_eq!(w.await.unwrap().unwrap(), serde_json::json!("w"));
+        let a = call(b"\"a\"");
+        connected(&client, 2).await;
+        let b = call(b"\"b\"");
+        connected(&client, 3).await;
+        let (mut served, _) = first.accept().await.unwrap();
+        assert_eq!(read_req(&mut served).await, b"\"a\"");
+        drop(served);
+        let (queued, _) = first.accept().await.unwrap();
+        drop(queued);
+        death_judged_and_window_shut(&client).await;
+        // The dying runtime still holds its listener for a moment: c connects to it.
+        let c = call(b"\"c\"");
+        let (late, _) = first.accept().await.unwrap();
+        connected(&client, 4).await;
+        drop(late);
+        drop(first);
+        std::fs::remove_file(&path).unwrap();
+        let second = UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = second.accept().await {
+                let req = read_req(&mut s).await;
+                answer(&mut s, &req).await;
+            }
+        });
+        assert!(matches!(a.await.unwrap(), Err(CallError::Crashed)));
+        assert_eq!(b.await.unwrap().unwrap(), serde_json::json!("b"));
+        assert_eq!(c.await.unwrap().unwrap(), serde_json::json!("c"));
     }
 
     #[tokio::test]
