@@ -128,7 +128,7 @@ async fn reconcile<C: Cluster>(
     .await;
     if let Err(e) = res {
         if let objects::ApplyError::NotOurs(m) = &e {
-            c.event(actor, objects::not_ours_event(m)).await;
+            c.event(actor, plan::not_ours_event(m)).await;
             o.foreign.push(m.clone());
         }
         o.workload_error.get_or_insert_with(|| e.to_string());

@@ -17,7 +17,7 @@ use super::memory::QueueKey;
 use super::ownership::Us;
 use super::plan::{self, CleanupStep, Next};
 use super::write::{now, write_status};
-use super::{Cluster, Error, Reconciler, actor_key, identity, objects};
+use super::{Cluster, Error, Reconciler, actor_key, identity};
 
 /// What the actor owns, by kind and name; deleted now rather than by the garbage collector,
 /// which frees the names at once for an actor recreated under the same name.
@@ -141,7 +141,7 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     };
     for (kind, n) in owned(&t.name, keda) {
         if let Err(kept) = super::write::delete_if_ours(c, us, kind, &t.ns, &n).await? {
-            c.event(actor, objects::not_ours_event(&kept)).await;
+            c.event(actor, plan::not_ours_event(&kept)).await;
         }
     }
     // The namespace's gateway report token goes with its last actor.

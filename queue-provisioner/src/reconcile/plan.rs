@@ -10,8 +10,8 @@ use asya_api::review::ActorReview;
 use asya_api::{AsyncActor, AsyncActorStatus, ResolvedActor, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::apply_skip::{self, Live, desired_hash};
-use crate::model::{Phase, ScalingMode, WorkloadKind};
+use crate::apply_skip::desired_hash;
+use crate::model::{Phase, WorkloadKind};
 use crate::queue::QueueError;
 use crate::status::{Observed, TransportObs};
 
@@ -350,142 +350,6 @@ pub fn queue_created_event(
     }
 }
 
-/// What the objects step looks at before it writes anything.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ObjectsSeen {
-    /// KEDA's CRDs are installed.
-    pub keda: bool,
-    /// The cache holds the actor's ScaledObject.
-    pub so_cached: bool,
-    /// The cluster configuration has the actor's transport.
-    pub transport_known: bool,
-    /// The workload of the kind the actor wants, as its cache has it.
-    pub workload_live: Live,
-    /// This process applied that workload before.
-    pub workload_applied_before: bool,
-}
-
-/// What to do with the actor's workload.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkloadPlan {
-    pub kind: WorkloadKind,
-    /// Switching from fixed replicas to KEDA: hand `spec.replicas` to the handoff manager
-    /// before our apply stops setting it (see [`super::objects`]).
-    pub hand_over: bool,
-    /// The actor switched kinds: the workload of the kind it had goes.
-    pub remove: Option<WorkloadKind>,
-    /// Create it at this many replicas and hand them to the handoff manager at once
-    /// ([`apply_skip::initial_replicas`]): a KEDA-scaled workload being created.
-    pub initial: Option<i32>,
-    /// Announce `WorkloadCreated` when the apply succeeds: the status never named a kind.
-    pub announce: bool,
-}
-
-/// The objects step: the workload and KEDA's objects.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ObjectsPlan {
-    pub workload: WorkloadPlan,
-    pub scaling: ScalingPlan,
-}
-
-pub fn objects(
-    prev: Option<&AsyncActorStatus>,
-    r: &ResolvedActor,
-    o: &Observed,
-    seen: &ObjectsSeen,
-) -> ObjectsPlan {
-    let kind = WorkloadKind::of(r.workload_kind());
-    let mut workload = workload(prev, kind, o.scaling_enabled);
-    workload.initial = apply_skip::initial_replicas(
-        o.scaling_enabled,
-        o.min_replicas,
-        &seen.workload_live,
-        seen.workload_applied_before,
-    );
-    ObjectsPlan {
-        workload,
-        scaling: scaling(
-            prev,
-            r,
-            o.scaling_enabled,
-            seen.keda,
-            seen.so_cached,
-            seen.transport_known,
-        ),
-    }
-}
-
-/// The workload's handoff, kind switch and announcement (its initial replicas: [`objects`]).
-pub fn workload(
-    prev: Option<&AsyncActorStatus>,
-    kind: WorkloadKind,
-    scaling_enabled: bool,
-) -> WorkloadPlan {
-    let before = prev.and_then(|s| s.workload_kind.as_deref());
-    let was = prev
-        .and_then(|s| s.scaling_mode.as_deref())
-        .and_then(ScalingMode::parse);
-    WorkloadPlan {
-        kind,
-        hand_over: scaling_enabled && was == Some(ScalingMode::Manual),
-        remove: (before == Some(kind.other().as_str())).then_some(kind.other()),
-        initial: None,
-        announce: before.is_none(),
-    }
-}
-
-/// What to do with the actor's KEDA objects (ScaledObject and TriggerAuthentication).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ScalingPlan {
-    /// Scaling is on but KEDA is not installed: the status says so.
-    Unavailable(String),
-    /// Nothing to apply or remove.
-    Nothing,
-    /// Scaling is off: remove them, announcing the removal with this note if there was one.
-    Remove { note: String },
-    /// Apply them; announce `ScaledObjectCreated` when the status did not say KEDA before.
-    Apply { announce: bool },
-}
-
-/// `keda`: KEDA's CRDs are installed; `so_cached`: the cache holds the actor's ScaledObject;
-/// `transport_known`: the cluster configuration has the actor's transport.
-pub fn scaling(
-    prev: Option<&AsyncActorStatus>,
-    r: &ResolvedActor,
-    scaling_enabled: bool,
-    keda: bool,
-    so_cached: bool,
-    transport_known: bool,
-) -> ScalingPlan {
-    let was = prev.and_then(|s| s.scaling_mode.as_deref());
-    if !keda {
-        return if scaling_enabled {
-            ScalingPlan::Unavailable("KEDA's CRDs are not installed in the cluster".into())
-        } else {
-            ScalingPlan::Nothing
-        };
-    }
-    if !scaling_enabled {
-        // Only when there is something to remove: not two DELETEs on every reconcile.
-        let was_keda = was != Some(ScalingMode::Manual.as_str());
-        if !so_cached && !was_keda {
-            return ScalingPlan::Nothing;
-        }
-        return ScalingPlan::Remove {
-            note: format!(
-                "scaling disabled: ScaledObject removed, {} fixed replica(s)",
-                r.fixed_replicas()
-            ),
-        };
-    }
-    if !transport_known {
-        return ScalingPlan::Nothing;
-    }
-    ScalingPlan::Apply {
-        announce: was != Some(ScalingMode::Keda.as_str()),
-    }
-}
-
 /// What to do with one pod that carries no sidecar.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodStep {
@@ -772,6 +636,14 @@ pub fn queue_not_ours_condition(message: String, generation: Option<i64>, now: T
 pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs((1u64 << failures.min(8)).min(300)).max(Duration::from_secs(2))
 }
+
+mod objects_plan;
+pub use objects_plan::{
+    Action, AfterKeda, Effects, KedaSteps, ObjectsPlan, ObjectsSeen, Outcome, Rendered,
+    ScalingPlan, WorkloadPlan, applied_effects, identity_problem_message, keda_steps,
+    not_ours_event, objects, removed_effects, scaling, shared_static_credentials_event, workload,
+    workload_actions, workload_effects,
+};
 
 #[cfg(test)]
 mod tests;

@@ -3,6 +3,8 @@
 //! events, cleanup's bound and `skip-cleanup`, excluded namespaces.
 
 use super::*;
+use crate::apply_skip::Live;
+use crate::model::ObjectKind;
 use crate::queue::QueueError;
 
 fn actor(v: serde_json::Value) -> AsyncActor {
@@ -420,4 +422,254 @@ fn what_a_reconcile_made_and_its_phase_are_one_event_and_warnings_their_own() {
     let long = "é".repeat(700);
     let evs = announcement(vec![made(Reason::QueueCreated, &long)], Some(phase));
     assert!(evs[0].note.len() <= NOTE_MAX && evs[0].note.ends_with('…'));
+}
+
+/// The transports of the objects step's table tests: RabbitMQ, SQS with an IRSA role, SQS
+/// sharing the platform's static keys.
+fn transports() -> asya_api::config::ClusterConfig {
+    asya_api::config::ClusterConfig::from_yaml(
+        "defaultTransport: rabbitmq\ntransports:\n  rabbitmq:\n    type: rabbitmq\n    config: {host: rabbitmq, managementPort: 15672}\n  \
+         sqs:\n    type: sqs\n    config: {region: us-east-1}\n  \
+         shared:\n    type: sqs\n    config: {region: us-east-1, credentialsSecretRef: {name: sqs-keys}, shareStaticCredentials: true}\n",
+    )
+    .unwrap()
+}
+
+#[test]
+fn the_workload_is_handed_over_then_the_other_kind_removed_then_applied() {
+    let name = "asya-a";
+    let wp = |hand_over, remove, initial| WorkloadPlan {
+        kind: WorkloadKind::Deployment,
+        hand_over,
+        remove,
+        initial,
+        announce: false,
+    };
+    let apply = |initial| Action::Apply(Rendered::Workload { initial });
+    let hand = Action::HandReplicasOver {
+        kind: WorkloadKind::Deployment,
+        name: name.into(),
+    };
+    let remove = Action::DeleteIfOurs {
+        kind: ObjectKind::StatefulSet,
+        name: name.into(),
+    };
+    let cases = [
+        (wp(false, None, None), vec![apply(None)]),
+        (wp(false, None, Some(2)), vec![apply(Some(2))]),
+        (wp(true, None, None), vec![hand.clone(), apply(None)]),
+        (
+            wp(true, Some(WorkloadKind::StatefulSet), None),
+            vec![hand, remove.clone(), apply(None)],
+        ),
+        (
+            wp(false, Some(WorkloadKind::StatefulSet), Some(1)),
+            vec![remove, apply(Some(1))],
+        ),
+    ];
+    for (plan, want) in cases {
+        assert_eq!(workload_actions(&plan, name), want, "{plan:?}");
+    }
+}
+
+#[test]
+fn the_workloads_outcome_is_announced_or_refused() {
+    let wp = |announce| WorkloadPlan {
+        kind: WorkloadKind::StatefulSet,
+        hand_over: false,
+        remove: None,
+        initial: None,
+        announce,
+    };
+    let created = EventSpec::normal(Reason::WorkloadCreated, "StatefulSet asya-a created".into());
+    let held = "StatefulSet n/asya-a is held by another".to_string();
+    let cases = [
+        (
+            true,
+            Outcome::Done,
+            Effects {
+                made: vec![created],
+                ..Default::default()
+            },
+        ),
+        (false, Outcome::Done, Effects::default()),
+        (
+            true,
+            Outcome::NotOurs(held.clone()),
+            Effects {
+                events: vec![EventSpec::warning(Reason::NameConflict, held.clone())],
+                foreign: vec![held.clone()],
+                error: Some(held),
+                ..Default::default()
+            },
+        ),
+        (
+            false,
+            Outcome::Failed("boom".into()),
+            Effects {
+                events: vec![EventSpec::warning(Reason::WorkloadFailed, "boom".into())],
+                error: Some("boom".into()),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (announce, outcome, want) in cases {
+        assert_eq!(
+            workload_effects(&wp(announce), "asya-a", &outcome),
+            want,
+            "{announce} {outcome:?}"
+        );
+    }
+}
+
+#[test]
+fn keda_objects_are_refused_over_a_foreign_workload_and_name_the_queue_url_only_for_sqs() {
+    let cfg = transports();
+    let r = resolved(serde_json::json!({"image": "i", "handler": "m.f"}));
+    let apply = || ScalingPlan::Apply { announce: true };
+    let so = Action::Apply(Rendered::ScaledObject);
+    let ta = Action::Apply(Rendered::TriggerAuthentication);
+    let created = EventSpec::normal(
+        Reason::ScaledObjectCreated,
+        "KEDA ScaledObject a created".into(),
+    );
+
+    // Over someone else's workload nothing is written, whatever the transport.
+    for t in ["rabbitmq", "sqs"] {
+        assert_eq!(
+            keda_steps(apply(), &r, true, cfg.transport(t)),
+            KedaSteps::Nothing {
+                error: Some("not applied: Deployment n/a is not this actor's".into())
+            },
+            "{t}"
+        );
+    }
+    // A transport the configuration lacks: nothing, no error (the transport says why).
+    assert_eq!(
+        keda_steps(apply(), &r, false, None),
+        KedaSteps::Nothing { error: None }
+    );
+    // RabbitMQ: the ScaledObject only, by queue name; its identity checked, the older
+    // layout removed.
+    assert_eq!(
+        keda_steps(apply(), &r, false, cfg.transport("rabbitmq")),
+        KedaSteps::Apply {
+            actions: vec![so.clone()],
+            queue_url: false,
+            after: AfterKeda {
+                check_identity: true,
+                remove_legacy: true,
+                shared: None,
+                announce: Some(created.clone()),
+            },
+        }
+    );
+    // SQS: its TriggerAuthentication first, the trigger by queue URL.
+    let sqs = AfterKeda {
+        check_identity: false,
+        remove_legacy: false,
+        shared: None,
+        announce: None,
+    };
+    assert_eq!(
+        keda_steps(
+            ScalingPlan::Apply { announce: false },
+            &r,
+            false,
+            cfg.transport("sqs")
+        ),
+        KedaSteps::Apply {
+            actions: vec![ta.clone(), so.clone()],
+            queue_url: true,
+            after: sqs.clone(),
+        }
+    );
+    // Shared static keys: said on the actor when its TriggerAuthentication is sent.
+    let KedaSteps::Apply { after, .. } = keda_steps(apply(), &r, false, cfg.transport("shared"))
+    else {
+        panic!("applied")
+    };
+    assert_eq!(
+        after.shared,
+        Some(shared_static_credentials_event("rabbitmq", "sqs-keys"))
+    );
+    // Scaling off: both deleted; unavailable and nothing pass their error through.
+    let note = "scaling disabled".to_string();
+    assert_eq!(
+        keda_steps(ScalingPlan::Remove { note: note.clone() }, &r, true, None),
+        KedaSteps::Remove {
+            actions: vec![
+                Action::DeleteIfOurs {
+                    kind: ObjectKind::ScaledObject,
+                    name: "a".into()
+                },
+                Action::DeleteIfOurs {
+                    kind: ObjectKind::TriggerAuthentication,
+                    name: "a-trigger-auth".into()
+                },
+            ],
+            note,
+        }
+    );
+    assert_eq!(
+        keda_steps(ScalingPlan::Unavailable("no KEDA".into()), &r, false, None),
+        KedaSteps::Nothing {
+            error: Some("no KEDA".into())
+        }
+    );
+}
+
+#[test]
+fn keda_outcomes_say_the_identity_problem_the_shared_keys_and_the_creation_once() {
+    let shared = shared_static_credentials_event("sqs", "sqs-keys");
+    let created = EventSpec::normal(Reason::ScaledObjectCreated, "created".into());
+    let after = AfterKeda {
+        check_identity: true,
+        remove_legacy: true,
+        shared: Some(shared.clone()),
+        announce: Some(created.clone()),
+    };
+    let done = applied_effects(&after, &Outcome::Done, true, Some("no user"));
+    assert_eq!(
+        done,
+        Effects {
+            events: vec![shared],
+            made: vec![created],
+            foreign: vec![],
+            error: Some(identity_problem_message("no user")),
+        }
+    );
+    // The TriggerAuthentication unchanged: not said again; no identity check asked for.
+    let quiet = AfterKeda {
+        check_identity: false,
+        announce: None,
+        ..after.clone()
+    };
+    assert_eq!(
+        applied_effects(&quiet, &Outcome::Done, false, Some("no user")),
+        Effects::default()
+    );
+    // A failure says only itself.
+    let failed = applied_effects(&after, &Outcome::Failed("boom".into()), true, None);
+    assert_eq!(
+        failed.events,
+        vec![EventSpec::warning(
+            Reason::ScaledObjectFailed,
+            "boom".into()
+        )]
+    );
+    assert!(failed.made.is_empty());
+    let held = applied_effects(&after, &Outcome::NotOurs("held".into()), true, None);
+    assert_eq!(held.foreign, vec!["held".to_string()]);
+    assert_eq!(held.error.as_deref(), Some("held"));
+    // The removal is said only when the ScaledObject went.
+    assert!(removed_effects("off", false, vec![]).events.is_empty());
+    assert_eq!(
+        removed_effects("off", true, vec!["kept".into()]),
+        Effects {
+            events: vec![EventSpec::normal(Reason::ScaledObjectDeleted, "off".into())],
+            foreign: vec!["kept".into()],
+            ..Default::default()
+        }
+    );
 }
