@@ -379,6 +379,26 @@ mod tests {
     }
 
     #[test]
+    fn the_retained_map_keeps_what_no_change_names() {
+        let m = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let retained = m(&[("a", "t1"), ("b", "t2")]);
+        let changes = BTreeMap::from([
+            ("a".to_string(), None),
+            ("c".to_string(), Some("t3".to_string())),
+        ]);
+        // Applied whole: the server-side apply of only `changes` would drop `b`.
+        assert_eq!(
+            retained_after(&retained, &changes),
+            m(&[("b", "t2"), ("c", "t3")])
+        );
+        assert_eq!(retained_after(&retained, &BTreeMap::new()), retained);
+    }
+
+    #[test]
     fn a_living_namespace_keeps_its_end_queues() {
         let now = t("2026-01-01T00:00:00Z");
         assert_eq!(

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use asya_api::AsyncActor;
 use asya_api::sidecar_settings::TransportSettings;
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 
 use crate::model::ObjectKind;
 use crate::status::{self, TransportObs};
 
-use super::plan::{self, EventSpec, Next, PodStep, Reason, Retry};
+use super::plan::{self, EventSpec, Next, PodAction, Reason, Retry};
 use super::write::{now, write_status};
 use super::{Cluster, Error, Reconciler, actor_key, identity, objects, queues, state_identity};
 
@@ -138,66 +138,41 @@ async fn reconcile<C: Cluster>(
         tracing::warn!(actor = %key, error = %e, "could not remove the platform's copied broker credentials");
     }
 
-    // 3. Pods that escaped injection.
+    // 3. Pods that escaped injection, and pods injected under another identity mode, stuck
+    // on a Secret that may never exist.
     let pods: Vec<Arc<Pod>> = c.pods(&resolved.namespace, &resolved.name);
-    let bare: Vec<&Pod> = pods
-        .iter()
-        .map(Arc::as_ref)
-        .filter(|p| status::needs_replacing(p))
-        .collect();
-    // Replaced only once injection works again: deleting while the webhook is still down
-    // would only bring another pod without the sidecar, in a loop.
-    let injection_down = match bare.first() {
+    let pods: Vec<&Pod> = pods.iter().map(Arc::as_ref).collect();
+    // Replaced only once injection works again (probed with the first pod without it).
+    let injection_down = match plan::bare_pods(&pods).first() {
         Some(p) => !c.injection_works(p).await,
         None => false,
     };
-    for p in &bare {
-        let pn = p.name_any();
-        match plan::bare_pod(&pn, injection_down) {
-            PodStep::Keep(ev) => c.event(actor, ev).await,
-            PodStep::Replace(ev) => {
-                c.delete(ObjectKind::Pod, &resolved.namespace, &pn, None)
-                    .await?;
-                c.event(actor, ev).await;
-            }
-        }
-    }
-    // Pods injected under another identity mode, stuck on a Secret that may never exist.
     let current = rec
         .config
         .transport(&resolved.transport)
         .and_then(|t| TransportSettings::for_transport(&resolved.transport, t).ok());
-    let mut replaced = Vec::new();
-    if let Some(current) = &current {
-        let expected = current.credential_secrets();
-        let overridden: Vec<&str> = resolved
-            .spec
-            .sidecar
-            .iter()
-            .flat_map(|s| s.env.iter().map(|e| e.name.as_str()))
-            .collect();
-        for p in &pods {
-            let Some((var, secret)) = status::stale_credentials(p, &expected, &overridden) else {
-                continue;
-            };
-            let pn = p.name_any();
-            c.delete(
-                ObjectKind::Pod,
-                &resolved.namespace,
-                &pn,
-                p.uid().as_deref(),
-            )
-            .await?;
-            c.event(actor, plan::stale_credentials_event(&pn, &var, &secret))
-                .await;
-            replaced.push(pn);
+    let expected = current.as_ref().map(|t| t.credential_secrets());
+    let overridden: Vec<&str> = resolved
+        .spec
+        .sidecar
+        .iter()
+        .flat_map(|s| s.env.iter().map(|e| e.name.as_str()))
+        .collect();
+    let credentials = expected.as_deref().map(|current| plan::Credentials {
+        current,
+        overridden: &overridden,
+    });
+    let step = plan::pods(&pods, injection_down, credentials.as_ref());
+    for a in step.actions {
+        match a {
+            PodAction::Delete { name, uid } => {
+                c.delete(ObjectKind::Pod, &resolved.namespace, &name, uid.as_deref())
+                    .await?;
+            }
+            PodAction::Event(ev) => c.event(actor, ev).await,
         }
     }
-    o.pods = pods
-        .iter()
-        .filter(|p| !status::needs_replacing(p) && !replaced.contains(&p.name_any()))
-        .map(|p| status::classify_pod(p))
-        .collect();
+    o.pods = step.counted.into_iter().map(status::classify_pod).collect();
 
     // 4. KEDA's HPA target.
     if o.scaling_enabled

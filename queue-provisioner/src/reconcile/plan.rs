@@ -638,12 +638,14 @@ pub fn backoff(failures: u32) -> Duration {
 }
 
 mod objects_plan;
+mod pods_plan;
 pub use objects_plan::{
     Action, AfterKeda, Effects, KedaSteps, ObjectsPlan, ObjectsSeen, Outcome, Rendered,
     ScalingPlan, WorkloadPlan, applied_effects, identity_problem_message, keda_steps,
     not_ours_event, objects, removed_effects, scaling, shared_static_credentials_event, workload,
     workload_actions, workload_effects,
 };
+pub use pods_plan::{Credentials, PodAction, PodsPlan, bare_pods, pods};
 
 #[cfg(test)]
 mod tests;

@@ -673,3 +673,106 @@ fn keda_outcomes_say_the_identity_problem_the_shared_keys_and_the_creation_once(
         }
     );
 }
+
+fn pod_of(v: serde_json::Value) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(v).unwrap()
+}
+
+/// A pod created while the webhook was down: labelled for injection, no sidecar.
+fn bare(name: &str) -> k8s_openapi::api::core::v1::Pod {
+    pod_of(serde_json::json!({
+        "metadata": {"name": name, "uid": format!("uid-{name}"), "labels": {labels::INJECT: "true"}},
+        "spec": {"containers": [{"name": "asya-runtime"}]}
+    }))
+}
+
+/// An injected pod whose sidecar reads `var` from Secret `secret`; `stuck`: waiting on it.
+fn injected(name: &str, var: &str, secret: &str, stuck: bool) -> k8s_openapi::api::core::v1::Pod {
+    let reason = if stuck {
+        "CreateContainerConfigError"
+    } else {
+        "ContainerCreating"
+    };
+    pod_of(serde_json::json!({
+        "metadata": {"name": name, "uid": format!("uid-{name}"),
+                     "labels": {labels::INJECT: "true"}, "annotations": {labels::INJECTED: "true"}},
+        "spec": {"containers": [{"name": labels::SIDECAR_CONTAINER, "env": [
+            {"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": "k"}}}]}]},
+        "status": {"containerStatuses": [{"name": labels::SIDECAR_CONTAINER, "ready": false,
+            "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"waiting": {"reason": reason}}}]}
+    }))
+}
+
+#[test]
+fn pods_without_the_sidecar_wait_for_injection_and_stale_credentials_are_replaced() {
+    use asya_api::sidecar_settings::env::RABBITMQ_PASSWORD;
+    let (b, ok) = (bare("bare"), injected("ok", RABBITMQ_PASSWORD, "now", true));
+    let stale = injected("stale", RABBITMQ_PASSWORD, "before", true);
+    let running = injected("running", RABBITMQ_PASSWORD, "before", false);
+    let all = [&b, &ok, &stale, &running];
+    assert_eq!(bare_pods(&all), vec![&b]);
+    let current = [(RABBITMQ_PASSWORD, "now")];
+    let creds = Credentials {
+        current: &current,
+        overridden: &[],
+    };
+    let names = |p: &PodsPlan| -> Vec<String> {
+        p.counted
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect()
+    };
+    let delete_stale = PodAction::Delete {
+        name: "stale".into(),
+        uid: Some("uid-stale".into()),
+    };
+    let stale_event = PodAction::Event(stale_credentials_event(
+        "stale",
+        RABBITMQ_PASSWORD,
+        "before",
+    ));
+
+    // Injection still down: the bare pod is kept and said; the stale one replaced by uid.
+    let down = pods(&all, true, Some(&creds));
+    let PodStep::Keep(keep) = bare_pod("bare", true) else {
+        panic!("kept")
+    };
+    assert_eq!(
+        down.actions,
+        vec![
+            PodAction::Event(keep),
+            delete_stale.clone(),
+            stale_event.clone()
+        ]
+    );
+    assert_eq!(names(&down), ["ok", "running"]);
+
+    // Injection works: the bare pod goes too (by name: a bare pod is never ours to keep).
+    let up = pods(&all, false, Some(&creds));
+    let PodStep::Replace(replaced) = bare_pod("bare", false) else {
+        panic!("replaced")
+    };
+    assert_eq!(
+        up.actions,
+        vec![
+            PodAction::Delete {
+                name: "bare".into(),
+                uid: None
+            },
+            PodAction::Event(replaced),
+            delete_stale,
+            stale_event
+        ]
+    );
+
+    // A variable the actor sets itself is the author's; an unknown transport judges none.
+    let own = Credentials {
+        current: &current,
+        overridden: &[RABBITMQ_PASSWORD],
+    };
+    assert_eq!(pods(&[&stale], false, Some(&own)).actions, vec![]);
+    let unknown = pods(&[&stale], false, None);
+    assert_eq!(unknown.actions, vec![]);
+    assert_eq!(names(&unknown), ["stale"]);
+}
