@@ -632,6 +632,68 @@ pub fn queue_not_ours_condition(message: String, generation: Option<i64>, now: T
     }
 }
 
+/// How a deleted actor's queue step ended.
+#[derive(Clone, Copy, Debug)]
+pub enum QueueDeletion<'a> {
+    /// Deleted, with these retry delay queues.
+    Deleted(&'a [String]),
+    /// Recorded as another actor's: left (the message names both).
+    NotOurs(&'a str),
+    /// The broker failed it: `backoff` is the actor's next backoff.
+    Failed { error: &'a str, backoff: Duration },
+}
+
+/// What cleanup does after its queue step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AfterQueue {
+    /// Keep the finalizer: publish `event`, look again after `wait`.
+    Retry { wait: Duration, event: EventSpec },
+    /// Go on: write the last status with `condition` first (what was left behind), delete
+    /// the Kubernetes objects, release the actor, and close with `closing`.
+    Release {
+        condition: Option<Condition>,
+        closing: EventSpec,
+    },
+}
+
+/// Cleanup after its queue step, `since` the deletion was requested: `name` the actor's,
+/// `queue` on `transport` its queue. A queue recorded as another actor's is left at once (no
+/// retry would change the record); a failure is retried within [`CLEANUP_GIVE_UP_AFTER`],
+/// then given up on.
+pub fn after_queue(
+    deletion: QueueDeletion<'_>,
+    name: &str,
+    queue: &str,
+    transport: &str,
+    since: Duration,
+    generation: Option<i64>,
+    now: Time,
+) -> AfterQueue {
+    match deletion {
+        QueueDeletion::Deleted(delay_queues) => AfterQueue::Release {
+            condition: None,
+            closing: queue_deleted_event(queue, delay_queues),
+        },
+        QueueDeletion::NotOurs(message) => AfterQueue::Release {
+            condition: Some(queue_not_ours_condition(message.into(), generation, now)),
+            closing: EventSpec::warning(Reason::QueueNotOurs, message.into()),
+        },
+        QueueDeletion::Failed { error, backoff } => match cleanup_after_failure(since, backoff) {
+            CleanupStep::Retry(wait) => AfterQueue::Retry {
+                wait,
+                event: queue_delete_retry_event(queue, error, wait, since),
+            },
+            CleanupStep::GiveUp => {
+                let message = cleanup_gave_up_message(queue, transport, error);
+                AfterQueue::Release {
+                    closing: cleanup_gave_up_event(name, &message),
+                    condition: Some(cleanup_incomplete_condition(message, generation, now)),
+                }
+            }
+        },
+    }
+}
+
 /// Exponential backoff after `failures` consecutive failures: 2 s, 4 s, … capped at 5 minutes.
 pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs((1u64 << failures.min(8)).min(300)).max(Duration::from_secs(2))

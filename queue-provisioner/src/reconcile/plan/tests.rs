@@ -776,3 +776,58 @@ fn pods_without_the_sidecar_wait_for_injection_and_stale_credentials_are_replace
     assert_eq!(unknown.actions, vec![]);
     assert_eq!(names(&unknown), ["stale"]);
 }
+
+#[test]
+fn cleanup_after_its_queue_step_releases_retries_or_gives_up_saying_what_was_left() {
+    let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    let s = Duration::from_secs;
+    let after = |d, since| after_queue(d, "a", "asya-n-a", "rabbitmq", since, Some(3), now.clone());
+    let delays = ["asya-n-a-retry-1".to_string()];
+    assert_eq!(
+        after(QueueDeletion::Deleted(&delays), s(0)),
+        AfterQueue::Release {
+            condition: None,
+            closing: queue_deleted_event("asya-n-a", &delays),
+        }
+    );
+    // Another actor's: released at once, the condition and event saying so.
+    let AfterQueue::Release { condition, closing } =
+        after(QueueDeletion::NotOurs("held by b"), s(0))
+    else {
+        panic!("released")
+    };
+    assert_eq!(
+        closing,
+        EventSpec::warning(Reason::QueueNotOurs, "held by b".into())
+    );
+    let condition = condition.expect("a condition");
+    assert_eq!(
+        (
+            condition.type_.as_str(),
+            condition.reason.as_str(),
+            condition.message.as_str()
+        ),
+        (CLEANUP_INCOMPLETE, "QueueNotOurs", "held by b")
+    );
+    assert_eq!(condition.observed_generation, Some(3));
+    // A broker failure: retried within the bound, then given up on.
+    let failed = QueueDeletion::Failed {
+        error: "connection refused",
+        backoff: s(4),
+    };
+    assert_eq!(
+        after(failed, s(10)),
+        AfterQueue::Retry {
+            wait: s(4),
+            event: queue_delete_retry_event("asya-n-a", "connection refused", s(4), s(10)),
+        }
+    );
+    let message = cleanup_gave_up_message("asya-n-a", "rabbitmq", "connection refused");
+    let AfterQueue::Release { condition, closing } = after(failed, CLEANUP_GIVE_UP_AFTER) else {
+        panic!("given up")
+    };
+    assert_eq!(closing, cleanup_gave_up_event("a", &message));
+    let condition = condition.expect("a condition");
+    assert_eq!(condition.reason, "QueueLeftBehind");
+    assert_eq!(condition.message, message);
+}
