@@ -1,6 +1,8 @@
 //! Table tests of the reconcile's pure decisions (`reconcile/plan.rs`): requeue times and
 //! back-off, the finalizer step, the replica handoff to KEDA, KEDA objects, status writes and
-//! events, cleanup's bound and `skip-cleanup`, excluded namespaces.
+//! events, cleanup's bound and `skip-cleanup`, excluded namespaces; the objects, pods and
+//! cleanup steps' actions and the effects of their outcomes (KEDA refused over a foreign
+//! workload, the queue URL only for SQS, legacy removal, announcements).
 
 use super::*;
 use crate::apply_skip::Live;
