@@ -3,15 +3,15 @@
 
 use std::sync::Arc;
 
-use asya_api::AsyncActor;
 use asya_api::sidecar_settings::TransportSettings;
+use asya_api::{AsyncActor, AsyncActorStatus};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
 
 use crate::model::ObjectKind;
-use crate::status::{self, TransportObs};
+use crate::status::{self, Observed, TransportObs};
 
-use super::plan::{self, EventSpec, Next, PodAction, Reason, Retry};
+use super::plan::{self, EventSpec, Failure, Next, PodAction, Retry, StepFailure};
 use super::write::{now, write_status};
 use super::{Cluster, Error, Reconciler, actor_key, identity, objects, queues, state_identity};
 
@@ -50,18 +50,8 @@ async fn reconcile<C: Cluster>(
     o.transport = match queues::ensure(rec, actor, &resolved, made).await {
         Ok(t) => t,
         Err(e) => {
-            if let crate::queue::QueueError::NotOurs(not_ours) = &e {
-                c.event(actor, plan::queue_not_ours_event(not_ours)).await;
-            }
-            let (obs, retry) = plan::transport_failure(&e);
-            let wait = match retry {
-                Retry::After(d) => d,
-                Retry::Backoff { at_least } => rec.memory.backoff(&key, true).max(at_least),
-            };
-            o.transport = obs;
-            let st = status::derive(&prev, &o, now());
-            write_status(c, actor, st, std::mem::take(made)).await?;
-            return Ok(Next::After(wait));
+            let f = plan::step_failure(StepFailure::Queue(&e));
+            return failed(rec, actor, &prev, o, made, f).await;
         }
     };
 
@@ -70,15 +60,8 @@ async fn reconcile<C: Cluster>(
     let credential_version = match identity::ensure(rec, actor, &resolved).await {
         Ok(v) => v,
         Err(e) => {
-            let (obs, _) = plan::transport_failure(&e);
-            let wait = rec
-                .memory
-                .backoff(&key, true)
-                .max(e.retry_after().min(std::time::Duration::from_secs(5)));
-            o.transport = obs;
-            let st = status::derive(&prev, &o, now());
-            write_status(c, actor, st, std::mem::take(made)).await?;
-            return Ok(Next::After(wait));
+            let f = plan::step_failure(StepFailure::BrokerIdentity(&e));
+            return failed(rec, actor, &prev, o, made, f).await;
         }
     };
 
@@ -87,20 +70,8 @@ async fn reconcile<C: Cluster>(
     let state_credential_version = match state_identity::ensure(rec, actor, &resolved).await {
         Ok(v) => v,
         Err(e) => {
-            let note = format!("state proxies: {e}");
-            c.event(
-                actor,
-                EventSpec::warning(Reason::StateIdentity, note.clone()),
-            )
-            .await;
-            o.workload_error = Some(note);
-            let wait = rec
-                .memory
-                .backoff(&key, true)
-                .max(e.retry_after().min(std::time::Duration::from_secs(5)));
-            let st = status::derive(&prev, &o, now());
-            write_status(c, actor, st, std::mem::take(made)).await?;
-            return Ok(Next::After(wait));
+            let f = plan::step_failure(StepFailure::StateIdentity(&e));
+            return failed(rec, actor, &prev, o, made, f).await;
         }
     };
 
@@ -197,4 +168,33 @@ async fn reconcile<C: Cluster>(
         injection_down,
         o.has_messages(),
     ))
+}
+
+/// Carries out [`plan::step_failure`]'s answer: the event, the status that says why, and
+/// when to look again.
+async fn failed<C: Cluster>(
+    rec: &Reconciler<C>,
+    actor: &AsyncActor,
+    prev: &AsyncActorStatus,
+    mut o: Observed,
+    made: &mut Vec<EventSpec>,
+    f: Failure,
+) -> Result<Next, Error> {
+    let c = &rec.cluster;
+    if let Some(ev) = f.event {
+        c.event(actor, ev).await;
+    }
+    if let Some(t) = f.transport {
+        o.transport = t;
+    }
+    if let Some(e) = f.workload_error {
+        o.workload_error = Some(e);
+    }
+    let wait = match f.retry {
+        Retry::After(d) => d,
+        Retry::Backoff { at_least } => rec.memory.backoff(&actor_key(actor), true).max(at_least),
+    };
+    let st = status::derive(prev, &o, now());
+    write_status(c, actor, st, std::mem::take(made)).await?;
+    Ok(Next::After(wait))
 }

@@ -324,6 +324,63 @@ pub fn transport_failure(e: &QueueError) -> (TransportObs, Retry) {
     (obs, retry)
 }
 
+/// A step of a live actor's reconcile that failed before the workload.
+#[derive(Clone, Copy, Debug)]
+pub enum StepFailure<'a> {
+    /// The queue step (the claim, the broker).
+    Queue(&'a QueueError),
+    /// The namespace's broker identity.
+    BrokerIdentity(&'a QueueError),
+    /// The namespace's Redis user (state proxies).
+    StateIdentity(&'a crate::state_identity::StateError),
+}
+
+/// What a reconcile does when a step before the workload failed: publish `event`, record
+/// `transport` or `workload_error` in the status, write it, and look again as `retry` says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub event: Option<EventSpec>,
+    pub transport: Option<TransportObs>,
+    pub workload_error: Option<String>,
+    pub retry: Retry,
+}
+
+pub fn step_failure(f: StepFailure<'_>) -> Failure {
+    let soon = |d: Duration| Retry::Backoff {
+        at_least: d.min(Duration::from_secs(5)),
+    };
+    match f {
+        StepFailure::Queue(e) => {
+            let (obs, retry) = transport_failure(e);
+            Failure {
+                event: match e {
+                    QueueError::NotOurs(not_ours) => Some(queue_not_ours_event(not_ours)),
+                    _ => None,
+                },
+                transport: Some(obs),
+                workload_error: None,
+                retry,
+            }
+        }
+        // Never a recreate cooldown's fixed wait: the backoff.
+        StepFailure::BrokerIdentity(e) => Failure {
+            event: None,
+            transport: Some(transport_failure(e).0),
+            workload_error: None,
+            retry: soon(e.retry_after()),
+        },
+        StepFailure::StateIdentity(e) => {
+            let note = format!("state proxies: {e}");
+            Failure {
+                event: Some(EventSpec::warning(Reason::StateIdentity, note.clone())),
+                transport: None,
+                workload_error: Some(note),
+                retry: soon(e.retry_after()),
+            }
+        }
+    }
+}
+
 /// The Warning event of a queue recorded as another actor's (the message names both).
 pub fn queue_not_ours_event(e: &crate::queue::owner::OwnershipError) -> EventSpec {
     EventSpec::warning(Reason::QueueNotOurs, e.to_string())

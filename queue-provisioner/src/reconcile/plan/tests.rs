@@ -833,3 +833,47 @@ fn cleanup_after_its_queue_step_releases_retries_or_gives_up_saying_what_was_lef
     assert_eq!(condition.reason, "QueueLeftBehind");
     assert_eq!(condition.message, message);
 }
+
+#[test]
+fn a_step_failing_before_the_workload_says_why_and_waits_as_its_error_asks() {
+    use crate::state_identity::StateError;
+    let down = QueueError::Unavailable("connection refused".into());
+    let f = step_failure(StepFailure::Queue(&down));
+    assert_eq!(f.event, None);
+    assert_eq!(f.transport, Some(transport_failure(&down).0));
+    assert_eq!(f.retry, transport_failure(&down).1);
+    // A cooldown waits exactly, in the queue step only; the identity step backs off.
+    let cooldown = QueueError::RecreateCooldown("q".into());
+    assert_eq!(
+        step_failure(StepFailure::Queue(&cooldown)).retry,
+        Retry::After(cooldown.retry_after())
+    );
+    assert!(matches!(
+        step_failure(StepFailure::BrokerIdentity(&cooldown)).retry,
+        Retry::Backoff { .. }
+    ));
+    let refused = QueueError::Rejected("access denied".into());
+    let f = step_failure(StepFailure::BrokerIdentity(&refused));
+    assert_eq!(
+        (f.event, f.workload_error),
+        (None, None),
+        "said by the transport condition"
+    );
+    assert_eq!(f.transport, Some(transport_failure(&refused).0));
+    // The Redis user: a Warning and the workload's error name it; the transport is untouched.
+    let redis = StateError::Unavailable("timeout".into());
+    let f = step_failure(StepFailure::StateIdentity(&redis));
+    let note = format!("state proxies: {redis}");
+    assert_eq!(
+        f.event,
+        Some(EventSpec::warning(Reason::StateIdentity, note.clone()))
+    );
+    assert_eq!(f.workload_error, Some(note));
+    assert_eq!(f.transport, None);
+    assert_eq!(
+        f.retry,
+        Retry::Backoff {
+            at_least: Duration::from_secs(5)
+        }
+    );
+}
