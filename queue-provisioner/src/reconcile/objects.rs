@@ -151,10 +151,9 @@ fn set_template_annotation(obj: &mut Object, key: &str, value: &str) {
         .insert(key.to_string(), value.to_string());
 }
 
-/// Hands a workload just created at `initial` replicas to the handoff manager, so our later
-/// applies (which leave replicas to the HPA) do not reset them, and returns what the
-/// workload says of itself: from the apply's answer (`sent`), or the cache when the apply
-/// was skipped.
+/// Hands the replicas of a workload just created to the handoff manager as the plan says
+/// ([`WorkloadPlan::handoff_after_apply`]), and returns what the workload says of itself:
+/// from the apply's answer (`sent`), or the cache when the apply was skipped.
 async fn hand_new_workload_over<C: Cluster>(
     r: &Reconciler<C>,
     wp: &WorkloadPlan,
@@ -162,7 +161,7 @@ async fn hand_new_workload_over<C: Cluster>(
     name: &str,
     sent: Option<Answer>,
 ) -> Result<WorkloadObs, ApplyError> {
-    if let (Some(n), Some(_)) = (wp.initial, &sent) {
+    if let Some(n) = wp.handoff_after_apply(sent.is_some()) {
         r.cluster.claim_replicas(wp.kind, ns, name, n).await?;
     }
     let seen = match sent {

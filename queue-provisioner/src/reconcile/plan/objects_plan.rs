@@ -43,6 +43,15 @@ pub struct WorkloadPlan {
     pub announce: bool,
 }
 
+impl WorkloadPlan {
+    /// The replicas to hand to the handoff manager once the workload's apply was `sent`: those
+    /// a new workload was created with, so our later applies (which leave replicas to the
+    /// HPA) do not reset them. `None` when it was not created now (a skipped apply sent none).
+    pub fn handoff_after_apply(&self, sent: bool) -> Option<i32> {
+        self.initial.filter(|_| sent)
+    }
+}
+
 /// The objects step: the workload and KEDA's objects.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectsPlan {

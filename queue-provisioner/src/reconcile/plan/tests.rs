@@ -472,6 +472,10 @@ fn the_workload_is_handed_over_then_the_other_kind_removed_then_applied() {
     for (plan, want) in cases {
         assert_eq!(workload_actions(&plan, name), want, "{plan:?}");
     }
+    // A workload created at its minimum hands those replicas over, once sent.
+    assert_eq!(wp(false, None, Some(2)).handoff_after_apply(true), Some(2));
+    assert_eq!(wp(false, None, Some(2)).handoff_after_apply(false), None);
+    assert_eq!(wp(true, None, None).handoff_after_apply(true), None);
 }
 
 #[test]
