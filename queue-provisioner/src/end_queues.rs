@@ -20,16 +20,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use asya_api::naming;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::Api;
-use kube::api::{Patch, PatchParams};
-use serde_json::json;
 use tracing::{info, warn};
 
+use crate::kube_cluster::KubeCluster;
 use crate::metrics::Metrics;
 use crate::queue::owner::Claimant;
 use crate::queue::{QueueError, QueueOps};
+use crate::reconcile::{Platform, Writes};
 use crate::transports::Transports;
 use asya_api::queue_claim::QueueClaim;
 
@@ -148,9 +146,7 @@ pub async fn run(
     metrics: Metrics,
 ) {
     let sweeper = Sweeper {
-        namespaces: Api::all(client.clone()),
-        claims: Api::all(client.clone()),
-        config_maps: Api::namespaced(client, &own_namespace),
+        c: KubeCluster::api_only(client, transports.clone(), &own_namespace),
         transports,
         retention,
         metrics,
@@ -178,30 +174,24 @@ enum SweepError {
     Queue(#[from] QueueError),
 }
 
-struct Sweeper {
-    namespaces: Api<Namespace>,
-    claims: Api<QueueClaim>,
-    config_maps: Api<ConfigMap>,
+/// The sweep, over the API server's ports ([`Writes`]: the claims; [`Platform`]: the
+/// namespaces and the ConfigMap of retained queues).
+struct Sweeper<C> {
+    c: C,
     transports: Arc<Transports>,
     retention: Duration,
     metrics: Metrics,
 }
 
-impl Sweeper {
+impl<C: Writes + Platform> Sweeper<C> {
     /// [`namespace_state`] of `ns` for a queue whose claim records `claim_uid`.
     async fn namespace(
         &self,
         ns: &str,
         claim_uid: Option<&str>,
     ) -> Result<NamespaceState, kube::Error> {
-        let n = self.namespaces.get_metadata_opt(ns).await?;
-        let found = n.as_ref().map(|n| {
-            let m = &n.metadata;
-            (
-                m.uid.as_deref().unwrap_or_default(),
-                m.deletion_timestamp.is_some(),
-            )
-        });
+        let n = self.c.namespace_now(ns).await?;
+        let found = n.as_ref().map(|n| (n.uid.as_str(), n.terminating));
         Ok(namespace_state(found, claim_uid))
     }
 
@@ -227,8 +217,8 @@ impl Sweeper {
                 return;
             }
         }
-        let uid = claim.metadata.uid.as_deref();
-        match crate::kube_cluster::delete_exact(&self.claims, queue, uid).await {
+        let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+        match self.c.claim_delete(queue, uid).await {
             Ok(_) => {}
             Err(e) => {
                 warn!(queue = %queue, error = %e, "could not delete the QueueClaim of a deleted end queue; it stays until replaced")
@@ -240,10 +230,9 @@ impl Sweeper {
     /// `pending` the namespaces to look at again.
     async fn sweep(&self, pending: &mut BTreeSet<(String, String)>) -> Result<(), SweepError> {
         let retained: BTreeMap<String, String> = self
-            .config_maps
-            .get_opt(RETAINED_CONFIGMAP)
+            .c
+            .own_config_map(RETAINED_CONFIGMAP)
             .await?
-            .and_then(|c| c.data)
             .unwrap_or_default();
         let mut work: Vec<(String, String, String, Option<Timestamp>)> = Vec::new();
         for (key, since) in &retained {
@@ -268,7 +257,7 @@ impl Sweeper {
                 naming::SUMP_ACTOR
             };
             let key = retained_key(&t, &q);
-            let claim = self.claims.get_opt(&q).await?;
+            let claim = self.c.claim_get(&q).await?;
             // Claimed by another owner: not this namespace's end queue (docs/DESIGN.md §9).
             if let Some(c) = claim
                 .as_ref()
@@ -351,25 +340,32 @@ impl Sweeper {
             }
         }
         *pending = still;
-        let mut kept = retained.len() as i64;
-        for v in changes.values() {
-            kept += if v.is_some() { 1 } else { -1 };
-        }
+        let kept = retained_after(&retained, &changes);
         if !changes.is_empty() {
-            // A merge patch: null removes a key.
-            let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": RETAINED_CONFIGMAP}, "data": changes});
-            self.config_maps
-                .patch(
-                    RETAINED_CONFIGMAP,
-                    &PatchParams::apply(MANAGER),
-                    &Patch::Apply(&body),
-                )
+            // The whole map: an apply leaves out what it no longer names.
+            self.c
+                .own_config_map_apply(RETAINED_CONFIGMAP, MANAGER, &kept)
                 .await?;
         }
+        let kept = kept.len() as i64;
         self.metrics.end_queues_retained.set(kept.max(0));
         Ok(())
     }
+}
+
+/// The retained queues after `changes` (`None`: no longer retained).
+fn retained_after(
+    retained: &BTreeMap<String, String>,
+    changes: &BTreeMap<String, Option<String>>,
+) -> BTreeMap<String, String> {
+    let mut out = retained.clone();
+    for (k, v) in changes {
+        match v {
+            Some(v) => out.insert(k.clone(), v.clone()),
+            None => out.remove(k),
+        };
+    }
+    out
 }
 
 #[cfg(test)]
@@ -380,6 +376,26 @@ mod tests {
 
     fn t(s: &str) -> Timestamp {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_retained_map_keeps_what_no_change_names() {
+        let m = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let retained = m(&[("a", "t1"), ("b", "t2")]);
+        let changes = BTreeMap::from([
+            ("a".to_string(), None),
+            ("c".to_string(), Some("t3".to_string())),
+        ]);
+        // Applied whole: the server-side apply of only `changes` would drop `b`.
+        assert_eq!(
+            retained_after(&retained, &changes),
+            m(&[("b", "t2"), ("c", "t3")])
+        );
+        assert_eq!(retained_after(&retained, &BTreeMap::new()), retained);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! [`Cluster`] on a real cluster: reads from the controller's caches, writes through the
 //! Kubernetes API (server-side apply, field manager [`MANAGER`]) and the transports' brokers.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use asya_api::config::ClusterConfig;
@@ -32,7 +33,8 @@ use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueOps, QueueSpec};
 use crate::reconcile::ownership::Write;
 use crate::reconcile::plan::EventSpec;
 use crate::reconcile::{
-    Answer, Brokers, Cached, Caches, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, Object, Writes,
+    Answer, Brokers, Cached, Caches, Error, FINALIZER, HANDOFF_MANAGER, MANAGER, NamespaceNow,
+    Object, Platform, Writes,
 };
 use crate::render::TransportCredentials;
 use crate::state_identity::StateError;
@@ -914,25 +916,88 @@ impl Writes for KubeCluster {
     }
 }
 
-#[cfg(test)]
+impl Platform for KubeCluster {
+    async fn namespace_now(&self, ns: &str) -> Result<Option<NamespaceNow>, kube::Error> {
+        let n = Api::<Namespace>::all(self.client.clone())
+            .get_metadata_opt(ns)
+            .await?;
+        Ok(n.map(|n| NamespaceNow {
+            uid: n.metadata.uid.unwrap_or_default(),
+            terminating: n.metadata.deletion_timestamp.is_some(),
+        }))
+    }
+
+    async fn own_config_map(
+        &self,
+        name: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, kube::Error> {
+        let cm = Api::<ConfigMap>::namespaced(self.client.clone(), &self.own_namespace)
+            .get_opt(name)
+            .await?;
+        Ok(cm.map(|c| c.data.unwrap_or_default()))
+    }
+
+    async fn own_config_map_apply(
+        &self,
+        name: &str,
+        manager: &str,
+        data: &BTreeMap<String, String>,
+    ) -> Result<(), kube::Error> {
+        let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name}, "data": data});
+        Api::<ConfigMap>::namespaced(self.client.clone(), &self.own_namespace)
+            .patch(name, &PatchParams::apply(manager), &Patch::Apply(&body))
+            .await?;
+        Ok(())
+    }
+
+    async fn cluster_trigger_authentication_apply(
+        &self,
+        cta: &serde_json::Value,
+    ) -> Result<(), kube::Error> {
+        let name = cta
+            .pointer("/metadata/name")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default();
+        cluster_trigger_authentications(&self.client)
+            .patch(name, &PatchParams::apply(MANAGER), &Patch::Apply(cta))
+            .await?;
+        Ok(())
+    }
+
+    async fn cluster_trigger_authentication(
+        &self,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>, kube::Error> {
+        let cta = cluster_trigger_authentications(&self.client)
+            .get_opt(name)
+            .await?;
+        cta.map(serde_json::to_value)
+            .transpose()
+            .map_err(kube::Error::SerdeError)
+    }
+}
+
+fn cluster_trigger_authentications(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &crate::keda_identity::io::cluster_trigger_auth_resource(),
+    )
+}
+
 impl KubeCluster {
-    /// A KubeCluster for the write port's conformance suite: every cache empty and no
-    /// watch running, KEDA, Redis and the exposure ledger absent. Writes go to the API
-    /// server as in production.
-    pub fn with_empty_caches(
-        client: Client,
-        config: Arc<ClusterConfig>,
-        own_namespace: &str,
-    ) -> Self {
+    /// A KubeCluster for the background loops, which use only the API server
+    /// ([`Writes`], [`Platform`]) and the brokers: every cache empty and no watch running,
+    /// KEDA's namespaced kinds, Redis and the exposure ledger absent. `transports`: the
+    /// controller's (and their configuration).
+    pub fn api_only(client: Client, transports: Arc<Transports>, own_namespace: &str) -> Self {
         use kube::runtime::events::Reporter;
         use kube::runtime::reflector::store;
         KubeCluster {
             client: client.clone(),
-            transports: Arc::new(Transports::new(
-                config.clone(),
-                Api::namespaced(client.clone(), own_namespace),
-            )),
-            config,
+            config: transports.config(),
+            own_namespace: own_namespace.into(),
+            transports,
             end_queues: crate::end_queues::Candidates::default(),
             recorder: Recorder::new(
                 client,
@@ -954,7 +1019,6 @@ impl KubeCluster {
             trigger_auths: None,
             hpas: store().0,
             actors: store().0,
-            own_namespace: own_namespace.into(),
             keda: None,
             keda_identity: crate::keda_identity::IdentityState::default(),
             state_redis: None,
@@ -962,5 +1026,22 @@ impl KubeCluster {
             namespaces: store().0,
             claims: store().0,
         }
+    }
+}
+
+#[cfg(test)]
+impl KubeCluster {
+    /// A KubeCluster for the write port's conformance suite ([`KubeCluster::api_only`] with
+    /// transports of its own). Writes go to the API server as in production.
+    pub fn with_empty_caches(
+        client: Client,
+        config: Arc<ClusterConfig>,
+        own_namespace: &str,
+    ) -> Self {
+        let transports = Arc::new(Transports::new(
+            config,
+            Api::namespaced(client.clone(), own_namespace),
+        ));
+        Self::api_only(client, transports, own_namespace)
     }
 }

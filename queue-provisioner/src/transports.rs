@@ -47,6 +47,16 @@ impl Transports {
         }
     }
 
+    /// The cluster configuration the transports come from.
+    pub fn config(&self) -> Arc<ClusterConfig> {
+        self.config.clone()
+    }
+
+    /// The provisioner's namespace, where the transports' Secrets are read.
+    pub fn namespace(&self) -> &str {
+        self.secrets.namespace().unwrap_or_default()
+    }
+
     /// The enabled transports' names.
     pub fn enabled(&self) -> Vec<String> {
         self.config

@@ -10,16 +10,16 @@ use asya_api::config::{ClusterConfig, TransportSettings};
 use asya_api::{naming, percent};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::Client;
 use kube::core::ApiResource;
-use kube::{Api, Client};
 use tracing::{info, warn};
 
 use super::{
     IdentityState, KedaIdentityError, MonitorPlan, existing_password, generate_password, plan,
 };
-use crate::reconcile::MANAGER;
+use crate::kube_cluster::KubeCluster;
+use crate::reconcile::ownership::Write;
+use crate::reconcile::{Object, Platform, Writes};
 use crate::render::management_url;
 use crate::transports::Transports;
 
@@ -126,9 +126,10 @@ async fn ensure_user(
     .map_err(EnsureError::Broker)
 }
 
-/// Ensures transport `name`'s monitor identity; the Secret first read to keep its password.
-pub async fn ensure(
-    client: &Client,
+/// Ensures transport `name`'s monitor identity through the ports; the Secret first read to
+/// keep its password, then written only as the object read (created when there was none).
+pub async fn ensure<C: Writes + Platform>(
+    c: &C,
     config: &ClusterConfig,
     transports: &Transports,
     keda_namespace: &str,
@@ -140,9 +141,8 @@ pub async fn ensure(
     if !t.is_rabbitmq() {
         return Ok(());
     }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), keda_namespace);
     let secret_name = naming::keda_secret_name(name);
-    let current = secrets.get_opt(&secret_name).await?;
+    let current = c.read_secret(keda_namespace, &secret_name).await?;
     let password = match existing_password(current.as_ref(), keda_namespace, &secret_name)? {
         Some(p) => p,
         None => generate_password()?,
@@ -153,18 +153,16 @@ pub async fn ensure(
     let (_, creds) = transports.get(name).await?;
     // The broker first: the Secret never names a password the broker does not know.
     ensure_user(&t.config, creds.password.as_deref().unwrap_or_default(), &p).await?;
-    let params = PatchParams::apply(MANAGER);
-    secrets
-        .patch(&secret_name, &params, &Patch::Apply(&p.secret))
+    let write = match &current {
+        None => Write::Create,
+        Some(s) => Write::Update {
+            uid: s.metadata.uid.clone(),
+        },
+    };
+    c.apply(keda_namespace, &Object::Secret(p.secret), &write)
         .await?;
-    let ctas: Api<DynamicObject> = Api::all_with(client.clone(), &cluster_trigger_auth_resource());
-    let cta_name = naming::cluster_trigger_authentication_name(name);
-    ctas.patch(
-        &cta_name,
-        &params,
-        &Patch::Apply(&p.cluster_trigger_authentication),
-    )
-    .await?;
+    c.cluster_trigger_authentication_apply(&p.cluster_trigger_authentication)
+        .await?;
     Ok(())
 }
 
@@ -186,11 +184,13 @@ pub async fn run(
     if names.is_empty() {
         return;
     }
+    let own_namespace = transports.namespace().to_string();
+    let c = KubeCluster::api_only(client, transports.clone(), &own_namespace);
     let mut ok_before = vec![false; names.len()];
     loop {
         let mut all_ok = true;
         for (i, name) in names.iter().enumerate() {
-            let outcome = ensure(&client, &config, &transports, &keda_namespace, name).await;
+            let outcome = ensure(&c, &config, &transports, &keda_namespace, name).await;
             state.record(
                 name,
                 outcome.as_ref().map(|_| ()).map_err(|e| e.to_string()),

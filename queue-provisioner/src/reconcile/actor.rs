@@ -3,15 +3,15 @@
 
 use std::sync::Arc;
 
-use asya_api::AsyncActor;
 use asya_api::sidecar_settings::TransportSettings;
+use asya_api::{AsyncActor, AsyncActorStatus};
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 
 use crate::model::ObjectKind;
-use crate::status::{self, TransportObs};
+use crate::status::{self, Observed, TransportObs};
 
-use super::plan::{self, EventSpec, Next, PodStep, Reason, Retry};
+use super::plan::{self, EventSpec, Failure, Next, PodAction, Retry, StepFailure};
 use super::write::{now, write_status};
 use super::{Cluster, Error, Reconciler, actor_key, identity, objects, queues, state_identity};
 
@@ -50,18 +50,8 @@ async fn reconcile<C: Cluster>(
     o.transport = match queues::ensure(rec, actor, &resolved, made).await {
         Ok(t) => t,
         Err(e) => {
-            if let crate::queue::QueueError::NotOurs(not_ours) = &e {
-                c.event(actor, plan::queue_not_ours_event(not_ours)).await;
-            }
-            let (obs, retry) = plan::transport_failure(&e);
-            let wait = match retry {
-                Retry::After(d) => d,
-                Retry::Backoff { at_least } => rec.memory.backoff(&key, true).max(at_least),
-            };
-            o.transport = obs;
-            let st = status::derive(&prev, &o, now());
-            write_status(c, actor, st, std::mem::take(made)).await?;
-            return Ok(Next::After(wait));
+            let f = plan::step_failure(StepFailure::Queue(&e));
+            return failed(rec, actor, &prev, o, made, f).await;
         }
     };
 
@@ -70,15 +60,8 @@ async fn reconcile<C: Cluster>(
     let credential_version = match identity::ensure(rec, actor, &resolved).await {
         Ok(v) => v,
         Err(e) => {
-            let (obs, _) = plan::transport_failure(&e);
-            let wait = rec
-                .memory
-                .backoff(&key, true)
-                .max(e.retry_after().min(std::time::Duration::from_secs(5)));
-            o.transport = obs;
-            let st = status::derive(&prev, &o, now());
-            write_status(c, actor, st, std::mem::take(made)).await?;
-            return Ok(Next::After(wait));
+            let f = plan::step_failure(StepFailure::BrokerIdentity(&e));
+            return failed(rec, actor, &prev, o, made, f).await;
         }
     };
 
@@ -87,20 +70,8 @@ async fn reconcile<C: Cluster>(
     let state_credential_version = match state_identity::ensure(rec, actor, &resolved).await {
         Ok(v) => v,
         Err(e) => {
-            let note = format!("state proxies: {e}");
-            c.event(
-                actor,
-                EventSpec::warning(Reason::StateIdentity, note.clone()),
-            )
-            .await;
-            o.workload_error = Some(note);
-            let wait = rec
-                .memory
-                .backoff(&key, true)
-                .max(e.retry_after().min(std::time::Duration::from_secs(5)));
-            let st = status::derive(&prev, &o, now());
-            write_status(c, actor, st, std::mem::take(made)).await?;
-            return Ok(Next::After(wait));
+            let f = plan::step_failure(StepFailure::StateIdentity(&e));
+            return failed(rec, actor, &prev, o, made, f).await;
         }
     };
 
@@ -128,7 +99,7 @@ async fn reconcile<C: Cluster>(
     .await;
     if let Err(e) = res {
         if let objects::ApplyError::NotOurs(m) = &e {
-            c.event(actor, objects::not_ours_event(m)).await;
+            c.event(actor, plan::not_ours_event(m)).await;
             o.foreign.push(m.clone());
         }
         o.workload_error.get_or_insert_with(|| e.to_string());
@@ -138,66 +109,41 @@ async fn reconcile<C: Cluster>(
         tracing::warn!(actor = %key, error = %e, "could not remove the platform's copied broker credentials");
     }
 
-    // 3. Pods that escaped injection.
+    // 3. Pods that escaped injection, and pods injected under another identity mode, stuck
+    // on a Secret that may never exist.
     let pods: Vec<Arc<Pod>> = c.pods(&resolved.namespace, &resolved.name);
-    let bare: Vec<&Pod> = pods
-        .iter()
-        .map(Arc::as_ref)
-        .filter(|p| status::needs_replacing(p))
-        .collect();
-    // Replaced only once injection works again: deleting while the webhook is still down
-    // would only bring another pod without the sidecar, in a loop.
-    let injection_down = match bare.first() {
+    let pods: Vec<&Pod> = pods.iter().map(Arc::as_ref).collect();
+    // Replaced only once injection works again (probed with the first pod without it).
+    let injection_down = match plan::bare_pods(&pods).first() {
         Some(p) => !c.injection_works(p).await,
         None => false,
     };
-    for p in &bare {
-        let pn = p.name_any();
-        match plan::bare_pod(&pn, injection_down) {
-            PodStep::Keep(ev) => c.event(actor, ev).await,
-            PodStep::Replace(ev) => {
-                c.delete(ObjectKind::Pod, &resolved.namespace, &pn, None)
-                    .await?;
-                c.event(actor, ev).await;
-            }
-        }
-    }
-    // Pods injected under another identity mode, stuck on a Secret that may never exist.
     let current = rec
         .config
         .transport(&resolved.transport)
         .and_then(|t| TransportSettings::for_transport(&resolved.transport, t).ok());
-    let mut replaced = Vec::new();
-    if let Some(current) = &current {
-        let expected = current.credential_secrets();
-        let overridden: Vec<&str> = resolved
-            .spec
-            .sidecar
-            .iter()
-            .flat_map(|s| s.env.iter().map(|e| e.name.as_str()))
-            .collect();
-        for p in &pods {
-            let Some((var, secret)) = status::stale_credentials(p, &expected, &overridden) else {
-                continue;
-            };
-            let pn = p.name_any();
-            c.delete(
-                ObjectKind::Pod,
-                &resolved.namespace,
-                &pn,
-                p.uid().as_deref(),
-            )
-            .await?;
-            c.event(actor, plan::stale_credentials_event(&pn, &var, &secret))
-                .await;
-            replaced.push(pn);
+    let expected = current.as_ref().map(|t| t.credential_secrets());
+    let overridden: Vec<&str> = resolved
+        .spec
+        .sidecar
+        .iter()
+        .flat_map(|s| s.env.iter().map(|e| e.name.as_str()))
+        .collect();
+    let credentials = expected.as_deref().map(|current| plan::Credentials {
+        current,
+        overridden: &overridden,
+    });
+    let step = plan::pods(&pods, injection_down, credentials.as_ref());
+    for a in step.actions {
+        match a {
+            PodAction::Delete { name, uid } => {
+                c.delete(ObjectKind::Pod, &resolved.namespace, &name, uid.as_deref())
+                    .await?;
+            }
+            PodAction::Event(ev) => c.event(actor, ev).await,
         }
     }
-    o.pods = pods
-        .iter()
-        .filter(|p| !status::needs_replacing(p) && !replaced.contains(&p.name_any()))
-        .map(|p| status::classify_pod(p))
-        .collect();
+    o.pods = step.counted.into_iter().map(status::classify_pod).collect();
 
     // 4. KEDA's HPA target.
     if o.scaling_enabled
@@ -222,4 +168,33 @@ async fn reconcile<C: Cluster>(
         injection_down,
         o.has_messages(),
     ))
+}
+
+/// Carries out [`plan::step_failure`]'s answer: the event, the status that says why, and
+/// when to look again.
+async fn failed<C: Cluster>(
+    rec: &Reconciler<C>,
+    actor: &AsyncActor,
+    prev: &AsyncActorStatus,
+    mut o: Observed,
+    made: &mut Vec<EventSpec>,
+    f: Failure,
+) -> Result<Next, Error> {
+    let c = &rec.cluster;
+    if let Some(ev) = f.event {
+        c.event(actor, ev).await;
+    }
+    if let Some(t) = f.transport {
+        o.transport = t;
+    }
+    if let Some(e) = f.workload_error {
+        o.workload_error = Some(e);
+    }
+    let wait = match f.retry {
+        Retry::After(d) => d,
+        Retry::Backoff { at_least } => rec.memory.backoff(&actor_key(actor), true).max(at_least),
+    };
+    let st = status::derive(prev, &o, now());
+    write_status(c, actor, st, std::mem::take(made)).await?;
+    Ok(Next::After(wait))
 }

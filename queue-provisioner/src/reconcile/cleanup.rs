@@ -4,6 +4,8 @@
 //! broker that stays unreachable is given up on after [`plan::CLEANUP_GIVE_UP_AFTER`], with a
 //! Warning event and a condition naming the queue left behind (docs/DESIGN.md §9).
 
+use std::time::Duration;
+
 use asya_api::{AsyncActor, naming};
 use kube::ResourceExt;
 use tracing::{info, warn};
@@ -15,9 +17,9 @@ use crate::status::{self, TransportObs};
 
 use super::memory::QueueKey;
 use super::ownership::Us;
-use super::plan::{self, CleanupStep, Next};
+use super::plan::{self, AfterQueue, Next, QueueDeletion};
 use super::write::{now, write_status};
-use super::{Cluster, Error, Reconciler, actor_key, identity, objects};
+use super::{Cluster, Error, Reconciler, actor_key, identity};
 
 /// What the actor owns, by kind and name; deleted now rather than by the garbage collector,
 /// which frees the names at once for an actor recreated under the same name.
@@ -89,45 +91,50 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     let terminating = status::derive(&prev, &o, now());
     let _ = write_status(c, actor, terminating.clone(), vec![]).await;
 
-    let closing = match delete_queue(rec, actor, &t).await {
-        Ok(delay_queues) => plan::queue_deleted_event(&t.queue, &delay_queues),
-        // Recorded as another actor's: left at once (no retry would change the record).
+    let res = delete_queue(rec, actor, &t).await;
+    let (error, backoff) = match &res {
         Err(QueueError::NotOurs(e)) => {
             warn!(namespace = %t.ns, name = %t.name, queue = %t.queue, error = %e, "queue not deleted: not this actor's");
-            let mut st = terminating;
-            st.conditions.push(plan::queue_not_ours_condition(
-                e.to_string(),
-                actor.metadata.generation,
-                now(),
-            ));
-            let _ = c.patch_status(actor, &st).await;
-            plan::queue_not_ours_event(&e)
+            (e.to_string(), Duration::ZERO)
         }
-        Err(e) => {
-            let since = plan::since_deletion(actor, &now());
-            let backoff = rec.memory.backoff(&actor_key(actor), true);
-            match plan::cleanup_after_failure(since, backoff) {
-                CleanupStep::Retry(wait) => {
-                    let ev = plan::queue_delete_retry_event(&t.queue, &e.to_string(), wait, since);
-                    c.event(actor, ev).await;
-                    return Ok(Next::After(wait));
+        Err(e) => (e.to_string(), rec.memory.backoff(&actor_key(actor), true)),
+        Ok(_) => (String::new(), Duration::ZERO),
+    };
+    let deletion = match &res {
+        Ok(delay_queues) => QueueDeletion::Deleted(delay_queues),
+        Err(QueueError::NotOurs(_)) => QueueDeletion::NotOurs(&error),
+        Err(_) => QueueDeletion::Failed {
+            error: &error,
+            backoff,
+        },
+    };
+    let since = plan::since_deletion(actor, &now());
+    let step = plan::after_queue(
+        deletion,
+        &t.name,
+        &t.queue,
+        &t.transport,
+        since,
+        actor.metadata.generation,
+        now(),
+    );
+    let closing = match step {
+        AfterQueue::Retry { wait, event } => {
+            c.event(actor, event).await;
+            return Ok(Next::After(wait));
+        }
+        AfterQueue::Release { condition, closing } => {
+            if let Some(condition) = condition {
+                if matches!(deletion, QueueDeletion::Failed { .. }) {
+                    warn!(namespace = %t.ns, name = %t.name, queue = %t.queue, error = %error, "cleanup gave up on the queue");
                 }
-                CleanupStep::GiveUp => {
-                    let message =
-                        plan::cleanup_gave_up_message(&t.queue, &t.transport, &e.to_string());
-                    warn!(namespace = %t.ns, name = %t.name, queue = %t.queue, error = %e, "cleanup gave up on the queue");
-                    // The last status the actor shows, for whoever watches it go; written
-                    // as it is (the phase, Terminating, was announced above).
-                    let mut st = terminating;
-                    st.conditions.push(plan::cleanup_incomplete_condition(
-                        message.clone(),
-                        actor.metadata.generation,
-                        now(),
-                    ));
-                    let _ = c.patch_status(actor, &st).await;
-                    plan::cleanup_gave_up_event(&t.name, &message)
-                }
+                // The last status the actor shows, for whoever watches it go; written as it
+                // is (the phase, Terminating, was announced above).
+                let mut st = terminating;
+                st.conditions.push(condition);
+                let _ = c.patch_status(actor, &st).await;
             }
+            closing
         }
     };
 
@@ -141,7 +148,7 @@ pub async fn run<C: Cluster>(rec: &Reconciler<C>, actor: &AsyncActor) -> Result<
     };
     for (kind, n) in owned(&t.name, keda) {
         if let Err(kept) = super::write::delete_if_ours(c, us, kind, &t.ns, &n).await? {
-            c.event(actor, objects::not_ours_event(&kept)).await;
+            c.event(actor, plan::not_ours_event(&kept)).await;
         }
     }
     // The namespace's gateway report token goes with its last actor.

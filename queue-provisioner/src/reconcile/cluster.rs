@@ -1,9 +1,10 @@
 //! What the reconcile reads from and writes to the world, as one port per role: the watch
 //! caches ([`Caches`]), the brokers and Redis ([`Brokers`]), the API server ([`Writes`]);
-//! [`Cluster`] is all three. The production implementation is
+//! [`Cluster`] is all three. The background loops use [`Writes`] and [`Platform`]. The production implementation is
 //! [`crate::kube_cluster::KubeCluster`]; the tests run every reconcile scenario against an
 //! in-memory one, and the write contract against both (`conformance.rs`).
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -366,6 +367,54 @@ pub trait Writes: Send + Sync {
         &self,
         actor: &AsyncActor,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// A namespace as the API server has it now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceNow {
+    pub uid: String,
+    /// `metadata.deletionTimestamp` is set: it is being deleted.
+    pub terminating: bool,
+}
+
+/// What the provisioner's background loops (KEDA's monitor identity,
+/// [`crate::keda_identity`]; the end queue sweep, [`crate::end_queues`]) read and write
+/// besides [`Writes`]: namespaces as the API server has them now, the provisioner's own
+/// ConfigMaps and KEDA's cluster-scoped ClusterTriggerAuthentication. `conformance.rs` runs
+/// its contract on the fake and on `KubeCluster`.
+pub trait Platform: Send + Sync {
+    /// Namespace `ns` read from the API server (no cache: a sweep must see a namespace
+    /// deleted a moment ago); `None`: no such namespace.
+    fn namespace_now(
+        &self,
+        ns: &str,
+    ) -> impl Future<Output = Result<Option<NamespaceNow>, kube::Error>> + Send;
+    /// The data of ConfigMap `name` in the provisioner's namespace; `None`: no such
+    /// ConfigMap.
+    fn own_config_map(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<BTreeMap<String, String>>, kube::Error>> + Send;
+    /// Sets ConfigMap `name`'s data in the provisioner's namespace to exactly `data`
+    /// (server-side apply under `manager`: a key it applied before and does not name now
+    /// goes), creating it if needed.
+    fn own_config_map_apply(
+        &self,
+        name: &str,
+        manager: &str,
+        data: &BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// Server-side apply (field manager [`super::MANAGER`]) of a ClusterTriggerAuthentication,
+    /// cluster-scoped; KEDA's CRDs must be installed.
+    fn cluster_trigger_authentication_apply(
+        &self,
+        cta: &serde_json::Value,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// The ClusterTriggerAuthentication `name` as stored; `None`: absent.
+    fn cluster_trigger_authentication(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<serde_json::Value>, kube::Error>> + Send;
 }
 
 /// The reconcile's I/O, by role. The production implementation is

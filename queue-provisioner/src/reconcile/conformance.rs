@@ -9,7 +9,9 @@
 //! reconcile, retried with fresh caches); a delete with a uid never
 //! removes a same-named successor and says "not deleted" for it; only our labelled Secrets
 //! are deleted by `delete_owned_secret`; a QueueClaim is created once and deleted only by
-//! the uid that was read.
+//! the uid that was read. What the background loops rely on ([`Platform`]): a namespace is
+//! read as it is now, the provisioner's ConfigMap holds exactly the data last applied, and a
+//! ClusterTriggerAuthentication is applied and read back.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +21,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::ownership::Write;
-use super::{Object, Writes};
+use super::{Object, Platform, Writes};
 use crate::model::ObjectKind;
 use crate::render::workload::MANAGED_BY;
 
@@ -142,9 +144,91 @@ pub async fn run<C: Writes>(c: &C, ns: &str, suffix: &str) {
     assert!(c.claim_get(&name).await.expect("get").is_none());
 }
 
+/// The [`Platform`] port's suite: `ns` an existing namespace (and, for `KubeCluster`, the
+/// provisioner's namespace whose ConfigMaps it writes).
+pub async fn run_platform<C: Writes + Platform>(c: &C, ns: &str, suffix: &str) {
+    // A namespace as the API server has it now; an absent one is none.
+    let now = c
+        .namespace_now(ns)
+        .await
+        .expect("namespace")
+        .expect("exists");
+    assert!(!now.terminating, "{now:?}");
+    let uid = c.namespace_uid(ns).await.expect("uid").expect("exists");
+    assert_eq!(now.uid, uid);
+    let absent = format!("conformance-absent-{suffix}");
+    assert_eq!(c.namespace_now(&absent).await.expect("absent"), None);
+
+    // The provisioner's ConfigMap holds exactly the data last applied: a key no longer
+    // named goes (the end queue sweep relies on it to forget a queue).
+    let name = format!("conformance-{suffix}");
+    assert_eq!(c.own_config_map(&name).await.expect("read"), None);
+    let data = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let manager = "asya-conformance";
+    let first = data(&[("a", "1"), ("b", "2")]);
+    c.own_config_map_apply(&name, manager, &first)
+        .await
+        .expect("apply");
+    assert_eq!(c.own_config_map(&name).await.expect("read"), Some(first));
+    let second = data(&[("b", "2"), ("c", "3")]);
+    c.own_config_map_apply(&name, manager, &second)
+        .await
+        .expect("apply");
+    assert_eq!(c.own_config_map(&name).await.expect("read"), Some(second));
+    c.own_config_map_apply(&name, manager, &BTreeMap::new())
+        .await
+        .expect("apply");
+    assert_eq!(
+        c.own_config_map(&name).await.expect("read"),
+        Some(BTreeMap::new())
+    );
+
+    // KEDA's ClusterTriggerAuthentication, cluster-scoped, applied and read back.
+    let cta_name = format!("asya-conformance-{suffix}");
+    assert_eq!(
+        c.cluster_trigger_authentication(&cta_name)
+            .await
+            .expect("read"),
+        None
+    );
+    let cta = |secret: &str| {
+        serde_json::json!({
+            "apiVersion": "keda.sh/v1alpha1",
+            "kind": "ClusterTriggerAuthentication",
+            "metadata": {"name": cta_name, "labels": {"asya.sh/test": "conformance"}},
+            "spec": {"secretTargetRef": [{"parameter": "host", "name": secret, "key": "host"}]},
+        })
+    };
+    for secret in ["one", "two"] {
+        c.cluster_trigger_authentication_apply(&cta(secret))
+            .await
+            .expect("apply");
+        let stored = c
+            .cluster_trigger_authentication(&cta_name)
+            .await
+            .expect("read")
+            .expect("stored");
+        assert_eq!(
+            stored.pointer("/spec/secretTargetRef/0/name"),
+            Some(&serde_json::json!(secret)),
+            "{stored}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_fake_keeps_the_write_contract() {
-    run(&super::fake::Fake::default(), "n", "fake").await;
+    let fake = super::fake::Fake::default();
+    // The fake's namespaces all exist unless marked gone; the API server has none by that name.
+    fake.world()
+        .namespaces
+        .insert("conformance-absent-fake".into(), None);
+    run(&fake, "n", "fake").await;
+    run_platform(&fake, "n", "fake").await;
 }
 
 #[path = "../../../tests/services/require.rs"]
@@ -220,6 +304,22 @@ async fn kube_cluster_keeps_the_write_contract() {
             )
             .await;
     }
+    let ctas: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &crate::keda_identity::io::cluster_trigger_auth_resource(),
+    );
+    for old in ctas
+        .list(&selector)
+        .await
+        .expect("list ClusterTriggerAuthentications")
+    {
+        let _ = ctas
+            .delete(
+                &old.metadata.name.unwrap_or_default(),
+                &DeleteParams::default(),
+            )
+            .await;
+    }
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -237,12 +337,20 @@ async fn kube_cluster_keeps_the_write_contract() {
         .create(&PostParams::default(), &n)
         .await
         .expect("namespace");
+    // The test's namespace stands for the provisioner's (its ConfigMaps go with it).
     let cluster = crate::kube_cluster::KubeCluster::with_empty_caches(
         client,
         std::sync::Arc::new(asya_api::config::ClusterConfig::default()),
-        "asya-system",
+        &ns,
     );
     run(&cluster, &ns, &suffix).await;
+    run_platform(&cluster, &ns, &suffix).await;
+    ctas.delete(
+        &format!("asya-conformance-{suffix}"),
+        &DeleteParams::default(),
+    )
+    .await
+    .expect("ClusterTriggerAuthentication deleted");
     namespaces
         .delete(&ns, &DeleteParams::default())
         .await

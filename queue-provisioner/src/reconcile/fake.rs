@@ -18,7 +18,9 @@ use crate::queue::owner::{self, QueueRecord};
 use crate::queue::{QueueDepth, QueueError, QueueInfo, QueueSpec};
 use crate::reconcile::ownership::Write;
 use crate::reconcile::plan::EventSpec;
-use crate::reconcile::{Answer, Brokers, Cached, Caches, Error, FINALIZER, Object, Writes};
+use crate::reconcile::{
+    Answer, Brokers, Cached, Caches, Error, FINALIZER, NamespaceNow, Object, Platform, Writes,
+};
 use crate::render::TransportCredentials;
 use crate::render::workload::MANAGED_BY;
 use crate::state_identity::StateError;
@@ -111,6 +113,12 @@ pub struct World {
     pub claims: BTreeMap<String, QueueClaim>,
     /// Namespaces whose uid is not the default `uid-ns-{name}`; `None`: deleted.
     pub namespaces: BTreeMap<String, Option<String>>,
+    /// Namespaces being deleted.
+    pub terminating: BTreeSet<String>,
+    /// The provisioner's own ConfigMaps' data, by name.
+    pub config_maps: BTreeMap<String, BTreeMap<String, String>>,
+    /// ClusterTriggerAuthentications as applied, by name.
+    pub cluster_trigger_authentications: BTreeMap<String, Value>,
     /// A claim another reconcile creates just before this one's creation of a claim of the
     /// same name (a race).
     pub claim_before_create: Option<QueueClaim>,
@@ -173,6 +181,9 @@ impl Default for World {
             platform_password: "pw".into(),
             claims: BTreeMap::new(),
             namespaces: BTreeMap::new(),
+            terminating: BTreeSet::new(),
+            config_maps: BTreeMap::new(),
+            cluster_trigger_authentications: BTreeMap::new(),
             claim_before_create: None,
             claim_serial: 0,
             handoff_waits_for: None,
@@ -800,5 +811,67 @@ impl Writes for Fake {
         self.request("patch AsyncActor".into());
         self.world().log.push("remove finalizer".into());
         Ok(())
+    }
+}
+
+impl Platform for Fake {
+    async fn namespace_now(&self, ns: &str) -> Result<Option<NamespaceNow>, kube::Error> {
+        self.request(format!("get Namespace {ns}"));
+        let w = self.world();
+        let uid = match w.namespaces.get(ns) {
+            Some(uid) => uid.clone(),
+            None => Some(default_namespace_uid(ns)),
+        };
+        Ok(uid.map(|uid| NamespaceNow {
+            uid,
+            terminating: w.terminating.contains(ns),
+        }))
+    }
+
+    async fn own_config_map(
+        &self,
+        name: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, kube::Error> {
+        self.request(format!("get ConfigMap {name}"));
+        Ok(self.world().config_maps.get(name).cloned())
+    }
+
+    async fn own_config_map_apply(
+        &self,
+        name: &str,
+        _manager: &str,
+        data: &BTreeMap<String, String>,
+    ) -> Result<(), kube::Error> {
+        self.request(format!("apply ConfigMap {name}"));
+        let mut w = self.world();
+        w.log.push(format!("apply ConfigMap {name}"));
+        w.config_maps.insert(name.into(), data.clone());
+        Ok(())
+    }
+
+    async fn cluster_trigger_authentication_apply(&self, cta: &Value) -> Result<(), kube::Error> {
+        let name = cta
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        self.request(format!("apply ClusterTriggerAuthentication {name}"));
+        let mut w = self.world();
+        w.log
+            .push(format!("apply ClusterTriggerAuthentication {name}"));
+        w.cluster_trigger_authentications.insert(name, cta.clone());
+        Ok(())
+    }
+
+    async fn cluster_trigger_authentication(
+        &self,
+        name: &str,
+    ) -> Result<Option<Value>, kube::Error> {
+        self.request(format!("get ClusterTriggerAuthentication {name}"));
+        Ok(self
+            .world()
+            .cluster_trigger_authentications
+            .get(name)
+            .cloned())
     }
 }

@@ -14,31 +14,11 @@ use crate::render::keda;
 use crate::status::{Observed, TransportObs};
 
 use super::memory::ObjectKey;
-use super::plan::{EventSpec, Reason};
 use super::{Cluster, Reconciler};
 
 /// The condition reason of an SQS actor without any AWS identity: it names the two settings
 /// that would give it one.
 pub const NO_SQS_IDENTITY: &str = "NeitherShareStaticCredentialsNorRoleArn";
-
-/// The Warning on each actor that holds the platform's static keys (opt-in).
-pub fn shared_static_credentials_event(transport: &str, secret: &str) -> EventSpec {
-    EventSpec::warning(
-        Reason::SharedStaticCredentials,
-        format!(
-            "transports.{transport}.config.shareStaticCredentials is true: the platform's static \
-             AWS keys (Secret {secret}) are copied into this namespace; whoever reads Secrets here \
-             reaches every queue those keys reach. Use actorServiceAccount.roleArn (IRSA) instead"
-        ),
-    )
-}
-
-/// The scaling error of an actor whose transport's KEDA identity is not in place.
-pub fn identity_problem_message(why: &str) -> String {
-    format!(
-        "KEDA cannot read the queue depth (its ClusterTriggerAuthentication is not in place): {why}"
-    )
-}
 
 /// Records in `o` that the actor's pods cannot authenticate to SQS (the transport's condition
 /// says why, naming the settings); `true` when so.
@@ -130,13 +110,4 @@ pub async fn remove_unshared_sqs_keys<C: Cluster>(
         }
     }
     Ok(())
-}
-
-/// The event announcing the shared static keys on the actor, if the transport shares them
-/// from a Secret.
-pub fn shared_event(r: &ResolvedActor, t: &Transport) -> Option<EventSpec> {
-    t.config
-        .credentials_secret_ref
-        .as_ref()
-        .map(|s| shared_static_credentials_event(&r.transport, &s.name))
 }

@@ -36,7 +36,9 @@ mod tests_identity;
 #[cfg(test)]
 mod tests_state_identity;
 
-pub use cluster::{Answer, Brokers, Cached, Caches, Cluster, Object, Writes};
+pub use cluster::{
+    Answer, Brokers, Cached, Caches, Cluster, NamespaceNow, Object, Platform, Writes,
+};
 pub use memory::Memory;
 pub use plan::{FinalizerStep, Next};
 pub use reconciler::{Error, Reconciler, actor_key};

@@ -1,15 +1,16 @@
-//! The Kubernetes objects step: transport Secrets, ServiceAccount, workload and KEDA objects,
-//! as [`plan::workload`] and [`plan::scaling`] decide, each applied only when it changed, and
-//! only over (or deleting) an object that is the actor's ([`ownership`]).
+//! The Kubernetes objects step: transport Secrets, ServiceAccount, workload and KEDA objects.
+//! The plan says which writes to make ([`plan::Action`], from [`plan::workload_actions`] and
+//! [`plan::keda_steps`]) and what their outcomes mean ([`plan::Effects`]); this module renders
+//! the objects and runs the actions in a loop ([`execute`]): each applied only when it
+//! changed, and only over (or deleting) an object that is the actor's ([`ownership`]).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use asya_api::config::{TRANSPORT_RABBITMQ, Transport};
+use asya_api::config::Transport;
 use asya_api::{AsyncActor, ResolvedActor, naming};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
-use kube::api::DynamicObject;
 
 use crate::apply_skip::{self, Applied, ApplyDecision};
 use crate::broker_identity::plan::VERSION_ANNOTATION;
@@ -19,7 +20,9 @@ use crate::status::{Observed, WorkloadObs};
 
 use super::memory::ObjectKey;
 use super::ownership::{self, Claim, Us, Write, WriteStep};
-use super::plan::{self, EventSpec, ObjectsSeen, Reason, ScalingPlan, WorkloadPlan};
+use super::plan::{
+    self, Action, Effects, EventSpec, KedaSteps, ObjectsSeen, Outcome, Rendered, WorkloadPlan,
+};
 use super::write::{delete_if_ours, holder_meta};
 use super::{Answer, Cached, Cluster, Object, Reconciler, keda_auth};
 
@@ -66,11 +69,6 @@ async fn write_if_ours<C: Cluster>(
         }
         res => Ok(res?),
     }
-}
-
-/// The event of an object left untouched because another holds its name.
-pub fn not_ours_event(message: &str) -> EventSpec {
-    EventSpec::warning(Reason::NameConflict, message.to_string())
 }
 
 /// Applies `desired` (server-side apply, with its hash in [`apply_skip::APPLIED_HASH`])
@@ -153,10 +151,9 @@ fn set_template_annotation(obj: &mut Object, key: &str, value: &str) {
         .insert(key.to_string(), value.to_string());
 }
 
-/// Hands a workload just created at `initial` replicas to the handoff manager, so our later
-/// applies (which leave replicas to the HPA) do not reset them, and returns what the
-/// workload says of itself: from the apply's answer (`sent`), or the cache when the apply
-/// was skipped.
+/// Hands the replicas of a workload just created to the handoff manager as the plan says
+/// ([`WorkloadPlan::handoff_after_apply`]), and returns what the workload says of itself:
+/// from the apply's answer (`sent`), or the cache when the apply was skipped.
 async fn hand_new_workload_over<C: Cluster>(
     r: &Reconciler<C>,
     wp: &WorkloadPlan,
@@ -164,7 +161,7 @@ async fn hand_new_workload_over<C: Cluster>(
     name: &str,
     sent: Option<Answer>,
 ) -> Result<WorkloadObs, ApplyError> {
-    if let (Some(n), Some(_)) = (wp.initial, &sent) {
+    if let Some(n) = wp.handoff_after_apply(sent.is_some()) {
         r.cluster.claim_replicas(wp.kind, ns, name, n).await?;
     }
     let seen = match sent {
@@ -192,7 +189,9 @@ async fn hand_replicas_over<C: Cluster>(
 
 /// The objects step. Workload and KEDA failures are recorded in `o` (and announced); what
 /// it creates is added to `made`, announced with the status. An error returned is one of the
-/// steps around them, which the caller records as a workload error.
+/// steps around them, which the caller records as a workload error. What to write and what
+/// the outcomes mean is [`plan`]'s ([`plan::workload_actions`], [`plan::keda_steps`] and
+/// their effects); this carries it out.
 pub async fn apply<C: Cluster>(
     rec: &Reconciler<C>,
     actor: &AsyncActor,
@@ -203,7 +202,6 @@ pub async fn apply<C: Cluster>(
     made: &mut Vec<EventSpec>,
 ) -> Result<(), ApplyError> {
     let labels: &BTreeMap<String, String> = &actor.labels().clone();
-    let queue_url = broker.queue_url.as_deref();
     let c = &rec.cluster;
     let config = &rec.config;
     let ns = &r.namespace;
@@ -246,7 +244,6 @@ pub async fn apply<C: Cluster>(
     // process know before any of it is written.
     let name = naming::workload_name(&r.name);
     let so_name = naming::scaled_object_name(&r.name);
-    let ta_name = naming::trigger_authentication_name(&r.name);
     let kind = WorkloadKind::of(r.workload_kind());
     let keda_installed = c.keda_installed();
     let workload_cached = c.cached(kind.object(), ns, &name);
@@ -262,22 +259,6 @@ pub async fn apply<C: Cluster>(
     let plan = plan::objects(prev, r, o, &seen);
     let wp = &plan.workload;
 
-    // The workload; the other kind goes when the actor switched kinds.
-    if wp.hand_over
-        && ownership::claim(
-            kind.object(),
-            holder_meta(c, kind.object(), ns, &name).await?.as_ref(),
-            us,
-        ) == Claim::Ours
-    {
-        hand_replicas_over(rec, kind, ns, &name).await?;
-    }
-    if let Some(other) = wp.remove {
-        if let Err(kept) = delete_if_ours(c, us, other.object(), ns, &name).await? {
-            o.foreign.push(kept);
-        }
-        rec.memory.forget_applied(other.object(), ns, &name);
-    }
     let mut desired = match kind {
         WorkloadKind::StatefulSet => {
             Object::StatefulSet(workload::stateful_set(r, labels, owner, config))
@@ -299,66 +280,160 @@ pub async fn apply<C: Cluster>(
     if let Some(v) = report_token.version() {
         set_template_annotation(&mut desired, super::gateway_report::VERSION_ANNOTATION, v);
     }
+    let ctx = Ctx {
+        rec,
+        us,
+        ns,
+        workload: Some((desired, workload_cached)),
+        trigger_authentication: None,
+        scaled_object: None,
+    };
+    // The workload: its handoff and the removal of the other kind, then its apply.
+    let mut actions = plan::workload_actions(wp, &name);
+    let last = actions.pop();
+    for a in &actions {
+        if let Done::Kept(m) = execute(&ctx, a).await? {
+            o.foreign.push(m);
+        }
+    }
+    let sent = match &last {
+        Some(a) => execute(&ctx, a).await.map(Done::answer),
+        None => Ok(None),
+    };
     // The workload's apply decides the rest: a ScaledObject targets the workload by name,
     // and over someone else's Deployment it would hand that one to KEDA. Then the handoff of
     // a new workload's replicas and KEDA's objects wait only for the workload, not for each
     // other (the handoff claims the replicas the workload was created with, KEDA's
     // minimum), so they are sent together; their outcomes are recorded and announced in
     // this order afterwards, as when they ran in turn.
-    let sent = apply_changed(rec, us, ns, desired, workload_cached, wp.initial).await;
-    let workload_foreign = matches!(sent, Err(ApplyError::NotOurs(_)));
+    let workload_foreign = matches!(outcome_of(&sent), Outcome::NotOurs(_));
+    let steps = plan::keda_steps(plan.scaling, r, workload_foreign, transport);
     let keda = Keda {
         r,
         us,
         labels,
         owner,
         transport,
-        queue_url,
-        so_name: &so_name,
-        ta_name: &ta_name,
+        queue_url: broker.queue_url.as_deref(),
     };
     let (workload, scaled) = match sent {
         Ok(sent) => futures::join!(
             hand_new_workload_over(rec, wp, ns, &name, sent),
-            scaling(rec, &keda, plan.scaling, workload_foreign)
+            scaling(rec, &keda, steps)
         ),
-        Err(e) => (
-            Err(e),
-            scaling(rec, &keda, plan.scaling, workload_foreign).await,
-        ),
+        Err(e) => (Err(e), scaling(rec, &keda, steps).await),
     };
-    match workload {
-        Ok(w) => {
-            if wp.announce {
-                let note = format!("{kind} {name} created");
-                made.push(EventSpec::normal(Reason::WorkloadCreated, note));
-            }
-            o.workload = Some(w);
-        }
-        Err(ApplyError::NotOurs(m)) => {
-            c.event(actor, not_ours_event(&m)).await;
-            o.foreign.push(m.clone());
-            o.workload_error = Some(m);
-        }
-        Err(e) => {
-            c.event(
-                actor,
-                EventSpec::warning(Reason::WorkloadFailed, e.to_string()),
-            )
-            .await;
-            o.workload_error = Some(e.to_string());
-        }
+    let outcome = outcome_of(&workload);
+    if let Ok(w) = workload {
+        o.workload = Some(w);
     }
-    let scaled = scaled?;
-    for ev in scaled.events {
-        c.event(actor, ev).await;
+    let effects = plan::workload_effects(wp, &name, &outcome);
+    if let Some(e) = record(c, actor, o, made, effects).await {
+        o.workload_error = Some(e);
     }
-    o.foreign.extend(scaled.foreign);
-    if let Some(e) = scaled.error {
+    if let Some(e) = record(c, actor, o, made, scaled?).await {
         o.scaling_error = Some(e);
     }
-    made.extend(scaled.made);
     Ok(())
+}
+
+/// Publishes `effects`' events now and records the rest in `o` and `made`; the step's
+/// error for the status.
+async fn record<C: Cluster>(
+    c: &C,
+    actor: &AsyncActor,
+    o: &mut Observed,
+    made: &mut Vec<EventSpec>,
+    effects: Effects,
+) -> Option<String> {
+    for ev in effects.events {
+        c.event(actor, ev).await;
+    }
+    o.foreign.extend(effects.foreign);
+    made.extend(effects.made);
+    effects.error
+}
+
+/// How a write ended, for the plan's effects.
+fn outcome_of<T>(res: &Result<T, ApplyError>) -> Outcome {
+    match res {
+        Ok(_) => Outcome::Done,
+        Err(ApplyError::NotOurs(m)) => Outcome::NotOurs(m.clone()),
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+/// What the actions apply, rendered: the workload with what its cache held when the plan
+/// was made; KEDA's objects, whose caches are read when they are applied.
+struct Ctx<'a, C> {
+    rec: &'a Reconciler<C>,
+    us: Us<'a>,
+    ns: &'a str,
+    workload: Option<(Object, Cached)>,
+    trigger_authentication: Option<Object>,
+    scaled_object: Option<Object>,
+}
+
+/// What an action did.
+enum Done {
+    Nothing,
+    /// `None`: the apply was skipped (unchanged).
+    Applied(Option<Answer>),
+    Deleted(bool),
+    /// Someone else's: kept (the message names it).
+    Kept(String),
+}
+
+impl Done {
+    fn answer(self) -> Option<Answer> {
+        match self {
+            Done::Applied(a) => a,
+            _ => None,
+        }
+    }
+}
+
+/// Carries out one action of the plan against the ports.
+async fn execute<C: Cluster>(x: &Ctx<'_, C>, a: &Action) -> Result<Done, ApplyError> {
+    let (rec, us, ns) = (x.rec, x.us, x.ns);
+    let c = &rec.cluster;
+    match a {
+        Action::HandReplicasOver { kind, name } => {
+            let holder = holder_meta(c, kind.object(), ns, name).await?;
+            if ownership::claim(kind.object(), holder.as_ref(), us) == Claim::Ours {
+                hand_replicas_over(rec, *kind, ns, name).await?;
+            }
+            Ok(Done::Nothing)
+        }
+        Action::DeleteIfOurs { kind, name } => {
+            let res = delete_if_ours(c, us, *kind, ns, name).await?;
+            rec.memory.forget_applied(*kind, ns, name);
+            Ok(match res {
+                Ok(gone) => Done::Deleted(gone),
+                Err(kept) => Done::Kept(kept),
+            })
+        }
+        Action::Apply(what) => {
+            let (obj, cached, initial) = match what {
+                Rendered::Workload { initial } => match &x.workload {
+                    Some((obj, cached)) => (obj, cached.clone(), *initial),
+                    None => return Ok(Done::Nothing),
+                },
+                Rendered::TriggerAuthentication | Rendered::ScaledObject => {
+                    let obj = match what {
+                        Rendered::TriggerAuthentication => &x.trigger_authentication,
+                        _ => &x.scaled_object,
+                    };
+                    let Some(obj) = obj else {
+                        return Ok(Done::Nothing);
+                    };
+                    (obj, c.cached(obj.kind(), ns, &obj.name()), None)
+                }
+            };
+            let sent = apply_changed(rec, us, ns, obj.clone(), cached, initial).await?;
+            Ok(Done::Applied(sent))
+        }
+    }
 }
 
 /// What the KEDA step renders from.
@@ -369,135 +444,97 @@ struct Keda<'a> {
     owner: &'a OwnerReference,
     transport: Option<&'a Transport>,
     queue_url: Option<&'a str>,
-    so_name: &'a str,
-    ta_name: &'a str,
 }
 
-/// What the KEDA step found, recorded and announced by the caller.
-#[derive(Default)]
-struct Scaled {
-    /// `Observed::scaling_error`, when set.
-    error: Option<String>,
-    /// Names held by others, kept.
-    foreign: Vec<String>,
-    /// Events to send now, in order.
-    events: Vec<EventSpec>,
-    /// What it created, announced with the status.
-    made: Vec<EventSpec>,
-}
-
-/// KEDA's objects as `plan` says, or none when scaling is off. An error returned is a step
-/// around them (a delete's read, a rendering), recorded by the caller as a workload error.
+/// KEDA's objects as `steps` say. An error returned is a step around them (a delete's read,
+/// a rendering), recorded by the caller as a workload error.
 async fn scaling<C: Cluster>(
     rec: &Reconciler<C>,
     k: &Keda<'_>,
-    plan: ScalingPlan,
-    workload_foreign: bool,
-) -> Result<Scaled, ApplyError> {
-    let c = &rec.cluster;
+    steps: KedaSteps,
+) -> Result<Effects, ApplyError> {
     let (r, us, ns) = (k.r, k.us, k.r.namespace.as_str());
-    let (so_name, ta_name) = (k.so_name, k.ta_name);
-    let mut out = Scaled::default();
-    match plan {
-        ScalingPlan::Unavailable(why) => out.error = Some(why),
-        ScalingPlan::Nothing => {}
-        ScalingPlan::Remove { note } => {
-            let mut removed = false;
-            for (kind, n) in [
-                (ObjectKind::ScaledObject, so_name),
-                (ObjectKind::TriggerAuthentication, ta_name),
-            ] {
-                match delete_if_ours(c, us, kind, ns, n).await? {
-                    Ok(gone) => removed |= gone && kind == ObjectKind::ScaledObject,
-                    Err(kept) => out.foreign.push(kept),
+    let mut ctx = Ctx {
+        rec,
+        us,
+        ns,
+        workload: None,
+        trigger_authentication: None,
+        scaled_object: None,
+    };
+    match steps {
+        KedaSteps::Nothing { error } => Ok(Effects {
+            error,
+            ..Default::default()
+        }),
+        KedaSteps::Remove { actions, note } => {
+            let (mut so_deleted, mut foreign) = (false, Vec::new());
+            for a in &actions {
+                match execute(&ctx, a).await? {
+                    Done::Deleted(gone) => {
+                        so_deleted |= gone
+                            && matches!(a, Action::DeleteIfOurs { kind, .. } if *kind == ObjectKind::ScaledObject);
+                    }
+                    Done::Kept(m) => foreign.push(m),
+                    Done::Nothing | Done::Applied(_) => {}
                 }
             }
-            rec.memory
-                .forget_applied(ObjectKind::ScaledObject, ns, so_name);
-            rec.memory
-                .forget_applied(ObjectKind::TriggerAuthentication, ns, ta_name);
-            if removed {
-                out.events
-                    .push(EventSpec::normal(Reason::ScaledObjectDeleted, note));
-            }
+            Ok(plan::removed_effects(&note, so_deleted, foreign))
         }
-        ScalingPlan::Apply { announce } => {
-            if workload_foreign {
-                let kind = WorkloadKind::of(r.workload_kind());
-                let name = naming::workload_name(&r.name);
-                out.error = Some(format!(
-                    "not applied: {kind} {ns}/{name} is not this actor's"
-                ));
-                return Ok(out);
-            }
+        KedaSteps::Apply {
+            actions,
+            queue_url,
+            after,
+        } => {
             let Some(t) = k.transport else {
-                return Ok(out);
+                return Ok(Effects::default());
             };
-            // RabbitMQ: none (the transport's ClusterTriggerAuthentication); SQS: the actor's.
-            let ta: Option<DynamicObject> = keda::trigger_authentication(r, k.labels, k.owner, t)
+            ctx.trigger_authentication = keda::trigger_authentication(r, k.labels, k.owner, t)
                 .map(serde_json::from_value)
                 .transpose()
-                .map_err(kube::Error::SerdeError)?;
-            let url = if t.kind == TRANSPORT_RABBITMQ {
-                None
-            } else {
-                k.queue_url
-            };
+                .map_err(kube::Error::SerdeError)?
+                .map(Object::TriggerAuthentication);
+            let url = if queue_url { k.queue_url } else { None };
             let wake = rec.config.wake.enabled;
-            let so: DynamicObject =
-                serde_json::from_value(keda::scaled_object(r, k.labels, k.owner, t, url, wake))
-                    .map_err(kube::Error::SerdeError)?;
-            let res = async {
-                let mut ta_sent = false;
-                if let Some(ta) = ta {
-                    let ta_cached = c.cached(ObjectKind::TriggerAuthentication, ns, ta_name);
-                    let obj = Object::TriggerAuthentication(ta);
-                    ta_sent = apply_changed(rec, us, ns, obj, ta_cached, None)
-                        .await?
-                        .is_some();
-                }
-                let so_cached = c.cached(ObjectKind::ScaledObject, ns, so_name);
-                apply_changed(rec, us, ns, Object::ScaledObject(so), so_cached, None).await?;
-                Ok::<_, ApplyError>(ta_sent)
-            }
-            .await;
-            match res {
-                Ok(ta_sent) => {
-                    if t.is_rabbitmq()
-                        && let Some(why) = c.keda_identity_problem(&r.transport)
+            let so = keda::scaled_object(r, k.labels, k.owner, t, url, wake);
+            ctx.scaled_object = Some(Object::ScaledObject(
+                serde_json::from_value(so).map_err(kube::Error::SerdeError)?,
+            ));
+            let (mut ta_sent, mut res) = (false, Ok(()));
+            for a in &actions {
+                match execute(&ctx, a).await {
+                    Ok(Done::Applied(Some(_)))
+                        if *a == Action::Apply(Rendered::TriggerAuthentication) =>
                     {
-                        out.error = Some(keda_auth::identity_problem_message(&why));
+                        ta_sent = true;
                     }
-                    if t.is_rabbitmq()
-                        && let Err(e) = keda_auth::remove_legacy_rabbitmq(rec, r, us).await
-                    {
-                        // Tried again on the next reconcile; KEDA no longer reads them.
-                        tracing::warn!(namespace = %ns, actor = %r.name, error = %e,
-                            "removing the per-namespace KEDA credential of an older release");
+                    Ok(_) => {}
+                    Err(e) => {
+                        res = Err(e);
+                        break;
                     }
-                    if ta_sent && t.shares_static_credentials() {
-                        out.events.extend(keda_auth::shared_event(r, t));
-                    }
-                    if announce {
-                        let note = format!("KEDA ScaledObject {so_name} created");
-                        out.made
-                            .push(EventSpec::normal(Reason::ScaledObjectCreated, note));
-                    }
-                }
-                Err(ApplyError::NotOurs(m)) => {
-                    out.events.push(not_ours_event(&m));
-                    out.foreign.push(m.clone());
-                    out.error = Some(m);
-                }
-                Err(e) => {
-                    out.events.push(EventSpec::warning(
-                        Reason::ScaledObjectFailed,
-                        e.to_string(),
-                    ));
-                    out.error = Some(e.to_string());
                 }
             }
+            let outcome = outcome_of(&res);
+            if outcome == Outcome::Done
+                && after.remove_legacy
+                && let Err(e) = keda_auth::remove_legacy_rabbitmq(rec, r, us).await
+            {
+                // Tried again on the next reconcile; KEDA no longer reads them.
+                tracing::warn!(namespace = %ns, actor = %r.name, error = %e,
+                    "removing the per-namespace KEDA credential of an older release");
+            }
+            let problem = if outcome == Outcome::Done && after.check_identity {
+                rec.cluster.keda_identity_problem(&r.transport)
+            } else {
+                None
+            };
+            Ok(plan::applied_effects(
+                &after,
+                &outcome,
+                ta_sent,
+                problem.as_deref(),
+            ))
         }
     }
-    Ok(out)
 }

@@ -10,8 +10,8 @@ use asya_api::review::ActorReview;
 use asya_api::{AsyncActor, AsyncActorStatus, ResolvedActor, labels};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::apply_skip::{self, Live, desired_hash};
-use crate::model::{Phase, ScalingMode, WorkloadKind};
+use crate::apply_skip::desired_hash;
+use crate::model::{Phase, WorkloadKind};
 use crate::queue::QueueError;
 use crate::status::{Observed, TransportObs};
 
@@ -324,6 +324,63 @@ pub fn transport_failure(e: &QueueError) -> (TransportObs, Retry) {
     (obs, retry)
 }
 
+/// A step of a live actor's reconcile that failed before the workload.
+#[derive(Clone, Copy, Debug)]
+pub enum StepFailure<'a> {
+    /// The queue step (the claim, the broker).
+    Queue(&'a QueueError),
+    /// The namespace's broker identity.
+    BrokerIdentity(&'a QueueError),
+    /// The namespace's Redis user (state proxies).
+    StateIdentity(&'a crate::state_identity::StateError),
+}
+
+/// What a reconcile does when a step before the workload failed: publish `event`, record
+/// `transport` or `workload_error` in the status, write it, and look again as `retry` says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub event: Option<EventSpec>,
+    pub transport: Option<TransportObs>,
+    pub workload_error: Option<String>,
+    pub retry: Retry,
+}
+
+pub fn step_failure(f: StepFailure<'_>) -> Failure {
+    let soon = |d: Duration| Retry::Backoff {
+        at_least: d.min(Duration::from_secs(5)),
+    };
+    match f {
+        StepFailure::Queue(e) => {
+            let (obs, retry) = transport_failure(e);
+            Failure {
+                event: match e {
+                    QueueError::NotOurs(not_ours) => Some(queue_not_ours_event(not_ours)),
+                    _ => None,
+                },
+                transport: Some(obs),
+                workload_error: None,
+                retry,
+            }
+        }
+        // Never a recreate cooldown's fixed wait: the backoff.
+        StepFailure::BrokerIdentity(e) => Failure {
+            event: None,
+            transport: Some(transport_failure(e).0),
+            workload_error: None,
+            retry: soon(e.retry_after()),
+        },
+        StepFailure::StateIdentity(e) => {
+            let note = format!("state proxies: {e}");
+            Failure {
+                event: Some(EventSpec::warning(Reason::StateIdentity, note.clone())),
+                transport: None,
+                workload_error: Some(note),
+                retry: soon(e.retry_after()),
+            }
+        }
+    }
+}
+
 /// The Warning event of a queue recorded as another actor's (the message names both).
 pub fn queue_not_ours_event(e: &crate::queue::owner::OwnershipError) -> EventSpec {
     EventSpec::warning(Reason::QueueNotOurs, e.to_string())
@@ -347,142 +404,6 @@ pub fn queue_created_event(
             Reason::QueueCreated,
             format!("queue {queue} created on {transport}"),
         )
-    }
-}
-
-/// What the objects step looks at before it writes anything.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ObjectsSeen {
-    /// KEDA's CRDs are installed.
-    pub keda: bool,
-    /// The cache holds the actor's ScaledObject.
-    pub so_cached: bool,
-    /// The cluster configuration has the actor's transport.
-    pub transport_known: bool,
-    /// The workload of the kind the actor wants, as its cache has it.
-    pub workload_live: Live,
-    /// This process applied that workload before.
-    pub workload_applied_before: bool,
-}
-
-/// What to do with the actor's workload.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkloadPlan {
-    pub kind: WorkloadKind,
-    /// Switching from fixed replicas to KEDA: hand `spec.replicas` to the handoff manager
-    /// before our apply stops setting it (see [`super::objects`]).
-    pub hand_over: bool,
-    /// The actor switched kinds: the workload of the kind it had goes.
-    pub remove: Option<WorkloadKind>,
-    /// Create it at this many replicas and hand them to the handoff manager at once
-    /// ([`apply_skip::initial_replicas`]): a KEDA-scaled workload being created.
-    pub initial: Option<i32>,
-    /// Announce `WorkloadCreated` when the apply succeeds: the status never named a kind.
-    pub announce: bool,
-}
-
-/// The objects step: the workload and KEDA's objects.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ObjectsPlan {
-    pub workload: WorkloadPlan,
-    pub scaling: ScalingPlan,
-}
-
-pub fn objects(
-    prev: Option<&AsyncActorStatus>,
-    r: &ResolvedActor,
-    o: &Observed,
-    seen: &ObjectsSeen,
-) -> ObjectsPlan {
-    let kind = WorkloadKind::of(r.workload_kind());
-    let mut workload = workload(prev, kind, o.scaling_enabled);
-    workload.initial = apply_skip::initial_replicas(
-        o.scaling_enabled,
-        o.min_replicas,
-        &seen.workload_live,
-        seen.workload_applied_before,
-    );
-    ObjectsPlan {
-        workload,
-        scaling: scaling(
-            prev,
-            r,
-            o.scaling_enabled,
-            seen.keda,
-            seen.so_cached,
-            seen.transport_known,
-        ),
-    }
-}
-
-/// The workload's handoff, kind switch and announcement (its initial replicas: [`objects`]).
-pub fn workload(
-    prev: Option<&AsyncActorStatus>,
-    kind: WorkloadKind,
-    scaling_enabled: bool,
-) -> WorkloadPlan {
-    let before = prev.and_then(|s| s.workload_kind.as_deref());
-    let was = prev
-        .and_then(|s| s.scaling_mode.as_deref())
-        .and_then(ScalingMode::parse);
-    WorkloadPlan {
-        kind,
-        hand_over: scaling_enabled && was == Some(ScalingMode::Manual),
-        remove: (before == Some(kind.other().as_str())).then_some(kind.other()),
-        initial: None,
-        announce: before.is_none(),
-    }
-}
-
-/// What to do with the actor's KEDA objects (ScaledObject and TriggerAuthentication).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ScalingPlan {
-    /// Scaling is on but KEDA is not installed: the status says so.
-    Unavailable(String),
-    /// Nothing to apply or remove.
-    Nothing,
-    /// Scaling is off: remove them, announcing the removal with this note if there was one.
-    Remove { note: String },
-    /// Apply them; announce `ScaledObjectCreated` when the status did not say KEDA before.
-    Apply { announce: bool },
-}
-
-/// `keda`: KEDA's CRDs are installed; `so_cached`: the cache holds the actor's ScaledObject;
-/// `transport_known`: the cluster configuration has the actor's transport.
-pub fn scaling(
-    prev: Option<&AsyncActorStatus>,
-    r: &ResolvedActor,
-    scaling_enabled: bool,
-    keda: bool,
-    so_cached: bool,
-    transport_known: bool,
-) -> ScalingPlan {
-    let was = prev.and_then(|s| s.scaling_mode.as_deref());
-    if !keda {
-        return if scaling_enabled {
-            ScalingPlan::Unavailable("KEDA's CRDs are not installed in the cluster".into())
-        } else {
-            ScalingPlan::Nothing
-        };
-    }
-    if !scaling_enabled {
-        // Only when there is something to remove: not two DELETEs on every reconcile.
-        let was_keda = was != Some(ScalingMode::Manual.as_str());
-        if !so_cached && !was_keda {
-            return ScalingPlan::Nothing;
-        }
-        return ScalingPlan::Remove {
-            note: format!(
-                "scaling disabled: ScaledObject removed, {} fixed replica(s)",
-                r.fixed_replicas()
-            ),
-        };
-    }
-    if !transport_known {
-        return ScalingPlan::Nothing;
-    }
-    ScalingPlan::Apply {
-        announce: was != Some(ScalingMode::Keda.as_str()),
     }
 }
 
@@ -768,10 +689,82 @@ pub fn queue_not_ours_condition(message: String, generation: Option<i64>, now: T
     }
 }
 
+/// How a deleted actor's queue step ended.
+#[derive(Clone, Copy, Debug)]
+pub enum QueueDeletion<'a> {
+    /// Deleted, with these retry delay queues.
+    Deleted(&'a [String]),
+    /// Recorded as another actor's: left (the message names both).
+    NotOurs(&'a str),
+    /// The broker failed it: `backoff` is the actor's next backoff.
+    Failed { error: &'a str, backoff: Duration },
+}
+
+/// What cleanup does after its queue step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AfterQueue {
+    /// Keep the finalizer: publish `event`, look again after `wait`.
+    Retry { wait: Duration, event: EventSpec },
+    /// Go on: write the last status with `condition` first (what was left behind), delete
+    /// the Kubernetes objects, release the actor, and close with `closing`.
+    Release {
+        condition: Option<Condition>,
+        closing: EventSpec,
+    },
+}
+
+/// Cleanup after its queue step, `since` the deletion was requested: `name` the actor's,
+/// `queue` on `transport` its queue. A queue recorded as another actor's is left at once (no
+/// retry would change the record); a failure is retried within [`CLEANUP_GIVE_UP_AFTER`],
+/// then given up on.
+pub fn after_queue(
+    deletion: QueueDeletion<'_>,
+    name: &str,
+    queue: &str,
+    transport: &str,
+    since: Duration,
+    generation: Option<i64>,
+    now: Time,
+) -> AfterQueue {
+    match deletion {
+        QueueDeletion::Deleted(delay_queues) => AfterQueue::Release {
+            condition: None,
+            closing: queue_deleted_event(queue, delay_queues),
+        },
+        QueueDeletion::NotOurs(message) => AfterQueue::Release {
+            condition: Some(queue_not_ours_condition(message.into(), generation, now)),
+            closing: EventSpec::warning(Reason::QueueNotOurs, message.into()),
+        },
+        QueueDeletion::Failed { error, backoff } => match cleanup_after_failure(since, backoff) {
+            CleanupStep::Retry(wait) => AfterQueue::Retry {
+                wait,
+                event: queue_delete_retry_event(queue, error, wait, since),
+            },
+            CleanupStep::GiveUp => {
+                let message = cleanup_gave_up_message(queue, transport, error);
+                AfterQueue::Release {
+                    closing: cleanup_gave_up_event(name, &message),
+                    condition: Some(cleanup_incomplete_condition(message, generation, now)),
+                }
+            }
+        },
+    }
+}
+
 /// Exponential backoff after `failures` consecutive failures: 2 s, 4 s, … capped at 5 minutes.
 pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs((1u64 << failures.min(8)).min(300)).max(Duration::from_secs(2))
 }
+
+mod objects_plan;
+mod pods_plan;
+pub use objects_plan::{
+    Action, AfterKeda, Effects, KedaSteps, ObjectsPlan, ObjectsSeen, Outcome, Rendered,
+    ScalingPlan, WorkloadPlan, applied_effects, identity_problem_message, keda_steps,
+    not_ours_event, objects, removed_effects, scaling, shared_static_credentials_event, workload,
+    workload_actions, workload_effects,
+};
+pub use pods_plan::{Credentials, PodAction, PodsPlan, bare_pods, pods};
 
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,12 @@
 //! Table tests of the reconcile's pure decisions (`reconcile/plan.rs`): requeue times and
 //! back-off, the finalizer step, the replica handoff to KEDA, KEDA objects, status writes and
-//! events, cleanup's bound and `skip-cleanup`, excluded namespaces.
+//! events, cleanup's bound and `skip-cleanup`, excluded namespaces; the objects, pods and
+//! cleanup steps' actions and the effects of their outcomes (KEDA refused over a foreign
+//! workload, the queue URL only for SQS, legacy removal, announcements).
 
 use super::*;
+use crate::apply_skip::Live;
+use crate::model::ObjectKind;
 use crate::queue::QueueError;
 
 fn actor(v: serde_json::Value) -> AsyncActor {
@@ -420,4 +424,460 @@ fn what_a_reconcile_made_and_its_phase_are_one_event_and_warnings_their_own() {
     let long = "é".repeat(700);
     let evs = announcement(vec![made(Reason::QueueCreated, &long)], Some(phase));
     assert!(evs[0].note.len() <= NOTE_MAX && evs[0].note.ends_with('…'));
+}
+
+/// The transports of the objects step's table tests: RabbitMQ, SQS with an IRSA role, SQS
+/// sharing the platform's static keys.
+fn transports() -> asya_api::config::ClusterConfig {
+    asya_api::config::ClusterConfig::from_yaml(
+        "defaultTransport: rabbitmq\ntransports:\n  rabbitmq:\n    type: rabbitmq\n    config: {host: rabbitmq, managementPort: 15672}\n  \
+         sqs:\n    type: sqs\n    config: {region: us-east-1}\n  \
+         shared:\n    type: sqs\n    config: {region: us-east-1, credentialsSecretRef: {name: sqs-keys}, shareStaticCredentials: true}\n",
+    )
+    .unwrap()
+}
+
+#[test]
+fn the_workload_is_handed_over_then_the_other_kind_removed_then_applied() {
+    let name = "asya-a";
+    let wp = |hand_over, remove, initial| WorkloadPlan {
+        kind: WorkloadKind::Deployment,
+        hand_over,
+        remove,
+        initial,
+        announce: false,
+    };
+    let apply = |initial| Action::Apply(Rendered::Workload { initial });
+    let hand = Action::HandReplicasOver {
+        kind: WorkloadKind::Deployment,
+        name: name.into(),
+    };
+    let remove = Action::DeleteIfOurs {
+        kind: ObjectKind::StatefulSet,
+        name: name.into(),
+    };
+    let cases = [
+        (wp(false, None, None), vec![apply(None)]),
+        (wp(false, None, Some(2)), vec![apply(Some(2))]),
+        (wp(true, None, None), vec![hand.clone(), apply(None)]),
+        (
+            wp(true, Some(WorkloadKind::StatefulSet), None),
+            vec![hand, remove.clone(), apply(None)],
+        ),
+        (
+            wp(false, Some(WorkloadKind::StatefulSet), Some(1)),
+            vec![remove, apply(Some(1))],
+        ),
+    ];
+    for (plan, want) in cases {
+        assert_eq!(workload_actions(&plan, name), want, "{plan:?}");
+    }
+    // A workload created at its minimum hands those replicas over, once sent.
+    assert_eq!(wp(false, None, Some(2)).handoff_after_apply(true), Some(2));
+    assert_eq!(wp(false, None, Some(2)).handoff_after_apply(false), None);
+    assert_eq!(wp(true, None, None).handoff_after_apply(true), None);
+}
+
+#[test]
+fn the_workloads_outcome_is_announced_or_refused() {
+    let wp = |announce| WorkloadPlan {
+        kind: WorkloadKind::StatefulSet,
+        hand_over: false,
+        remove: None,
+        initial: None,
+        announce,
+    };
+    let created = EventSpec::normal(Reason::WorkloadCreated, "StatefulSet asya-a created".into());
+    let held = "StatefulSet n/asya-a is held by another".to_string();
+    let cases = [
+        (
+            true,
+            Outcome::Done,
+            Effects {
+                made: vec![created],
+                ..Default::default()
+            },
+        ),
+        (false, Outcome::Done, Effects::default()),
+        (
+            true,
+            Outcome::NotOurs(held.clone()),
+            Effects {
+                events: vec![EventSpec::warning(Reason::NameConflict, held.clone())],
+                foreign: vec![held.clone()],
+                error: Some(held),
+                ..Default::default()
+            },
+        ),
+        (
+            false,
+            Outcome::Failed("boom".into()),
+            Effects {
+                events: vec![EventSpec::warning(Reason::WorkloadFailed, "boom".into())],
+                error: Some("boom".into()),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (announce, outcome, want) in cases {
+        assert_eq!(
+            workload_effects(&wp(announce), "asya-a", &outcome),
+            want,
+            "{announce} {outcome:?}"
+        );
+    }
+}
+
+#[test]
+fn keda_objects_are_refused_over_a_foreign_workload_and_name_the_queue_url_only_for_sqs() {
+    let cfg = transports();
+    let r = resolved(serde_json::json!({"image": "i", "handler": "m.f"}));
+    let apply = || ScalingPlan::Apply { announce: true };
+    let so = Action::Apply(Rendered::ScaledObject);
+    let ta = Action::Apply(Rendered::TriggerAuthentication);
+    let created = EventSpec::normal(
+        Reason::ScaledObjectCreated,
+        "KEDA ScaledObject a created".into(),
+    );
+
+    // Over someone else's workload nothing is written, whatever the transport.
+    for t in ["rabbitmq", "sqs"] {
+        assert_eq!(
+            keda_steps(apply(), &r, true, cfg.transport(t)),
+            KedaSteps::Nothing {
+                error: Some("not applied: Deployment n/a is not this actor's".into())
+            },
+            "{t}"
+        );
+    }
+    // A transport the configuration lacks: nothing, no error (the transport says why).
+    assert_eq!(
+        keda_steps(apply(), &r, false, None),
+        KedaSteps::Nothing { error: None }
+    );
+    // RabbitMQ: the ScaledObject only, by queue name; its identity checked, the older
+    // layout removed.
+    assert_eq!(
+        keda_steps(apply(), &r, false, cfg.transport("rabbitmq")),
+        KedaSteps::Apply {
+            actions: vec![so.clone()],
+            queue_url: false,
+            after: AfterKeda {
+                check_identity: true,
+                remove_legacy: true,
+                shared: None,
+                announce: Some(created.clone()),
+            },
+        }
+    );
+    // SQS: its TriggerAuthentication first, the trigger by queue URL.
+    let sqs = AfterKeda {
+        check_identity: false,
+        remove_legacy: false,
+        shared: None,
+        announce: None,
+    };
+    assert_eq!(
+        keda_steps(
+            ScalingPlan::Apply { announce: false },
+            &r,
+            false,
+            cfg.transport("sqs")
+        ),
+        KedaSteps::Apply {
+            actions: vec![ta.clone(), so.clone()],
+            queue_url: true,
+            after: sqs.clone(),
+        }
+    );
+    // Shared static keys: said on the actor when its TriggerAuthentication is sent.
+    let KedaSteps::Apply { after, .. } = keda_steps(apply(), &r, false, cfg.transport("shared"))
+    else {
+        panic!("applied")
+    };
+    assert_eq!(
+        after.shared,
+        Some(shared_static_credentials_event("rabbitmq", "sqs-keys"))
+    );
+    // Scaling off: both deleted; unavailable and nothing pass their error through.
+    let note = "scaling disabled".to_string();
+    assert_eq!(
+        keda_steps(ScalingPlan::Remove { note: note.clone() }, &r, true, None),
+        KedaSteps::Remove {
+            actions: vec![
+                Action::DeleteIfOurs {
+                    kind: ObjectKind::ScaledObject,
+                    name: "a".into()
+                },
+                Action::DeleteIfOurs {
+                    kind: ObjectKind::TriggerAuthentication,
+                    name: "a-trigger-auth".into()
+                },
+            ],
+            note,
+        }
+    );
+    assert_eq!(
+        keda_steps(ScalingPlan::Unavailable("no KEDA".into()), &r, false, None),
+        KedaSteps::Nothing {
+            error: Some("no KEDA".into())
+        }
+    );
+}
+
+#[test]
+fn keda_outcomes_say_the_identity_problem_the_shared_keys_and_the_creation_once() {
+    let shared = shared_static_credentials_event("sqs", "sqs-keys");
+    let created = EventSpec::normal(Reason::ScaledObjectCreated, "created".into());
+    let after = AfterKeda {
+        check_identity: true,
+        remove_legacy: true,
+        shared: Some(shared.clone()),
+        announce: Some(created.clone()),
+    };
+    let done = applied_effects(&after, &Outcome::Done, true, Some("no user"));
+    assert_eq!(
+        done,
+        Effects {
+            events: vec![shared],
+            made: vec![created],
+            foreign: vec![],
+            error: Some(identity_problem_message("no user")),
+        }
+    );
+    // The TriggerAuthentication unchanged: not said again; no identity check asked for.
+    let quiet = AfterKeda {
+        check_identity: false,
+        announce: None,
+        ..after.clone()
+    };
+    assert_eq!(
+        applied_effects(&quiet, &Outcome::Done, false, Some("no user")),
+        Effects::default()
+    );
+    // A failure says only itself.
+    let failed = applied_effects(&after, &Outcome::Failed("boom".into()), true, None);
+    assert_eq!(
+        failed.events,
+        vec![EventSpec::warning(
+            Reason::ScaledObjectFailed,
+            "boom".into()
+        )]
+    );
+    assert!(failed.made.is_empty());
+    let held = applied_effects(&after, &Outcome::NotOurs("held".into()), true, None);
+    assert_eq!(held.foreign, vec!["held".to_string()]);
+    assert_eq!(held.error.as_deref(), Some("held"));
+    // The removal is said only when the ScaledObject went.
+    assert!(removed_effects("off", false, vec![]).events.is_empty());
+    assert_eq!(
+        removed_effects("off", true, vec!["kept".into()]),
+        Effects {
+            events: vec![EventSpec::normal(Reason::ScaledObjectDeleted, "off".into())],
+            foreign: vec!["kept".into()],
+            ..Default::default()
+        }
+    );
+}
+
+fn pod_of(v: serde_json::Value) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(v).unwrap()
+}
+
+/// A pod created while the webhook was down: labelled for injection, no sidecar.
+fn bare(name: &str) -> k8s_openapi::api::core::v1::Pod {
+    pod_of(serde_json::json!({
+        "metadata": {"name": name, "uid": format!("uid-{name}"), "labels": {labels::INJECT: "true"}},
+        "spec": {"containers": [{"name": "asya-runtime"}]}
+    }))
+}
+
+/// An injected pod whose sidecar reads `var` from Secret `secret`; `stuck`: waiting on it.
+fn injected(name: &str, var: &str, secret: &str, stuck: bool) -> k8s_openapi::api::core::v1::Pod {
+    let reason = if stuck {
+        "CreateContainerConfigError"
+    } else {
+        "ContainerCreating"
+    };
+    pod_of(serde_json::json!({
+        "metadata": {"name": name, "uid": format!("uid-{name}"),
+                     "labels": {labels::INJECT: "true"}, "annotations": {labels::INJECTED: "true"}},
+        "spec": {"containers": [{"name": labels::SIDECAR_CONTAINER, "env": [
+            {"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": "k"}}}]}]},
+        "status": {"containerStatuses": [{"name": labels::SIDECAR_CONTAINER, "ready": false,
+            "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"waiting": {"reason": reason}}}]}
+    }))
+}
+
+#[test]
+fn pods_without_the_sidecar_wait_for_injection_and_stale_credentials_are_replaced() {
+    use asya_api::sidecar_settings::env::RABBITMQ_PASSWORD;
+    let (b, ok) = (bare("bare"), injected("ok", RABBITMQ_PASSWORD, "now", true));
+    let stale = injected("stale", RABBITMQ_PASSWORD, "before", true);
+    let running = injected("running", RABBITMQ_PASSWORD, "before", false);
+    let all = [&b, &ok, &stale, &running];
+    assert_eq!(bare_pods(&all), vec![&b]);
+    let current = [(RABBITMQ_PASSWORD, "now")];
+    let creds = Credentials {
+        current: &current,
+        overridden: &[],
+    };
+    let names = |p: &PodsPlan| -> Vec<String> {
+        p.counted
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect()
+    };
+    let delete_stale = PodAction::Delete {
+        name: "stale".into(),
+        uid: Some("uid-stale".into()),
+    };
+    let stale_event = PodAction::Event(stale_credentials_event(
+        "stale",
+        RABBITMQ_PASSWORD,
+        "before",
+    ));
+
+    // Injection still down: the bare pod is kept and said; the stale one replaced by uid.
+    let down = pods(&all, true, Some(&creds));
+    let PodStep::Keep(keep) = bare_pod("bare", true) else {
+        panic!("kept")
+    };
+    assert_eq!(
+        down.actions,
+        vec![
+            PodAction::Event(keep),
+            delete_stale.clone(),
+            stale_event.clone()
+        ]
+    );
+    assert_eq!(names(&down), ["ok", "running"]);
+
+    // Injection works: the bare pod goes too (by name: a bare pod is never ours to keep).
+    let up = pods(&all, false, Some(&creds));
+    let PodStep::Replace(replaced) = bare_pod("bare", false) else {
+        panic!("replaced")
+    };
+    assert_eq!(
+        up.actions,
+        vec![
+            PodAction::Delete {
+                name: "bare".into(),
+                uid: None
+            },
+            PodAction::Event(replaced),
+            delete_stale,
+            stale_event
+        ]
+    );
+
+    // A variable the actor sets itself is the author's; an unknown transport judges none.
+    let own = Credentials {
+        current: &current,
+        overridden: &[RABBITMQ_PASSWORD],
+    };
+    assert_eq!(pods(&[&stale], false, Some(&own)).actions, vec![]);
+    let unknown = pods(&[&stale], false, None);
+    assert_eq!(unknown.actions, vec![]);
+    assert_eq!(names(&unknown), ["stale"]);
+}
+
+#[test]
+fn cleanup_after_its_queue_step_releases_retries_or_gives_up_saying_what_was_left() {
+    let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    let s = Duration::from_secs;
+    let after = |d, since| after_queue(d, "a", "asya-n-a", "rabbitmq", since, Some(3), now.clone());
+    let delays = ["asya-n-a-retry-1".to_string()];
+    assert_eq!(
+        after(QueueDeletion::Deleted(&delays), s(0)),
+        AfterQueue::Release {
+            condition: None,
+            closing: queue_deleted_event("asya-n-a", &delays),
+        }
+    );
+    // Another actor's: released at once, the condition and event saying so.
+    let AfterQueue::Release { condition, closing } =
+        after(QueueDeletion::NotOurs("held by b"), s(0))
+    else {
+        panic!("released")
+    };
+    assert_eq!(
+        closing,
+        EventSpec::warning(Reason::QueueNotOurs, "held by b".into())
+    );
+    let condition = condition.expect("a condition");
+    assert_eq!(
+        (
+            condition.type_.as_str(),
+            condition.reason.as_str(),
+            condition.message.as_str()
+        ),
+        (CLEANUP_INCOMPLETE, "QueueNotOurs", "held by b")
+    );
+    assert_eq!(condition.observed_generation, Some(3));
+    // A broker failure: retried within the bound, then given up on.
+    let failed = QueueDeletion::Failed {
+        error: "connection refused",
+        backoff: s(4),
+    };
+    assert_eq!(
+        after(failed, s(10)),
+        AfterQueue::Retry {
+            wait: s(4),
+            event: queue_delete_retry_event("asya-n-a", "connection refused", s(4), s(10)),
+        }
+    );
+    let message = cleanup_gave_up_message("asya-n-a", "rabbitmq", "connection refused");
+    let AfterQueue::Release { condition, closing } = after(failed, CLEANUP_GIVE_UP_AFTER) else {
+        panic!("given up")
+    };
+    assert_eq!(closing, cleanup_gave_up_event("a", &message));
+    let condition = condition.expect("a condition");
+    assert_eq!(condition.reason, "QueueLeftBehind");
+    assert_eq!(condition.message, message);
+}
+
+#[test]
+fn a_step_failing_before_the_workload_says_why_and_waits_as_its_error_asks() {
+    use crate::state_identity::StateError;
+    let down = QueueError::Unavailable("connection refused".into());
+    let f = step_failure(StepFailure::Queue(&down));
+    assert_eq!(f.event, None);
+    assert_eq!(f.transport, Some(transport_failure(&down).0));
+    assert_eq!(f.retry, transport_failure(&down).1);
+    // A cooldown waits exactly, in the queue step only; the identity step backs off.
+    let cooldown = QueueError::RecreateCooldown("q".into());
+    assert_eq!(
+        step_failure(StepFailure::Queue(&cooldown)).retry,
+        Retry::After(cooldown.retry_after())
+    );
+    assert!(matches!(
+        step_failure(StepFailure::BrokerIdentity(&cooldown)).retry,
+        Retry::Backoff { .. }
+    ));
+    let refused = QueueError::Rejected("access denied".into());
+    let f = step_failure(StepFailure::BrokerIdentity(&refused));
+    assert_eq!(
+        (f.event, f.workload_error),
+        (None, None),
+        "said by the transport condition"
+    );
+    assert_eq!(f.transport, Some(transport_failure(&refused).0));
+    // The Redis user: a Warning and the workload's error name it; the transport is untouched.
+    let redis = StateError::Unavailable("timeout".into());
+    let f = step_failure(StepFailure::StateIdentity(&redis));
+    let note = format!("state proxies: {redis}");
+    assert_eq!(
+        f.event,
+        Some(EventSpec::warning(Reason::StateIdentity, note.clone()))
+    );
+    assert_eq!(f.workload_error, Some(note));
+    assert_eq!(f.transport, None);
+    assert_eq!(
+        f.retry,
+        Retry::Backoff {
+            at_least: Duration::from_secs(5)
+        }
+    );
 }
