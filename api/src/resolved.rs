@@ -38,6 +38,7 @@ pub fn apply_defaults(spec: &mut AsyncActorSpec) {
     s.queue_length.get_or_insert(DEFAULT_QUEUE_LENGTH);
     s.polling_interval.get_or_insert(DEFAULT_POLLING_INTERVAL);
     s.cooldown_period.get_or_insert(DEFAULT_COOLDOWN_PERIOD);
+    s.wake.get_or_insert(true);
     let r = spec.resiliency.get_or_insert_with(Resiliency::default);
     r.actor_timeout
         .get_or_insert_with(|| DurationSpec::new(DEFAULT_ACTOR_TIMEOUT));
@@ -164,6 +165,7 @@ impl ResolvedActor {
             queue_length: None,
             polling_interval: None,
             cooldown_period: None,
+            wake: None,
             min_replicas: None,
             max_replicas: None,
         };
@@ -172,6 +174,13 @@ impl ResolvedActor {
 
     pub fn scaling_enabled(&self) -> bool {
         self.scaling().enabled.unwrap_or(true)
+    }
+
+    /// Woken ahead of its envelopes by the routes that name it (docs/DESIGN.md §6.1): scaled
+    /// by KEDA and not opted out (`scaling.wake: false`). The platform's `wake.enabled` is
+    /// the other half of the rule; the provisioner asks both.
+    pub fn wakes_ahead(&self) -> bool {
+        self.scaling_enabled() && self.scaling().wake.unwrap_or(true)
     }
 
     /// Fixed replicas when scaling is off (`replicas`, else `workload.replicas`, else 1).
@@ -289,10 +298,29 @@ mod tests {
             serde_json::to_value(&s).unwrap(),
             json!({
                 "image": "i", "handler": "m.f", "imagePullPolicy": "IfNotPresent", "pythonExecutable": "python3", "handlerMode": "payload",
-                "scaling": {"enabled": true, "minReplicaCount": 0, "maxReplicaCount": 10, "queueLength": 5, "pollingInterval": 30, "cooldownPeriod": 300},
+                "scaling": {"enabled": true, "minReplicaCount": 0, "maxReplicaCount": 10, "queueLength": 5, "pollingInterval": 30, "cooldownPeriod": 300, "wake": true},
                 "resiliency": {"actorTimeout": "5m", "policies": {"default": {"maxAttempts": 3, "backoff": "exponential", "initialInterval": "1s", "maxInterval": "60s"}}}
             })
         );
+    }
+
+    #[test]
+    fn woken_ahead_when_scaled_by_keda_and_not_opted_out() {
+        let cfg = ClusterConfig::default();
+        let wakes = |v: serde_json::Value| {
+            let mut s: AsyncActorSpec = serde_json::from_value(v).unwrap();
+            apply_defaults(&mut s);
+            ResolvedActor::build("a", "ns", s, &cfg, vec![], vec![])
+                .unwrap()
+                .wakes_ahead()
+        };
+        assert!(wakes(json!({"image": "i", "handler": "m.f"})));
+        assert!(!wakes(
+            json!({"image": "i", "handler": "m.f", "scaling": {"wake": false}})
+        ));
+        assert!(!wakes(
+            json!({"image": "i", "handler": "m.f", "scaling": {"enabled": false}})
+        ));
     }
 
     #[test]

@@ -171,6 +171,12 @@ pub struct Scaling {
     /// Seconds to wait after the last activity before scaling to zero. Default 300.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cooldown_period: Option<i32>,
+    /// Started ahead of its envelopes when a route names it (route-aware wake-up, on where
+    /// the platform turns it on). Default true. False for an actor whose start is costly
+    /// and whose routes often end before reaching it: it starts only when an envelope
+    /// reaches its queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake: Option<bool>,
     /// Deprecated alias of minReplicaCount; rewritten by the admission webhook.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_replicas: Option<i32>,

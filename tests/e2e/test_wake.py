@@ -3,7 +3,9 @@ fourth of the namespace, all at zero pods; one envelope sent to the first, with 
 the sender. The first hop's sidecar, on receipt, wakes the later hops through their wake
 queues (declared by the provisioner; KEDA's second trigger reads them): their Deployments go
 to one replica while the first hop's handler still runs (nothing sent to them yet), the
-fourth actor stays at zero, and after the cooldown every actor is back at zero."""
+fourth actor stays at zero, and after the cooldown every actor is back at zero. A last hop
+that opts out (`scaling.wake: false`) gets no wake queue and no second trigger, stays at zero
+until the envelope reaches its own queue, and still delivers."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ pytestmark = pytest.mark.skipif(os.environ.get("ASYA_TEST_NODE", "1") == "0",
                                 reason="ASYA_TEST_NODE=0: the test cluster runs without a node")
 
 HOPS = ["hop1", "hop2", "hop3"]
+# The route's last hop, opted out of wake-up.
+LATE = "late"
 COOLDOWN = 10
 # How long each hop's handler runs: longer than KEDA's poll (1 s) and a pod's start on the
 # node, so the later hops are seen woken while the first still works.
@@ -59,7 +63,8 @@ def test_the_first_hop_wakes_the_later_ones_and_nobody_else(namespace):
                         "pollingInterval": 1, "cooldownPeriod": COOLDOWN}}
     for name in HOPS + ["idle"]:
         apply_on_node(ns, name, spec)
-    for name in HOPS + ["idle"]:
+    apply_on_node(ns, LATE, {**spec, "scaling": {**spec["scaling"], "wake": False}})
+    for name in HOPS + ["idle", LATE]:
         wait_for(f"{name}'s ScaledObject ready", lambda n=name: any(
             c["type"] == "Ready" and c["status"] == "True"
             for c in (get("scaledobject", ns, n) or {}).get("status", {}).get("conditions", [])),
@@ -74,9 +79,11 @@ def test_the_first_hop_wakes_the_later_ones_and_nobody_else(namespace):
         triggers = get("scaledobject", ns, name)["spec"]["triggers"]
         assert [t["metadata"]["queueName"] for t in triggers] == [f"asya-{ns}-{name}", f"asya-{ns}-{name}_wake"]
         assert triggers[1]["metadata"]["value"] == "1000000", triggers[1]
+    assert not queue_exists(ns, f"{LATE}_wake"), "an actor that opted out got a wake queue"
+    assert [t["metadata"]["queueName"] for t in get("scaledobject", ns, LATE)["spec"]["triggers"]] == [f"asya-{ns}-{LATE}"]
 
     # Sent without the sender's wake: what follows is the first hop's sidecar's doing.
-    route = {"actors": HOPS, "current": 0}
+    route = {"actors": HOPS + [LATE], "current": 0}
     rabbit_send(f"asya-{ns}-hop1", {"id": "w1", "route": route, "headers": {},
                                     "payload": {"do": "sleep", "seconds": HANDLER_SECONDS}})
     wait_for("hop1 started by its own queue", lambda: replicas(ns, "hop1") == 1, timeout=POD_TIMEOUT, interval=0.5)
@@ -96,13 +103,14 @@ def test_the_first_hop_wakes_the_later_ones_and_nobody_else(namespace):
              timeout=POD_TIMEOUT, interval=0.5)
     assert rabbit_take(f"asya-{ns}-x-sink", 1) == [], "the envelope finished before the wake was seen"
     assert replicas(ns, "idle") == 0, "an actor no envelope is routed to was woken"
+    assert replicas(ns, LATE) == 0, "an actor that opted out of wake-up was woken"
 
     sink = Collected(rabbit_take, f"asya-{ns}-x-sink")
     got = wait_for("the result in x-sink", lambda: sink.at_least(1), timeout=POD_TIMEOUT, interval=1.0)
     assert [e["id"] for e in got] == ["w1"]
     assert replicas(ns, "idle") == 0 and pods(ns, "idle") == []
 
-    for name in HOPS:
+    for name in HOPS + [LATE]:
         wait_for(f"{name} back at zero after the cooldown", lambda n=name: at_zero(ns, n),
                  timeout=POD_TIMEOUT, interval=1.0)
     assert queue(ns, "hop3_wake")["messages"] == 0, "the wake expired"

@@ -495,7 +495,7 @@ async fn scaling<C: Cluster>(
                 .map_err(kube::Error::SerdeError)?
                 .map(Object::TriggerAuthentication);
             let url = if queue_url { k.queue_url } else { None };
-            let wake = rec.config.wake.enabled;
+            let wake = rec.config.wake.enabled && r.wakes_ahead();
             let so = keda::scaled_object(r, k.labels, k.owner, t, url, wake);
             ctx.scaled_object = Some(Object::ScaledObject(
                 serde_json::from_value(so).map_err(kube::Error::SerdeError)?,

@@ -31,9 +31,10 @@ pub fn queue_spec(ns: &str, actor: &str, timeout: Duration, adopt_untagged: bool
 
 /// How long an actor's wake message lives (docs/DESIGN.md §6.1): its cooldown, so a woken
 /// actor that no envelope reaches goes back to zero one cooldown after the wake. `None`: no
-/// wake queue (wake-up off in the cluster configuration, or the actor not scaled by KEDA).
+/// wake queue (wake-up off in the cluster configuration, the actor not scaled by KEDA or
+/// opted out with `scaling.wake: false`).
 pub fn wake_ttl(wake_enabled: bool, r: &ResolvedActor) -> Option<Duration> {
-    if !wake_enabled || !r.scaling_enabled() {
+    if !wake_enabled || !r.wakes_ahead() {
         return None;
     }
     let cooldown = r

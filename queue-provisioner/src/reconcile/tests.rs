@@ -1420,7 +1420,8 @@ async fn a_deleted_actor_leaves_a_queue_recorded_as_another_actors() {
 
 /// docs/DESIGN.md §6.1: a scaled actor's queue comes with its wake queue (messages living its
 /// cooldown) and its ScaledObject with the wake trigger, at no API request more; an actor
-/// with fixed replicas, or a cluster with wake-up off, gets neither.
+/// with fixed replicas, one opted out (`scaling.wake: false`), or a cluster with wake-up off,
+/// gets neither.
 #[tokio::test]
 async fn a_scaled_actor_gets_its_wake_queue_and_trigger_unless_wake_up_is_off() {
     let triggers = |r: &Reconciler<Fake>| {
@@ -1452,6 +1453,14 @@ async fn a_scaled_actor_gets_its_wake_queue_and_trigger_unless_wake_up_is_off() 
     let mut a = actor(manual(2));
     step(&r, &mut a).await;
     assert!(!has(&r.cluster.take_log(), "ensure wake queue"));
+
+    let r = reconciler();
+    let mut a = actor(
+        json!({"image": "py:3.12", "handler": "m.f", "scaling": {"cooldownPeriod": 45, "wake": false}}),
+    );
+    step(&r, &mut a).await;
+    assert!(!has(&r.cluster.take_log(), "ensure wake queue"));
+    assert_eq!(triggers(&r), ["asya-n-a"]);
 
     let mut off = ClusterConfig::default();
     off.wake.enabled = false;

@@ -106,6 +106,7 @@ objects! {
         queue_length: "queueLength",
         polling_interval: "pollingInterval",
         cooldown_period: "cooldownPeriod",
+        wake: "wake",
         min_replicas: "minReplicas",
         max_replicas: "maxReplicas",
     }
