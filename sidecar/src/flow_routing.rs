@@ -443,7 +443,7 @@ fn fan_out(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use asya_flow::ir::{CmpOp, Expr, Handler, IR_VERSION, Instr};
     use serde_json::json;
@@ -634,7 +634,7 @@ mod tests {
 
     /// a; try: state["r"] = [double(x) for x in state["items"]] except ValueError:
     /// state["failed"] = True; then a second fan-out over the same items; return.
-    fn fan_program() -> Program {
+    pub(crate) fn fan_program() -> Program {
         let items = Expr::Index(Box::new(Expr::State), Box::new(Expr::Const(json!("items"))));
         let each = || asya_flow::ir::FanOutBranches::Each {
             actor: "double".into(),

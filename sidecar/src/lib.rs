@@ -3,6 +3,7 @@
 //! retry rules are `asya_transport`'s, shared with the provisioner and the gateway.
 
 pub mod config;
+pub mod disposition;
 pub mod fanin_client;
 pub mod flow_routing;
 pub mod flow_trace;

@@ -1,46 +1,29 @@
-//! The consume loop: each message gets a task that calls the runtime, routes the answer,
-//! sends the results and acknowledges. Up to `ASYA_RUNTIME_PIPELINE` runtime calls are open
+//! The consume loop: each message gets a task that calls the runtime between the pure
+//! decisions of `disposition`, then performs the disposition they give in one order: sends
+//! (confirmed), acknowledgement, reports. Up to `ASYA_RUNTIME_PIPELINE` runtime calls are open
 //! at once (the runtime serves them one at a time, in order, without waiting for the sidecar
 //! in between); a message is acknowledged only after all its sends are confirmed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::config::Config;
+use crate::disposition::{self, After, Before, Called, Ctx, Disposition, Level, Stamp};
 use crate::fanin_client::{FanInClient, FanInError};
-use crate::flow_routing::{self, FanIn, FlowStep, Start};
-use crate::gateway_client::{Report, Reporter};
+use crate::gateway_client::Reporter;
 use crate::metrics::Metrics;
 use crate::routing::{self, Answer, Queues};
 use crate::runtime_client::RuntimeClient;
 use crate::spans::{CallFailure, Hop, RuntimeCall, Spans};
 use asya_transport::envelope::{self, Envelope};
-use asya_transport::resiliency::{self, Decision, FailReason, Failure};
+use asya_transport::resiliency::Failure;
 use asya_transport::trace_context::{self, IdSource};
-use asya_transport::{Outgoing, Received, Transport, TransportError};
-
-/// What to do with one message once the handler (if any) has run.
-#[derive(Debug)]
-pub struct Disposition {
-    pub outgoing: Vec<Outgoing>,
-    /// For `asya_actor_messages_processed_total{status}`.
-    pub status: &'static str,
-    /// For `asya_actor_messages_failed_total{reason}` when it went to x-sump.
-    pub failure_reason: Option<String>,
-    pub id: String,
-    /// Reports to the gateway once the sends are confirmed and the input acknowledged.
-    pub reports: Vec<Report>,
-    /// Not judged: the platform stopped the runtime mid-call, so the message goes back to
-    /// the broker (a counted redelivery) for another pod, with nothing sent.
-    pub returned: bool,
-    /// This hop's span (docs/DESIGN.md §4 "Traces"); `None` only before the envelope was read.
-    pub hop: Option<Hop>,
-}
+use asya_transport::{Received, Transport};
 
 /// Room for one message: held while it is in flight, the call part until the runtime answers.
 struct Permits {
@@ -214,79 +197,87 @@ impl<T: Transport> Processor<T> {
                 call,
             } = permits;
             self.transport.hold(&msg.handle);
-            let disposition = self.dispose(&msg.body, msg.redeliveries).await;
+            let (disposition, hop) = self.dispose(&msg.body, msg.redeliveries).await;
             drop(call);
             self.transport.unhold(&msg.handle);
-            let hop_span = disposition.hop.as_ref().map(|h| &h.span);
+            let hop_span = hop.as_ref().map(|h| &h.span);
             let span = crate::spans::log_span(&self.cfg.actor, &disposition.id, hop_span);
-            self.finish(msg, disposition, taken).instrument(span).await;
+            self.finish(msg, disposition, hop, taken)
+                .instrument(span)
+                .await;
         });
     }
 
-    /// Sends, then acknowledges; on a send that can never succeed, sends to x-sump instead.
-    async fn finish(&self, msg: Received<T::Handle>, d: Disposition, started: Instant) {
+    /// Performs a disposition, in the order that keeps the platform's promise: the sends,
+    /// confirmed by the broker; then the acknowledgement; then the reports. A send the broker
+    /// can never take turns the input into an x-sump send instead; any other send failure
+    /// returns the message for redelivery, acknowledged never.
+    async fn finish(
+        &self,
+        msg: Received<T::Handle>,
+        mut d: Disposition,
+        hop: Option<Hop>,
+        started: Instant,
+    ) {
         if d.returned {
             self.return_to_broker(&msg.handle).await;
             return;
         }
-        let mut result = self.transport.send(&d.outgoing).await;
-        let mut status = d.status;
+        let mut result = self.transport.send(&d.outgoing()).await;
         if let Err(e) = &result
             && e.is_permanent()
-            && !d.outgoing.iter().any(|o| o.queue == self.queues.sump())
         {
-            tracing::warn!(error = %e, "cannot deliver the result; sending the input to x-sump");
-            let sump = self.sump_for_send_error(&msg.body, e, d.hop.as_ref());
-            if let Some(h) = &d.hop {
-                // The first sends never happened: only the x-sump one is this hop's.
-                h.forget_sends_except(&sump.queue);
-            }
-            let reason = match e {
-                TransportError::TooLarge { .. } => "too_large",
-                _ => "no_such_queue",
+            let fresh;
+            let stamp_hop = match &hop {
+                Some(h) => h,
+                None => {
+                    fresh = self.hop(None);
+                    &fresh
+                }
             };
-            result = self.transport.send(std::slice::from_ref(&sump)).await;
-            if result.is_ok() {
-                status = "failed";
-                self.metrics.failed(reason);
+            let ctx = self.ctx();
+            let fallback = self.fallback_id();
+            let instead = self.stamped(stamp_hop, |st| {
+                disposition::after_send_refused(&ctx, &d, &msg.body, e, fallback, st)
+            });
+            if let Some(instead) = instead {
+                d = instead;
+                write_log(&mut d);
+                result = self.transport.send(&d.outgoing()).await;
             }
-        } else if let Some(reason) = &d.failure_reason
-            && result.is_ok()
+        }
+        if result.is_ok()
+            && let Some(reason) = &d.failure_reason
         {
             self.metrics.failed(reason);
         }
         if self.spans.enabled()
-            && let Some(h) = &d.hop
+            && let Some(h) = &hop
         {
             let err = result.as_ref().err().map(|e| e.to_string());
-            self.spans.record(&h.record(&d.id, err));
+            self.spans
+                .record(&h.record(&d.id, d.send_spans(), d.flow.clone(), err));
         }
-        match result {
-            Ok(()) => {
-                for o in &d.outgoing {
-                    self.metrics.sent(&o.queue);
-                }
-                match self.transport.ack(&msg.handle).await {
-                    Ok(()) => {
-                        let trace = self.exemplar(d.hop.as_ref().map(|h| &h.span));
-                        self.metrics
-                            .finished(status, started.elapsed().as_secs_f64(), trace);
-                        tracing::debug!(status, "done");
-                        for r in d.reports {
-                            self.reporter.send(r);
-                        }
-                    }
-                    Err(e) => {
-                        // The broker will redeliver: a duplicate, never a loss.
-                        self.metrics.abandoned();
-                        tracing::warn!(error = %e, "ack failed; the message will be redelivered");
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "send failed; returning the message for redelivery");
-                self.return_to_broker(&msg.handle).await;
-            }
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "send failed; returning the message for redelivery");
+            self.return_to_broker(&msg.handle).await;
+            return;
+        }
+        for s in &d.sends {
+            self.metrics.sent(&s.out.queue);
+        }
+        if let Err(e) = self.transport.ack(&msg.handle).await {
+            // The broker will redeliver: a duplicate, never a loss.
+            self.metrics.abandoned();
+            tracing::warn!(error = %e, "ack failed; the message will be redelivered");
+            return;
+        }
+        let trace = self.exemplar(hop.as_ref().map(|h| &h.span));
+        self.metrics
+            .finished(d.status, started.elapsed().as_secs_f64(), trace);
+        tracing::debug!(status = d.status, "done");
+        for r in d.reports {
+            self.reporter.send(r);
         }
     }
 
@@ -306,7 +297,6 @@ impl<T: Transport> Processor<T> {
         )
     }
 
-    /// The hop of an envelope whose headers are `headers` (or of a message that was none).
     /// The exemplar of a hop whose spans reach the trace backend (sampled, recording).
     fn exemplar(
         &self,
@@ -315,6 +305,7 @@ impl<T: Transport> Processor<T> {
         crate::spans::exemplar(self.spans.enabled(), span)
     }
 
+    /// The hop of an envelope whose headers are `headers` (or of a message that was none).
     fn hop(&self, headers: Option<&serde_json::Map<String, serde_json::Value>>) -> Hop {
         let incoming = headers.map(trace_context::incoming).unwrap_or_default();
         if let Some(why) = &incoming.refused {
@@ -325,50 +316,35 @@ impl<T: Transport> Processor<T> {
         Hop::new(span, incoming)
     }
 
-    fn sump_for_send_error(&self, body: &[u8], e: &TransportError, hop: Option<&Hop>) -> Outgoing {
-        let reason = format!("result could not be delivered: {e}");
-        let mut env = match envelope::parse(body, None) {
-            Ok(env) => routing::to_sump(&env, &self.cfg.actor, &reason, None),
-            Err(m) => {
-                routing::malformed_to_sump(body, &self.cfg.actor, &m, self.fallback_id(), 4096)
-            }
-        };
-        if matches!(e, TransportError::TooLarge { .. }) {
-            env.payload = serde_json::Value::Null;
-        }
-        let fresh;
-        let hop = match hop {
-            Some(h) => h,
-            None => {
-                fresh = self.hop(None);
-                &fresh
-            }
-        };
-        self.outgoing(self.queues.sump(), &env, None, hop)
-    }
-
-    /// One send of this hop: its body carries a new PRODUCER span, child of the hop's.
-    fn outgoing(
-        &self,
-        queue: String,
-        env: &Envelope,
-        delay: Option<Duration>,
-        hop: &Hop,
-    ) -> Outgoing {
-        let send = hop.span.child(self.ids.span_id());
-        hop.note_send(send.span_id, &queue);
-        let trace = Some((&send, hop.tracestate.as_deref()));
-        Outgoing {
-            queue,
-            body: envelope::to_body_stamped(env, now_ms(), trace),
-            delay,
+    /// What the decisions know of this sidecar besides its configuration.
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            cfg: &self.cfg,
+            queues: &self.queues,
+            reporting: self.reporter.enabled(),
+            can_join: self.fanin.is_some(),
+            max_bytes: self.transport.max_message_bytes(),
         }
     }
 
-    /// Decides where a message goes. Calls the runtime; no broker I/O.
-    pub async fn dispose(&self, body: &[u8], redeliveries: u32) -> Disposition {
+    /// Runs a decision with the hop's stamp: now, its trace context, fresh span ids.
+    fn stamped<R>(&self, hop: &Hop, decide: impl FnOnce(&mut Stamp) -> R) -> R {
+        let mut ids = || self.ids.span_id();
+        let mut st = Stamp {
+            now_ms: now_ms(),
+            span: hop.span,
+            tracestate: hop.tracestate.as_deref(),
+            span_ids: &mut ids,
+        };
+        decide(&mut st)
+    }
+
+    /// Decides what becomes of a message: reads it, calls the runtime (and the gateway's
+    /// join for a fan-out branch) between the pure decisions of `disposition`. No broker
+    /// I/O; the hop is `None` only for a malformed message dropped on x-sump.
+    pub async fn dispose(&self, body: &[u8], redeliveries: u32) -> (Disposition, Option<Hop>) {
         let actor = self.cfg.actor.as_str();
-        let is_sump_consumer = self.own_queue == self.queues.sump();
+        let ctx = self.ctx();
         let check_actor = if self.cfg.is_end_actor {
             None
         } else {
@@ -377,100 +353,77 @@ impl<T: Transport> Processor<T> {
         let env = match envelope::parse(body, check_actor) {
             Ok(env) => env,
             Err(why) => {
-                let sump =
-                    routing::malformed_to_sump(body, actor, &why, self.fallback_id(), 64 * 1024);
                 let hop = self.hop(None);
+                let fallback = self.fallback_id();
+                let mut d = self.stamped(&hop, |st| {
+                    disposition::malformed(&ctx, body, &why, fallback, st)
+                });
                 let (trace_id, span_id) = (hop.span.trace_id_hex(), hop.span.span_id_hex());
-                tracing::warn!(actor, id = %sump.id, trace_id, span_id, reason = %why, "malformed message");
-                if is_sump_consumer {
-                    // Sending it to x-sump again would loop: drop it, loudly.
-                    return self.done(Vec::new(), "malformed", None, sump.id);
-                }
-                let out = vec![self.outgoing(self.queues.sump(), &sump, None, &hop)];
-                let mut d = self.done(out, "malformed", Some(why.code().to_string()), sump.id);
-                d.hop = Some(hop);
-                return d;
+                tracing::warn!(actor, id = %d.id, trace_id, span_id, reason = %why, "malformed message");
+                write_log(&mut d);
+                // Dropped on x-sump, it sent nothing: no hop to record.
+                let hop = (!d.sends.is_empty()).then_some(hop);
+                return (d, hop);
             }
         };
-        let id = env.id.clone();
         let hop = self.hop(Some(&env.headers));
         if let Some(wait) = envelope::queue_wait(&env, now_ms()) {
             let trace = self.exemplar(Some(&hop.span));
             self.metrics.queue_wait(wait.as_secs_f64(), trace);
         }
-        let span = crate::spans::log_span(actor, &id, Some(&hop.span));
-        let mut d = self
-            .dispose_envelope(env, body, redeliveries, &hop)
+        let span = crate::spans::log_span(actor, &env.id, Some(&hop.span));
+        let d = self
+            .dispose_envelope(&ctx, env, body, redeliveries, &hop)
             .instrument(span)
             .await;
-        d.hop = Some(hop);
-        d
+        (d, Some(hop))
     }
 
+    /// The envelope's way to its disposition: decide, call the runtime, decide, (ask the
+    /// join, decide). Each decision is `disposition`'s; the I/O between them is here.
     async fn dispose_envelope(
         &self,
+        ctx: &Ctx<'_>,
         env: Envelope,
         body: &[u8],
         redeliveries: u32,
         hop: &Hop,
     ) -> Disposition {
-        if redeliveries > self.cfg.max_redeliveries {
-            let reason = format!(
-                "poison message: delivered {} times without finishing (limit {})",
-                redeliveries + 1,
-                self.cfg.max_redeliveries + 1
-            );
-            tracing::warn!(%reason, "to x-sump");
-            return self.to_sump(&env, &reason, None, "poison", "poison", hop);
+        let before = self.stamped(hop, |st| {
+            disposition::before_call(ctx, env, redeliveries, st)
+        });
+        let mut call = match before {
+            Before::Done(mut d) => {
+                write_log(&mut d);
+                return d;
+            }
+            Before::Call(c) => c,
+        };
+        for r in std::mem::take(&mut call.reports) {
+            self.reporter.send(r);
         }
-        let mut env = env;
-        let mut started_body = None;
-        let flow = if self.cfg.is_end_actor {
-            None
-        } else {
-            match flow_routing::carried(&env) {
-                Some(Ok(c)) => {
-                    hop.note_trail_before(c.trail.len());
-                    Some(c)
-                }
-                Some(Err(why)) => {
-                    tracing::warn!(%why, "to x-sump");
-                    return self.to_sump(&env, &why, None, "failed", "flow_error", hop);
-                }
-                None => match &self.cfg.flow_entry {
-                    None => None,
-                    Some(program) => {
-                        match flow_routing::start(&env, program, &self.cfg.actor, &self.queues) {
-                            Start::Handle(e) => {
-                                env = *e;
-                                // The handler sees the flow's first mutations.
-                                started_body = serde_json::to_vec(&env).ok();
-                                flow_routing::carried(&env).and_then(Result::ok)
-                            }
-                            Start::Step(step) => {
-                                tracing::debug!(flow = %program.flow, "flow starts elsewhere");
-                                return self.flow_disposition(&env, step, "success", hop);
-                            }
-                        }
-                    }
-                },
+        self.wake_later_hops(&call.env);
+        let called = self
+            .call_runtime(call.body.as_deref().unwrap_or(body), hop)
+            .await;
+        let after = self.stamped(hop, |st| disposition::after_call(ctx, *call, called, st));
+        let mut d = match after {
+            After::Done(d) => d,
+            After::Join(j) => {
+                let answer = match &self.fanin {
+                    Some(client) => client.report(&j.fanin.join, j.fanin.index, &j.report).await,
+                    // Not reached: a join is asked only where a client exists (`can_join`).
+                    None => Err(FanInError::Unavailable("no fan-in client".into())),
+                };
+                self.stamped(hop, |st| disposition::after_join(ctx, *j, answer, st))
             }
         };
-        let branch = match flow.as_ref().map(|_| flow_routing::branch_of(&env)) {
-            Some(Some(Ok(b))) => Some(b),
-            Some(Some(Err(why))) => {
-                tracing::warn!(%why, "to x-sump");
-                return self.to_sump(&env, &why, None, "failed", "flow_error", hop);
-            }
-            _ => None,
-        };
-        let body = started_body.as_deref().unwrap_or(body);
-        if self.reporter.enabled() && !self.cfg.is_end_actor {
-            for phase in ["received", "processing"] {
-                self.reporter.send(self.progress(&env, phase));
-            }
-        }
-        self.wake_later_hops(&env);
+        write_log(&mut d);
+        d
+    }
+
+    /// Calls the runtime with `body` and notes the call on the hop and in the metrics.
+    async fn call_runtime(&self, body: &[u8], hop: &Hop) -> Called {
         let started = Instant::now();
         let call_start = SystemTime::now();
         let call = self
@@ -485,9 +438,7 @@ impl<T: Transport> Processor<T> {
                 // A pod going away (its grace period over, or deleted by force) kills the
                 // runtime the kubelet had told to stop: not this envelope's doing.
                 tracing::info!(error = %e, "runtime stopped by its pod's shutdown mid-call; returning the message to the queue");
-                let mut d = self.done(Vec::new(), "returned", None, env.id.clone());
-                d.returned = true;
-                return d;
+                return Called::Stopped;
             }
             Err(e) => {
                 let (code, error_type) = e.kind();
@@ -501,41 +452,23 @@ impl<T: Transport> Processor<T> {
                 })
             }
         };
+        let failure = match &answer {
+            Answer::Failure(f) => {
+                self.metrics.runtime_error(&f.error_type);
+                Some(CallFailure {
+                    error_type: f.error_type.clone(),
+                    message: f.message.clone(),
+                })
+            }
+            Answer::Results(_) => None,
+        };
         hop.note_runtime(RuntimeCall {
             span_id: self.ids.span_id(),
             start: call_start,
             end: call_end,
-            failure: match &answer {
-                Answer::Failure(f) => Some(CallFailure {
-                    error_type: f.error_type.clone(),
-                    message: f.message.clone(),
-                }),
-                Answer::Results(_) => None,
-            },
+            failure,
         });
-        match (answer, flow) {
-            (Answer::Results(items), Some(c)) if let Some(b) = branch => {
-                let ns = &self.cfg.namespace;
-                let report =
-                    flow_routing::branch_answer(&env, &b, items, self.cfg.handler_mode, ns);
-                self.join(&env, c, &b, report, hop).await
-            }
-            (Answer::Results(items), Some(c)) => {
-                let step = flow_routing::after_results(
-                    &env,
-                    c,
-                    items,
-                    self.cfg.handler_mode,
-                    &self.queues,
-                );
-                self.flow_disposition(&env, step, "success", hop)
-            }
-            (Answer::Results(items), None) => self.on_results(env, items, hop),
-            (Answer::Failure(f), flow) => {
-                self.metrics.runtime_error(&f.error_type);
-                self.on_failure(env, f, flow, branch, hop).await
-            }
-        }
+        Called::Answer(answer)
     }
 
     /// Tells the route's later actors that work is coming (docs/DESIGN.md §6.1), off the
@@ -563,326 +496,16 @@ impl<T: Transport> Processor<T> {
             metrics.wakes(queues.len().saturating_sub(failed), failed);
         });
     }
-
-    fn done(
-        &self,
-        outgoing: Vec<Outgoing>,
-        status: &'static str,
-        failure_reason: Option<String>,
-        id: String,
-    ) -> Disposition {
-        Disposition {
-            outgoing,
-            status,
-            failure_reason,
-            id,
-            reports: Vec::new(),
-            returned: false,
-            hop: None,
-        }
-    }
-
-    fn to_sump(
-        &self,
-        env: &Envelope,
-        reason: &str,
-        failure: Option<&Failure>,
-        status: &'static str,
-        metric_reason: &str,
-        hop: &Hop,
-    ) -> Disposition {
-        let id = env.id.clone();
-        if self.own_queue == self.queues.sump() {
-            tracing::error!(reason, "end actor on x-sump failed; dropping the envelope");
-            return self.done(Vec::new(), status, None, id);
-        }
-        let mut sump = routing::to_sump(env, &self.cfg.actor, reason, failure);
-        if let Some(limit) = self.transport.max_message_bytes()
-            && envelope::to_body_stamped(&sump, now_ms(), None).len() > limit
-        {
-            // The reason must arrive even when the envelope itself is too big to carry.
-            sump.payload = serde_json::Value::Null;
-        }
-        let out = vec![self.outgoing(self.queues.sump(), &sump, None, hop)];
-        self.done(out, status, Some(metric_reason.to_string()), id)
-    }
-
-    fn on_results(&self, env: Envelope, items: Vec<serde_json::Value>, hop: &Hop) -> Disposition {
-        if self.cfg.is_end_actor {
-            let mut d = self.done(Vec::new(), "success", None, env.id.clone());
-            if self.reporter.enabled() {
-                d.reports.push(self.final_report(&env));
-            }
-            return d;
-        }
-        match routing::route_results(&env, items, self.cfg.handler_mode, &self.queues) {
-            Ok(routed) => {
-                let out: Vec<Outgoing> = routed
-                    .iter()
-                    .map(|(q, e)| self.outgoing(q.clone(), e, None, hop))
-                    .collect();
-                if let Some(limit) = self.transport.max_message_bytes()
-                    && let Some(big) = out.iter().find(|o| o.body.len() > limit)
-                {
-                    let reason = format!(
-                        "result too large: {} bytes for {} exceeds the transport limit of {limit} bytes",
-                        big.body.len(),
-                        big.queue
-                    );
-                    // None of those sends happens: only the x-sump one is this hop's.
-                    hop.forget_sends();
-                    return self.to_sump(&env, &reason, None, "failed", "too_large", hop);
-                }
-                tracing::debug!(count = out.len(), "routed");
-                let mut d = self.done(out, "success", None, env.id.clone());
-                if self.reporter.enabled() {
-                    d.reports.push(self.progress(&env, "completed"));
-                    for (_, e) in &routed {
-                        if let Some(parent) = &e.parent_id
-                            && e.id != env.id
-                        {
-                            d.reports.push(Report::child(
-                                &e.id,
-                                parent,
-                                &e.route.actors,
-                                e.route.current,
-                            ));
-                        }
-                    }
-                }
-                d
-            }
-            Err(v) => {
-                tracing::warn!(violation = %v, "handler broke the routing rules");
-                self.to_sump(&env, &v.to_string(), None, "failed", "route_violation", hop)
-            }
-        }
-    }
-
-    fn progress(&self, env: &Envelope, phase: &str) -> Report {
-        Report::progress(
-            &env.id,
-            env.parent_id.as_deref(),
-            &self.cfg.actor,
-            phase,
-            env.route.current,
-            env.route.actors.len(),
-        )
-    }
-
-    /// The end actors' report: x-sink → succeeded with the payload, x-sump → failed with
-    /// the reason the envelope carries.
-    fn final_report(&self, env: &Envelope) -> Report {
-        if self.own_queue == self.queues.sump() {
-            let error = env
-                .headers
-                .get(routing::ERROR_HEADER)
-                .cloned()
-                .unwrap_or_else(|| serde_json::json!({"reason": "reached x-sump"}));
-            Report::final_status(&env.id, &self.cfg.actor, false, None, Some(error))
-        } else {
-            Report::final_status(
-                &env.id,
-                &self.cfg.actor,
-                true,
-                Some(env.payload.clone()),
-                None,
-            )
-        }
-    }
-
-    /// The sends a flow's evaluation decided, checked against the transport's size limit.
-    fn flow_disposition(
-        &self,
-        env: &Envelope,
-        step: FlowStep,
-        status: &'static str,
-        hop: &Hop,
-    ) -> Disposition {
-        let decided = crate::flow_trace::decided(hop.trail_before(), &step);
-        if let Some(d) = &decided {
-            tracing::debug!(decisions = %d.message(), "flow decided");
-            hop.note_flow(d.clone());
-        }
-        let (routed, branches) = match step {
-            FlowStep::Branches(_) if self.fanin.is_none() => {
-                let reason = "a flow fans out here, and this actor has no gateway to gather the \
-                              branches (ASYA_GATEWAY_URL is not set); nothing was sent";
-                tracing::warn!(reason, "flow to x-sump");
-                return self.to_sump(env, reason, None, "failed", "flow_error", hop);
-            }
-            FlowStep::Branches(b) => (b, true),
-            FlowStep::Routed(r) => (r, false),
-            FlowStep::Sump {
-                reason,
-                failure,
-                metric,
-                instead,
-            } => {
-                tracing::warn!(%reason, "flow to x-sump");
-                let at = instead.as_deref().unwrap_or(env);
-                return self.to_sump(at, &reason, failure.as_ref(), "failed", metric, hop);
-            }
-        };
-        {
-            {
-                let out: Vec<Outgoing> = routed
-                    .iter()
-                    .map(|(q, e)| self.outgoing(q.clone(), e, None, hop))
-                    .collect();
-                if let Some(limit) = self.transport.max_message_bytes()
-                    && let Some(big) = out.iter().find(|o| o.body.len() > limit)
-                {
-                    let reason = format!(
-                        "result too large: {} bytes for {} exceeds the transport limit of {limit} bytes",
-                        big.body.len(),
-                        big.queue
-                    );
-                    hop.forget_sends();
-                    return self.to_sump(env, &reason, None, "failed", "too_large", hop);
-                }
-                tracing::debug!(to = %out.iter().map(|o| o.queue.as_str()).collect::<Vec<_>>().join(","), "flow routed");
-                let mut d = self.done(out, status, None, env.id.clone());
-                if self.reporter.enabled() {
-                    let mut report = self.progress(env, "completed");
-                    // The gateway keeps each report's message in the envelope's history,
-                    // where `asya trace` reads the hop's decisions.
-                    if let (Some(dec), crate::gateway_client::Body::Progress(p)) =
-                        (&decided, &mut report.body)
-                    {
-                        p.message = Some(dec.message());
-                    }
-                    d.reports.push(report);
-                    for (_, e) in routed.iter().filter(|_| branches) {
-                        let parent = e.parent_id.as_deref().unwrap_or(&env.id);
-                        d.reports.push(Report::child(
-                            &e.id,
-                            parent,
-                            &e.route.actors,
-                            e.route.current,
-                        ));
-                    }
-                }
-                d
-            }
-        }
-    }
-
-    /// A fan-out branch's report to the gateway, and what its answer calls for: nothing (the
-    /// join waits, or another branch fired it), or the flow's next step when this branch
-    /// completed or failed the join. A gateway out of reach returns the branch to the broker.
-    async fn join(
-        &self,
-        env: &Envelope,
-        c: asya_flow::Carried,
-        b: &FanIn,
-        report: asya_transport::fanin::BranchReport,
-        hop: &Hop,
-    ) -> Disposition {
-        let Some(client) = &self.fanin else {
-            let reason = format!(
-                "flow {}: fan-out branch {} has no gateway to join at (ASYA_GATEWAY_URL is not \
-                 set on actor {})",
-                c.program.flow, env.id, self.cfg.actor
-            );
-            return self.to_sump(env, &reason, None, "failed", "flow_error", hop);
-        };
-        match client.report(&b.join, b.index, &report).await {
-            Ok(answer) => {
-                tracing::debug!(join = %b.join, index = b.index, ?answer, "branch joined");
-                let step = flow_routing::after_join(env, c, b, answer, &self.queues);
-                self.flow_disposition(env, step, "success", hop)
-            }
-            Err(e @ FanInError::Refused { .. }) => {
-                tracing::warn!(error = %e, "to x-sump");
-                self.to_sump(env, &e.to_string(), None, "failed", "flow_error", hop)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "branch result not stored; returning the message for redelivery");
-                let mut d = self.done(Vec::new(), "returned", None, env.id.clone());
-                d.returned = true;
-                d
-            }
-        }
-    }
-
-    async fn on_failure(
-        &self,
-        mut env: Envelope,
-        f: Failure,
-        flow: Option<asya_flow::Carried>,
-        branch: Option<FanIn>,
-        hop: &Hop,
-    ) -> Disposition {
-        let actor = self.cfg.actor.clone();
-        let attempt = routing::failed_attempts(&env, &actor) + 1;
-        let decision = resiliency::decide(&self.cfg.resiliency, &f, attempt);
-        routing::record_attempt(&mut env, &actor, attempt, &f, now_ms());
-        match decision {
-            Decision::Retry { delay, policy, .. } => {
-                tracing::info!(attempt, ?delay, policy, error = %f.message, "retrying later");
-                let out = vec![self.outgoing(
-                    self.own_queue.clone(),
-                    &env,
-                    (!delay.is_zero()).then_some(delay),
-                    hop,
-                )];
-                self.done(out, "retried", None, env.id)
-            }
-            Decision::Fail { reason } => match (flow, branch) {
-                (Some(c), Some(b)) => {
-                    tracing::info!(attempt, error_type = %f.error_type, "fan-out branch failed; the join decides");
-                    let report = flow_routing::branch_failure(&b, &f, &self.cfg.namespace);
-                    self.join(&env, c, &b, report, hop).await
-                }
-                (Some(c), None) => {
-                    tracing::info!(attempt, error_type = %f.error_type, "handler failed in a flow; its except paths decide");
-                    let step = flow_routing::after_failure(&env, c, &f, &self.queues);
-                    self.flow_disposition(&env, step, "caught", hop)
-                }
-                (None, _) => {
-                    tracing::warn!(attempt, error_type = %f.error_type, error = %f.message, %reason, "to x-sump");
-                    let metric = failed_metric_reason(&reason, &f);
-                    self.to_sump(&env, &reason.to_string(), Some(&f), "failed", metric, hop)
-                }
-            },
-        }
-    }
 }
 
-/// The `reason` label of `asya_actor_messages_failed_total` when the retry rules give up:
-/// the rule's verdict, or the error's own code when no policy applied.
-fn failed_metric_reason<'a>(reason: &FailReason, f: &'a Failure) -> &'a str {
-    match reason {
-        FailReason::RetriesExhausted { .. } => "retries_exhausted",
-        FailReason::ActionFail { .. } => "action_fail",
-        FailReason::NoPolicy => &f.code,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn give_ups_are_labelled_by_kind_not_by_text() {
-        let f = Failure {
-            code: "timeout".into(),
-            error_type: "ActorTimeout".into(),
-            message: "m".into(),
-            traceback: None,
-            mro: Vec::new(),
-        };
-        let exhausted = FailReason::RetriesExhausted {
-            attempt: 3,
-            max_attempts: 3,
-            policy: "default".into(),
-        };
-        assert_eq!(failed_metric_reason(&exhausted, &f), "retries_exhausted");
-        let rule = FailReason::ActionFail {
-            pattern: "retries exhausted".into(),
-        };
-        assert_eq!(failed_metric_reason(&rule, &f), "action_fail");
-        assert_eq!(failed_metric_reason(&FailReason::NoPolicy, &f), "timeout");
+/// Writes the decision's log lines (in the hop's log span) and clears them.
+fn write_log(d: &mut Disposition) {
+    for (level, line) in std::mem::take(&mut d.log) {
+        match level {
+            Level::Debug => tracing::debug!("{line}"),
+            Level::Info => tracing::info!("{line}"),
+            Level::Warn => tracing::warn!("{line}"),
+            Level::Error => tracing::error!("{line}"),
+        }
     }
 }

@@ -36,8 +36,9 @@ pub fn exemplar(recording: bool, span: Option<&TraceParent>) -> Option<crate::me
 
 /// One hop's trace context: the CONSUMER span processing the envelope (child of the
 /// incoming context, or a new root) and the `tracestate` carried on. Each send is a
-/// PRODUCER child of `span` whose context goes into the sent envelope. What the hop did is
-/// noted here as it happens and recorded as spans once its sends are confirmed.
+/// PRODUCER child of `span` whose context goes into the sent envelope. The runtime call is
+/// noted here as it happens; the sends and flow decisions come from the hop's disposition
+/// when it is recorded, once its sends are confirmed.
 #[derive(Debug)]
 pub struct Hop {
     pub span: TraceParent,
@@ -45,10 +46,6 @@ pub struct Hop {
     pub parent: Option<TraceParent>,
     pub start: SystemTime,
     runtime: Mutex<Option<RuntimeCall>>,
-    sends: Mutex<Vec<(u64, String)>>,
-    /// Decisions the envelope's flow trail held when it arrived (0: none, or no flow).
-    trail_before: std::sync::atomic::AtomicUsize,
-    flow: Mutex<Option<Decided>>,
 }
 
 impl Hop {
@@ -60,33 +57,6 @@ impl Hop {
             parent: incoming.parent,
             start: SystemTime::now(),
             runtime: Mutex::new(None),
-            sends: Mutex::new(Vec::new()),
-            trail_before: Default::default(),
-            flow: Mutex::new(None),
-        }
-    }
-
-    /// The envelope arrived in a flow whose trail held `n` decisions.
-    pub fn note_trail_before(&self, n: usize) {
-        self.trail_before
-            .store(n, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub fn trail_before(&self) -> usize {
-        self.trail_before.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// What the flow decided in this hop (the `process` span's attributes).
-    pub fn note_flow(&self, decided: Decided) {
-        if let Ok(mut f) = self.flow.lock() {
-            *f = Some(decided);
-        }
-    }
-
-    /// A send of this hop, as a PRODUCER span `span_id` to `queue`.
-    pub fn note_send(&self, span_id: u64, queue: &str) {
-        if let Ok(mut sends) = self.sends.lock() {
-            sends.push((span_id, queue.to_string()));
         }
     }
 
@@ -96,26 +66,23 @@ impl Hop {
         }
     }
 
-    pub fn forget_sends(&self) {
-        self.forget_sends_except("");
-    }
-
-    pub fn forget_sends_except(&self, queue: &str) {
-        if let Ok(mut sends) = self.sends.lock() {
-            sends.retain(|(_, q)| q == queue);
-        }
-    }
-
-    /// The spans of this hop, ended at `end`.
-    pub fn record(&self, envelope_id: &str, send_error: Option<String>) -> HopRecord {
+    /// The spans of this hop, ended now: its sends (PRODUCER span id, queue) and its flow
+    /// decisions as its disposition decided them.
+    pub fn record(
+        &self,
+        envelope_id: &str,
+        sends: Vec<(u64, String)>,
+        flow: Option<Decided>,
+        send_error: Option<String>,
+    ) -> HopRecord {
         HopRecord {
             parent: self.parent,
             span: self.span,
             envelope_id: envelope_id.to_string(),
             start: self.start,
             runtime: self.runtime.lock().map(|r| r.clone()).unwrap_or_default(),
-            sends: self.sends.lock().map(|s| s.clone()).unwrap_or_default(),
-            flow: self.flow.lock().map(|f| f.clone()).unwrap_or_default(),
+            sends,
+            flow,
             end: SystemTime::now(),
             send_error,
         }
@@ -307,7 +274,7 @@ mod tests {
     use asya_transport::trace_context::parse_traceparent;
 
     #[test]
-    fn a_hop_records_its_sends_and_forgets_those_that_never_happened() {
+    fn a_hop_records_its_context_and_the_sends_it_is_given() {
         let parent =
             parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
         let incoming = Incoming {
@@ -316,22 +283,13 @@ mod tests {
             refused: None,
         };
         let hop = Hop::new(parent.child(7), incoming);
-        hop.note_send(8, "asya-ns-b");
-        hop.note_send(9, "asya-ns-b");
-        let r = hop.record("e1", None);
+        let sends = vec![(8, "asya-ns-b".to_string()), (9, "asya-ns-b".to_string())];
+        let r = hop.record("e1", sends.clone(), None, None);
         assert_eq!(r.parent, Some(parent));
         assert_eq!(r.span.span_id, 7);
-        assert_eq!(r.sends.len(), 2);
+        assert_eq!(r.sends, sends);
         assert!(r.runtime.is_none());
-        // The result could not be delivered: only the x-sump send is the hop's.
-        hop.note_send(10, "asya-ns-x-sump");
-        hop.forget_sends_except("asya-ns-x-sump");
-        assert_eq!(
-            hop.record("e1", None).sends,
-            vec![(10, "asya-ns-x-sump".into())]
-        );
-        hop.forget_sends();
-        assert!(hop.record("e1", None).sends.is_empty());
+        assert_eq!(hop.tracestate.as_deref(), Some("k=v"));
     }
 
     #[test]
@@ -349,11 +307,13 @@ mod tests {
             queue: "asya-ns-charge".into(),
         };
         let hop = Hop::new(parent.child(7), incoming());
-        hop.note_flow(Decided {
+        let decided = Decided {
             flow: "review_order".into(),
             decisions: vec!["37:except PaymentDeclined".into(), "38:else".into()],
-        });
-        let process = spans.hop_spans(&hop.record("e1", None)).remove(0);
+        };
+        let process = spans
+            .hop_spans(&hop.record("e1", Vec::new(), Some(decided), None))
+            .remove(0);
         assert!(
             process
                 .attributes
@@ -365,7 +325,7 @@ mod tests {
         )));
         // Outside a flow (or nothing decided): no such attributes.
         let plain = spans
-            .hop_spans(&Hop::new(parent.child(8), incoming()).record("e2", None))
+            .hop_spans(&Hop::new(parent.child(8), incoming()).record("e2", Vec::new(), None, None))
             .remove(0);
         assert!(
             !plain
@@ -396,13 +356,13 @@ mod tests {
                 message: "bad input 3".into(),
             }),
         });
-        hop.note_send(9, "asya-ns-x-sump");
+        let sends = vec![(9, "asya-ns-x-sump".to_string())];
         let spans = Spans {
             recorder: Recorder::off(),
             system: "rabbitmq",
             queue: "asya-ns-a".into(),
         }
-        .hop_spans(&hop.record("e1", None));
+        .hop_spans(&hop.record("e1", sends, None, None));
         let names: Vec<_> = spans.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             names,
