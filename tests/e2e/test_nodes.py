@@ -24,6 +24,7 @@ from asya_e2e.brokers import TRANSPORTS, Collected
 from asya_e2e.env import CHART
 from asya_e2e.kube import apply, helm, kubectl, kubectl_json
 from asya_e2e.wait import wait_for
+from asya_e2e.writes import ContentHistory
 
 pytestmark = [pytest.mark.nodes]
 
@@ -419,18 +420,22 @@ def test_provisioner_leader_killed_mid_work_fails_over_within_the_lease(namespac
     """Two provisioner replicas (one per node); 200 actors applied at once and, while they are
     being provisioned, the leader's pod killed without a grace period (its lease is not given
     back). The standby takes the Lease within its duration plus a retry, every actor
-    converges, and no actor whose transport was Ready is ever seen otherwise."""
+    converges, no actor whose transport was Ready is ever seen otherwise, and no Deployment
+    or ScaledObject is written twice with different content (every version the API server's
+    watch delivers is compared)."""
     def scale(n: int):
         helm("upgrade", "asya", CHART, "-n", RELEASE_NS, "--reuse-values", "--set", f"provisioner.replicas={n}",
              "--wait", "--timeout", "4m", timeout=300)
 
     scale(2)
+    history = None
     try:
         wait_for("two ready provisioner replicas", lambda: len([p for p in provisioner_pods() if running_ready(p)]) == 2,
                  timeout=POD_TIMEOUT, interval=1.0)
         n = 200
         docs = [{"apiVersion": "asya.sh/v1alpha1", "kind": "AsyncActor",
                  "metadata": {"name": f"f{i:03d}", "namespace": namespace}, "spec": dict(FLAT)} for i in range(n)]
+        history = ContentHistory(namespace).__enter__()
         kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}), timeout=300)
         ready_once: set[str] = set()
         regressed: set[str] = set()
@@ -457,11 +462,21 @@ def test_provisioner_leader_killed_mid_work_fails_over_within_the_lease(namespac
         takeover = time.monotonic() - killed_at
         wait_for(f"{n} actors converged", lambda: statuses() == n, timeout=600, interval=1.0)
         converged = time.monotonic() - killed_at
+        # Every object there is, seen by the watches (they deliver in order: once the listing
+        # below has them all, so have the watches or they are about to).
+        assert len(kubectl_json("get", "scaledobjects", "-n", namespace)["items"]) == n
+        wait_for("the watches have seen every Deployment and ScaledObject", lambda: history.objects() == 2 * n,
+                 timeout=60, interval=0.5)
+        history.stop()
         print(f"\nprovisioner failover: the standby leads {takeover:.1f} s after the leader was killed "
               f"(lease {LEASE_SECONDS} s); all {n} actors converged {converged:.1f} s after; "
-              f"{len(regressed)} Ready statuses regressed")
+              f"{len(regressed)} Ready statuses regressed; {history.versions()} versions of "
+              f"{history.objects()} objects watched, {len(history.rewritten())} written with different content"
+              + (f"; watch errors: {history.errors}" if history.errors else ""))
         assert takeover <= LEASE_SECONDS + 2 * LEASE_RETRY + 3, takeover
         assert not regressed, sorted(regressed)
-        assert len(kubectl_json("get", "scaledobjects", "-n", namespace)["items"]) == n
+        assert not history.rewritten(), history.rewritten()
     finally:
+        if history:
+            history.stop()
         scale(1)
