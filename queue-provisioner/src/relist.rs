@@ -8,6 +8,9 @@
 //! tests/e2e/test_restarts.py: AsyncActors applied after an API server restart were never
 //! reconciled by a provisioner that lived through it. [`relisting`] replaces such a watcher
 //! with a new one, which lists (its cache swaps in the whole list) and watches from there.
+//!
+//! [`isolated`]: kube-runtime's Controller puts one backoff over all its trigger streams
+//! together, so a watch that fails at every attempt keeps every other one asleep (see there).
 
 use futures::stream::{self, BoxStream, Stream, StreamExt};
 use kube::Resource;
@@ -42,6 +45,36 @@ where
             _ => Some(events),
         };
         Some((item, (start, next)))
+    })
+}
+
+/// `watch`'s events with its errors logged (named by `name`) and dropped.
+///
+/// The Controller's trigger streams (its own watch, the owned and watched kinds, and through
+/// them the caches they feed) are polled as one stream behind one backoff: any error from
+/// any of them puts all of them to sleep, for 0.8 s doubling up to 30 s while errors keep
+/// coming. After an API server crash, one watch refused at every attempt (410, before
+/// [`relisting`] covered every watch) was enough to keep the others asleep nearly all the
+/// time: the AsyncActor cache froze, actors made since were never reconciled, and the
+/// earlier ones were reconciled from their frozen copies (a finalizer patch testing the
+/// stale list: 422). Each watch backs off on its own (`default_backoff` before this), so
+/// dropping its errors here holds back that watch alone, and the Controller's backoff never
+/// fires. The errors were dropped unseen before; now each is logged.
+pub fn isolated<T: Send, S>(
+    name: &'static str,
+    watch: S,
+) -> impl Stream<Item = Result<T, w::Error>> + Send
+where
+    S: Stream<Item = Result<T, w::Error>> + Send,
+{
+    watch.filter_map(move |item| {
+        futures::future::ready(match item {
+            Ok(v) => Some(Ok(v)),
+            Err(e) => {
+                tracing::warn!(watch = name, error = %e, "watch failed; it retries on its own");
+                None
+            }
+        })
     })
 }
 
@@ -117,5 +150,18 @@ mod tests {
             ["a", "error", "b", "refused", "init", "init c", "listed"]
         );
         assert_eq!(made.load(Ordering::SeqCst), 2);
+    }
+
+    /// Errors are dropped, the events around them kept in order, and the stream goes on past
+    /// them (the Controller's own backoff sees no error).
+    #[tokio::test]
+    async fn isolated_drops_errors_and_keeps_going() {
+        let items: Vec<Result<&str, w::Error>> =
+            vec![Ok("a"), Err(gone()), Err(other()), Ok("b"), Err(other()), Ok("c")];
+        let got: Vec<&str> = isolated("test", stream::iter(items))
+            .map(|r| r.expect("no error gets through"))
+            .collect()
+            .await;
+        assert_eq!(got, ["a", "b", "c"]);
     }
 }
