@@ -266,25 +266,23 @@ pub async fn run(
     .reflect(pods_w)
     .applied_objects()
     .predicate_filter(watch::pod_fingerprint, pred());
-    let mut controller = Controller::for_stream(
-        relist::isolated("asyncactors", actor_events),
-        actor_store,
-    )
-        // Debounce: one actor's create still fans out into a few events (its workload, its
-        // ScaledObject, its pod); coalesce them into one reconcile.
-        .with_config(
-            kube::runtime::controller::Config::default()
-                .concurrency(CONCURRENCY)
-                .debounce(Duration::from_millis(500)),
-        )
-        .owns_stream(relist::isolated("deployments", deployment_events))
-        .owns_stream(relist::isolated("statefulsets", stateful_set_events))
-        .watches_stream(relist::isolated("pods", pod_events), |pod: Pod| {
-            let ns = pod.namespace();
-            pod.labels()
-                .get(labels::ACTOR)
-                .map(|a| ObjectRef::new(a).within(ns.as_deref().unwrap_or_default()))
-        });
+    let mut controller =
+        Controller::for_stream(relist::isolated("asyncactors", actor_events), actor_store)
+            // Debounce: one actor's create still fans out into a few events (its workload, its
+            // ScaledObject, its pod); coalesce them into one reconcile.
+            .with_config(
+                kube::runtime::controller::Config::default()
+                    .concurrency(CONCURRENCY)
+                    .debounce(Duration::from_millis(500)),
+            )
+            .owns_stream(relist::isolated("deployments", deployment_events))
+            .owns_stream(relist::isolated("statefulsets", stateful_set_events))
+            .watches_stream(relist::isolated("pods", pod_events), |pod: Pod| {
+                let ns = pod.namespace();
+                pod.labels()
+                    .get(labels::ACTOR)
+                    .map(|a| ObjectRef::new(a).within(ns.as_deref().unwrap_or_default()))
+            });
     // KEDA's HPAs (label set by KEDA), mapped back by the ScaledObject (= actor) name.
     let (hpas, hpas_w) = reflector::store();
     let hpa_events = relist::watcher(

@@ -62,10 +62,7 @@ impl Health {
 pub fn readiness(phase: Phase) -> (bool, &'static str) {
     match phase {
         Phase::Starting => (false, "starting\n"),
-        Phase::Standby => (
-            true,
-            "ok: standby, campaigning for the leader lease\n",
-        ),
+        Phase::Standby => (true, "ok: standby, campaigning for the leader lease\n"),
         Phase::Syncing => (false, "leader, caches not synced yet\n"),
         Phase::Running => (true, "ok\n"),
     }

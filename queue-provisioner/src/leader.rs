@@ -197,23 +197,19 @@ pub fn campaign(
         let mut terms = 0;
         loop {
             let sent = Instant::now();
-            let attempt = match timeout(
-                attempt_budget(role, sent),
-                try_acquire(&api, &identity),
-            )
-            .await
-            {
-                Ok(Ok(true)) => Attempt::Held,
-                Ok(Ok(false)) => Attempt::HeldByOther,
-                Ok(Err(e)) => {
-                    warn!(error = %e, "leader election: lease not reachable");
-                    Attempt::Unreachable
-                }
-                Err(_) => {
-                    warn!("leader election: no answer in time");
-                    Attempt::Unreachable
-                }
-            };
+            let attempt =
+                match timeout(attempt_budget(role, sent), try_acquire(&api, &identity)).await {
+                    Ok(Ok(true)) => Attempt::Held,
+                    Ok(Ok(false)) => Attempt::HeldByOther,
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "leader election: lease not reachable");
+                        Attempt::Unreachable
+                    }
+                    Err(_) => {
+                        warn!("leader election: no answer in time");
+                        Attempt::Unreachable
+                    }
+                };
             let next = step(role, attempt, sent, Instant::now());
             match next.change {
                 Some(None) => {
@@ -306,7 +302,10 @@ mod tests {
             "renewed_at is when the winning attempt was sent: what the lease records"
         );
         assert_eq!(step(Role::Candidate, Held, At(0), At(0)).next_in, RENEW);
-        assert_eq!(step(Role::Candidate, Unreachable, At(0), At(0)).next_in, RETRY);
+        assert_eq!(
+            step(Role::Candidate, Unreachable, At(0), At(0)).next_in,
+            RETRY
+        );
     }
 
     #[test]

@@ -156,8 +156,14 @@ mod tests {
     /// them (the Controller's own backoff sees no error).
     #[tokio::test]
     async fn isolated_drops_errors_and_keeps_going() {
-        let items: Vec<Result<&str, w::Error>> =
-            vec![Ok("a"), Err(gone()), Err(other()), Ok("b"), Err(other()), Ok("c")];
+        let items: Vec<Result<&str, w::Error>> = vec![
+            Ok("a"),
+            Err(gone()),
+            Err(other()),
+            Ok("b"),
+            Err(other()),
+            Ok("c"),
+        ];
         let got: Vec<&str> = isolated("test", stream::iter(items))
             .map(|r| r.expect("no error gets through"))
             .collect()
