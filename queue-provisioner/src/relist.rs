@@ -10,7 +10,7 @@
 //! with a new one, which lists (its cache swaps in the whole list) and watches from there.
 //!
 //! [`isolated`]: kube-runtime's Controller puts one backoff over all its trigger streams
-//! together, so a watch that fails at every attempt keeps every other one asleep (see there).
+//! together, so the errors of some watches keep every other one asleep (see there).
 
 use futures::stream::{self, BoxStream, Stream, StreamExt};
 use kube::Resource;
@@ -52,14 +52,17 @@ where
 ///
 /// The Controller's trigger streams (its own watch, the owned and watched kinds, and through
 /// them the caches they feed) are polled as one stream behind one backoff: any error from
-/// any of them puts all of them to sleep, for 0.8 s doubling up to 30 s while errors keep
-/// coming. After an API server crash, one watch refused at every attempt (410, before
-/// [`relisting`] covered every watch) was enough to keep the others asleep nearly all the
-/// time: the AsyncActor cache froze, actors made since were never reconciled, and the
-/// earlier ones were reconciled from their frozen copies (a finalizer patch testing the
-/// stale list: 422). Each watch backs off on its own (`default_backoff` before this), so
-/// dropping its errors here holds back that watch alone, and the Controller's backoff never
-/// fires. The errors were dropped unseen before; now each is logged.
+/// any of them puts all of them to sleep, 0.8 s doubling up to 30 s, reset only when an
+/// event gets through. An API server crash makes every watch fail at once (refused
+/// connections while it is away, then 410 for each resumed watch), so a dozen watches'
+/// errors, one after another with no event between them (a sleeping stream yields none),
+/// took that shared backoff to its ceiling: the AsyncActor cache froze, actors made since
+/// were never reconciled, and the earlier ones were reconciled from frozen copies (the
+/// finalizer's JSON patch tests the list it read: 422 `Invalid`). Found by
+/// tests/e2e/test_restarts.py (`kill`): failed with the shared backoff, passes without.
+/// Each watch backs off on its own (`default_backoff` before this), so dropping its errors
+/// here holds back that watch alone and the shared backoff never fires. They were dropped
+/// unseen before; now each is logged.
 pub fn isolated<T: Send, S>(
     name: &'static str,
     watch: S,
@@ -169,5 +172,65 @@ mod tests {
             .collect()
             .await;
         assert_eq!(got, ["a", "b", "c"]);
+    }
+
+    /// kube-runtime's Controller with two trigger streams, as after an API server crash: one
+    /// fails 30 times in a row, the other then brings an actor. Isolated, the actor is
+    /// reconciled at once; through the Controller's shared backoff (0.8 s doubling to 30 s)
+    /// it would take minutes, and this test would fail at its 5 s bound.
+    #[tokio::test]
+    async fn a_failing_watch_does_not_hold_back_the_controllers_other_watches() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::runtime::controller::{Action, Controller};
+        use kube::runtime::reflector;
+        use std::time::Duration;
+
+        let obj = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("actor".into()),
+                namespace: Some("team".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let (reader, mut writer) = reflector::store::<ConfigMap>();
+        for ev in [
+            w::Event::Init,
+            w::Event::InitApply(obj.clone()),
+            w::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&ev);
+        }
+        let failing = stream::iter((0..30).map(|_| Err::<ConfigMap, _>(gone())));
+        // The actor's trigger comes once the failing watch has said everything.
+        let (tx, rx) = futures::channel::oneshot::channel::<ConfigMap>();
+        // Watches never end (the Controller would shut down).
+        let actor =
+            stream::once(async move { Ok(rx.await.expect("sent")) }).chain(stream::pending());
+        let failing = failing
+            .chain(stream::once(async move {
+                let _ = tx.send(obj.clone());
+                Err(other())
+            }))
+            .chain(stream::pending());
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let controller = Controller::for_stream(isolated("actors", actor), reader)
+            .watches_stream(isolated("failing", failing), |_: ConfigMap| {
+                Vec::<reflector::ObjectRef<ConfigMap>>::new()
+            });
+        tokio::spawn(
+            controller
+                .run(
+                    move |o: Arc<ConfigMap>, _| {
+                        let _ = seen_tx.send(o.metadata.name.clone());
+                        async { Ok::<_, kube::Error>(Action::await_change()) }
+                    },
+                    |_, _, _| Action::await_change(),
+                    Arc::new(()),
+                )
+                .for_each(|_| async {}),
+        );
+        let got = tokio::time::timeout(Duration::from_secs(5), seen.recv()).await;
+        assert_eq!(got, Ok(Some(Some("actor".to_string()))));
     }
 }
