@@ -40,6 +40,9 @@ pub use crate::reconcile::FINALIZER;
 /// Broker operations stay bounded by the transport's own limit (`MAX_IN_FLIGHT`).
 pub const CONCURRENCY: u16 = 48;
 
+/// Resolves when the process is to shut down; every clone at once.
+pub type Shutdown = futures::future::Shared<futures::future::BoxFuture<'static, ()>>;
+
 /// The controller's context: the reconciler on the real cluster.
 pub type Ctx = Reconciler<KubeCluster>;
 
@@ -147,31 +150,47 @@ pub async fn run(
     metrics: Metrics,
     health: Health,
     spans: Arc<asya_telemetry::Recorder>,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+    shutdown: Shutdown,
 ) {
+    let qc_ar = ApiResource::erase::<asya_api::queue_claim::QueueClaim>(&());
+    let so_ar = scaled_object_resource();
+    // RabbitMQ triggers authenticate through a ClusterTriggerAuthentication: KEDA without that
+    // CRD counts as no KEDA (as before KEDA 2.x had it).
+    let cta_ar = crate::keda_identity::io::cluster_trigger_auth_resource();
+    let ec_ar = asya_api::flavor::environment_config_resource();
+    // Discovery asks until the API server answers: a shutdown meanwhile ends the run.
+    let discovery = async {
+        let mut served = [false; 4];
+        for (ar, s) in [&qc_ar, &so_ar, &cta_ar, &ec_ar]
+            .into_iter()
+            .zip(&mut served)
+        {
+            *s = crd_exists(&client, ar).await;
+        }
+        served
+    };
+    let [has_qc, has_so, has_cta, has_ec] = tokio::select! {
+        served = discovery => served,
+        _ = shutdown.clone() => return,
+    };
     // Every task this run starts: aborted when the run ends or is dropped, so a replica that
     // stands down leaves no leader-only work behind.
     let mut tasks = tokio::task::JoinSet::new();
     // The record of each queue's owner (docs/DESIGN.md §9): no queue is declared, adopted or
     // deleted without it, so without its CRD there is nothing to do but say so.
-    let qc_ar = ApiResource::erase::<asya_api::queue_claim::QueueClaim>(&());
-    if !crd_exists(&client, &qc_ar).await {
+    if !has_qc {
         tracing::error!(
             "the QueueClaim CRD (queueclaims.asya.sh) is not installed: apply deploy/crds/ (kubectl apply --server-side -f deploy/crds/; helm upgrade does not install new CRDs)"
         );
         std::process::exit(2);
     }
     let actors: Api<AsyncActor> = Api::all(client.clone());
-    let so_ar = scaled_object_resource();
-    // RabbitMQ triggers authenticate through a ClusterTriggerAuthentication: KEDA without that
-    // CRD counts as no KEDA (as before KEDA 2.x had it).
-    let cta_ar = crate::keda_identity::io::cluster_trigger_auth_resource();
-    let keda = if !crd_exists(&client, &so_ar).await {
+    let keda = if !has_so {
         warn!(
             "KEDA's ScaledObject CRD is not installed: actors with scaling stay without a ScaledObject"
         );
         None
-    } else if !crd_exists(&client, &cta_ar).await {
+    } else if !has_cta {
         warn!(
             "KEDA's ClusterTriggerAuthentication CRD is not installed: actors with scaling stay without a ScaledObject"
         );
@@ -179,8 +198,6 @@ pub async fn run(
     } else {
         Some((so_ar, trigger_auth_resource()))
     };
-    let ec_ar = asya_api::flavor::environment_config_resource();
-    let has_ec = crd_exists(&client, &ec_ar).await;
 
     // Caches for the flavor catalog; the controller's own watches (below) trigger the users.
     // Ready once they have listed: before that, a reconcile would see no flavors. (The

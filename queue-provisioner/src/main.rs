@@ -13,7 +13,6 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use clap::Parser;
 use futures::FutureExt;
-use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
@@ -215,7 +214,7 @@ async fn main() -> anyhow::Result<()> {
 
 /// Resolves at SIGTERM or SIGINT; every clone at once. SIGTERM's handler is installed now,
 /// so no moment of the process's life takes the default action (an exit without release).
-fn shutdown_signal() -> anyhow::Result<Shared<BoxFuture<'static, ()>>> {
+fn shutdown_signal() -> anyhow::Result<controller::Shutdown> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
     Ok(async move {
