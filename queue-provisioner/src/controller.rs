@@ -40,14 +40,27 @@ pub use crate::reconcile::FINALIZER;
 /// Broker operations stay bounded by the transport's own limit (`MAX_IN_FLIGHT`).
 pub const CONCURRENCY: u16 = 48;
 
+/// Resolves when the process is to shut down; every clone at once.
+pub type Shutdown = futures::future::Shared<futures::future::BoxFuture<'static, ()>>;
+
 /// The controller's context: the reconciler on the real cluster.
 pub type Ctx = Reconciler<KubeCluster>;
 
+/// Whether the API server serves `ar`'s kind. Asked again until it answers: a leader
+/// elected right after an API server restart must not take "unreachable" for "not installed".
 async fn crd_exists(client: &Client, ar: &ApiResource) -> bool {
     let gvk = GroupVersionKind::gvk(&ar.group, &ar.version, &ar.kind);
-    kube::discovery::oneshot::pinned_kind(client, &gvk)
-        .await
-        .is_ok()
+    loop {
+        match kube::discovery::oneshot::pinned_kind(client, &gvk).await {
+            Ok(_) => return true,
+            Err(kube::Error::Api(s)) if s.code == 404 => return false,
+            Err(kube::Error::Discovery(_)) => return false,
+            Err(e) => {
+                warn!(kind = %ar.kind, error = %e, "API discovery failed; asking again");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    }
 }
 
 fn action(next: Next) -> Action {
@@ -125,7 +138,10 @@ fn flavor_name_of_labels(l: &BTreeMap<String, String>) -> Option<String> {
     l.get(labels::FLAVOR).cloned()
 }
 
-/// Builds and runs the controller until shutdown.
+/// Builds and runs the controller until `shutdown` resolves and the reconciles in flight
+/// have finished. Dropping the future instead (a leader standing down) stops everything it
+/// started at once: the reconciles, the watches, the background tasks.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     config: Arc<ClusterConfig>,
@@ -134,27 +150,47 @@ pub async fn run(
     metrics: Metrics,
     health: Health,
     spans: Arc<asya_telemetry::Recorder>,
+    shutdown: Shutdown,
 ) {
+    let qc_ar = ApiResource::erase::<asya_api::queue_claim::QueueClaim>(&());
+    let so_ar = scaled_object_resource();
+    // RabbitMQ triggers authenticate through a ClusterTriggerAuthentication: KEDA without that
+    // CRD counts as no KEDA (as before KEDA 2.x had it).
+    let cta_ar = crate::keda_identity::io::cluster_trigger_auth_resource();
+    let ec_ar = asya_api::flavor::environment_config_resource();
+    // Discovery asks until the API server answers: a shutdown meanwhile ends the run.
+    let discovery = async {
+        let mut served = [false; 4];
+        for (ar, s) in [&qc_ar, &so_ar, &cta_ar, &ec_ar]
+            .into_iter()
+            .zip(&mut served)
+        {
+            *s = crd_exists(&client, ar).await;
+        }
+        served
+    };
+    let [has_qc, has_so, has_cta, has_ec] = tokio::select! {
+        served = discovery => served,
+        _ = shutdown.clone() => return,
+    };
+    // Every task this run starts: aborted when the run ends or is dropped, so a replica that
+    // stands down leaves no leader-only work behind.
+    let mut tasks = tokio::task::JoinSet::new();
     // The record of each queue's owner (docs/DESIGN.md §9): no queue is declared, adopted or
     // deleted without it, so without its CRD there is nothing to do but say so.
-    let qc_ar = ApiResource::erase::<asya_api::queue_claim::QueueClaim>(&());
-    if !crd_exists(&client, &qc_ar).await {
+    if !has_qc {
         tracing::error!(
             "the QueueClaim CRD (queueclaims.asya.sh) is not installed: apply deploy/crds/ (kubectl apply --server-side -f deploy/crds/; helm upgrade does not install new CRDs)"
         );
         std::process::exit(2);
     }
     let actors: Api<AsyncActor> = Api::all(client.clone());
-    let so_ar = scaled_object_resource();
-    // RabbitMQ triggers authenticate through a ClusterTriggerAuthentication: KEDA without that
-    // CRD counts as no KEDA (as before KEDA 2.x had it).
-    let cta_ar = crate::keda_identity::io::cluster_trigger_auth_resource();
-    let keda = if !crd_exists(&client, &so_ar).await {
+    let keda = if !has_so {
         warn!(
             "KEDA's ScaledObject CRD is not installed: actors with scaling stay without a ScaledObject"
         );
         None
-    } else if !crd_exists(&client, &cta_ar).await {
+    } else if !has_cta {
         warn!(
             "KEDA's ClusterTriggerAuthentication CRD is not installed: actors with scaling stay without a ScaledObject"
         );
@@ -162,8 +198,6 @@ pub async fn run(
     } else {
         Some((so_ar, trigger_auth_resource()))
     };
-    let ec_ar = asya_api::flavor::environment_config_resource();
-    let has_ec = crd_exists(&client, &ec_ar).await;
 
     // Caches for the flavor catalog; the controller's own watches (below) trigger the users.
     // Ready once they have listed: before that, a reconcile would see no flavors. (The
@@ -171,6 +205,7 @@ pub async fn run(
     let unsynced = Unsynced::new(2 + usize::from(has_ec), health);
     let (flavors, flavors_w) = reflector::store();
     spawn_reflector(
+        &mut tasks,
         unsynced.clone(),
         reflector::reflector(
             flavors_w,
@@ -186,6 +221,7 @@ pub async fn run(
     let (maps, maps_w) = reflector::store();
     let mut gate = asya_api::flavor::FlavorMapGate::new(config.flavor_limits.clone());
     spawn_reflector(
+        &mut tasks,
         unsynced.clone(),
         reflector::reflector(
             maps_w,
@@ -208,6 +244,7 @@ pub async fn run(
     // that matter to what it renders (`watch`'s fingerprints): not for the controller's own
     // status and finalizer writes, not for the controller manager's status bookkeeping.
     let (actor_store, actor_writer) = reflector::store();
+    // Every trigger stream is `isolated`: one failing watch must not put the others to sleep.
     let actor_events = relist::watcher(actors, watcher::Config::default().any_semantic())
         .default_backoff()
         .modify(watch::slim_actor)
@@ -246,22 +283,23 @@ pub async fn run(
     .reflect(pods_w)
     .applied_objects()
     .predicate_filter(watch::pod_fingerprint, pred());
-    let mut controller = Controller::for_stream(actor_events, actor_store)
-        // Debounce: one actor's create still fans out into a few events (its workload, its
-        // ScaledObject, its pod); coalesce them into one reconcile.
-        .with_config(
-            kube::runtime::controller::Config::default()
-                .concurrency(CONCURRENCY)
-                .debounce(Duration::from_millis(500)),
-        )
-        .owns_stream(deployment_events)
-        .owns_stream(stateful_set_events)
-        .watches_stream(pod_events, |pod: Pod| {
-            let ns = pod.namespace();
-            pod.labels()
-                .get(labels::ACTOR)
-                .map(|a| ObjectRef::new(a).within(ns.as_deref().unwrap_or_default()))
-        });
+    let mut controller =
+        Controller::for_stream(relist::isolated("asyncactors", actor_events), actor_store)
+            // Debounce: one actor's create still fans out into a few events (its workload, its
+            // ScaledObject, its pod); coalesce them into one reconcile.
+            .with_config(
+                kube::runtime::controller::Config::default()
+                    .concurrency(CONCURRENCY)
+                    .debounce(Duration::from_millis(500)),
+            )
+            .owns_stream(relist::isolated("deployments", deployment_events))
+            .owns_stream(relist::isolated("statefulsets", stateful_set_events))
+            .watches_stream(relist::isolated("pods", pod_events), |pod: Pod| {
+                let ns = pod.namespace();
+                pod.labels()
+                    .get(labels::ACTOR)
+                    .map(|a| ObjectRef::new(a).within(ns.as_deref().unwrap_or_default()))
+            });
     // KEDA's HPAs (label set by KEDA), mapped back by the ScaledObject (= actor) name.
     let (hpas, hpas_w) = reflector::store();
     let hpa_events = relist::watcher(
@@ -275,6 +313,7 @@ pub async fn run(
     .reflect(hpas_w)
     .applied_objects()
     .predicate_filter(watch::hpa_fingerprint, pred());
+    let hpa_events = relist::isolated("horizontalpodautoscalers", hpa_events);
     controller = controller.watches_stream(hpa_events, |h: HorizontalPodAutoscaler| {
         let ns = h.namespace();
         h.labels()
@@ -285,6 +324,8 @@ pub async fn run(
     // for changes: enough to skip an apply that would change nothing, after a restart too.
     let (service_accounts, sa_w) = reflector::store();
     drive(
+        &mut tasks,
+        "serviceaccounts",
         relist::watcher(
             Api::<PartialObjectMeta<ServiceAccount>>::all(client.clone()),
             watcher::Config::default().labels(&managed).any_semantic(),
@@ -297,6 +338,8 @@ pub async fn run(
     // namespace from the API server.
     let (namespaces, ns_w) = reflector::store();
     drive(
+        &mut tasks,
+        "namespaces",
         relist::watcher(
             Api::<PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>::all(client.clone()),
             watcher::Config::default().any_semantic(),
@@ -316,6 +359,8 @@ pub async fn run(
     // name and spec only.
     let (claims, claims_w) = reflector::store::<asya_api::queue_claim::QueueClaim>();
     drive(
+        &mut tasks,
+        "queueclaims",
         relist::watcher(
             Api::<asya_api::queue_claim::QueueClaim>::all(client.clone()),
             watcher::Config::default().any_semantic(),
@@ -335,6 +380,8 @@ pub async fn run(
         let w = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(ta_ar.clone());
         trigger_auths = Some(w.as_reader());
         drive(
+            &mut tasks,
+            "triggerauthentications",
             relist::watcher(
                 Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), ta_ar),
                 watcher::Config::default().labels(&managed).any_semantic(),
@@ -353,24 +400,37 @@ pub async fn run(
         .reflect(w)
         .applied_objects()
         .predicate_filter(watch::scaled_object_fingerprint, pred());
-        controller = controller.owns_stream_with(events, so_ar.clone());
+        controller =
+            controller.owns_stream_with(relist::isolated("scaledobjects", events), so_ar.clone());
     }
     let store = controller.store();
     let s1 = store.clone();
-    controller = controller.watches(
-        Api::<Flavor>::all(client.clone()),
-        watcher::Config::default(),
+    // Triggers only (the flavor cache above is the reconcile's): relisting like every watch,
+    // as kube-runtime's own `watches` does not.
+    controller = controller.watches_stream(
+        relist::isolated(
+            "flavor triggers",
+            relist::watcher(
+                Api::<Flavor>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .touched_objects(),
+        ),
         move |f: Flavor| users_of(&s1, &f.name_any(), None),
     );
     let s2 = store.clone();
     // Triggers only: the labels name the flavor, so metadata is all this watch reads.
     controller = controller.watches_stream(
-        relist::watcher(
-            Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
-            watcher::Config::default().labels(labels::FLAVOR),
-        )
-        .default_backoff()
-        .touched_objects(),
+        relist::isolated(
+            "flavor map triggers",
+            relist::watcher(
+                Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+                watcher::Config::default().labels(labels::FLAVOR),
+            )
+            .default_backoff()
+            .touched_objects(),
+        ),
         move |cm: PartialObjectMeta<ConfigMap>| {
             flavor_name_of_labels(cm.labels())
                 .map(|n| users_of(&s2, &n, cm.namespace().as_deref()))
@@ -381,6 +441,7 @@ pub async fn run(
         let w = reflector::store::Writer::<DynamicObject>::new(ec_ar.clone());
         env_configs = Some(w.as_reader());
         spawn_reflector(
+            &mut tasks,
             unsynced,
             reflector::reflector(
                 w,
@@ -392,15 +453,22 @@ pub async fn run(
             ),
         );
         let s3 = store.clone();
-        controller = controller.watches_with(
-            Api::<DynamicObject>::all_with(client.clone(), &ec_ar),
-            ec_ar.clone(),
-            watcher::Config::default(),
+        controller = controller.watches_stream_with(
+            relist::isolated(
+                "environment config triggers",
+                relist::watcher(
+                    Api::<DynamicObject>::all_with(client.clone(), &ec_ar),
+                    watcher::Config::default(),
+                )
+                .default_backoff()
+                .touched_objects(),
+            ),
             move |e: DynamicObject| {
                 flavor_name_of_labels(e.labels())
                     .map(|n| users_of(&s3, &n, None))
                     .unwrap_or_default()
             },
+            ec_ar.clone(),
         );
     }
 
@@ -423,7 +491,7 @@ pub async fn run(
             "no KEDA namespace (keda.namespace): the provisioner does not manage KEDA's RabbitMQ credential; ScaledObjects refer to ClusterTriggerAuthentication asya-<transport>, which must then be provided by hand"
         );
     } else if keda.is_some() {
-        tokio::spawn(crate::keda_identity::io::run(
+        tasks.spawn(crate::keda_identity::io::run(
             client.clone(),
             config.clone(),
             transports.clone(),
@@ -437,7 +505,7 @@ pub async fn run(
         .end_queue_retention
         .parse()
         .unwrap_or_else(|_| Duration::from_secs(7 * 24 * 3600));
-    tokio::spawn(crate::end_queues::run(
+    tasks.spawn(crate::end_queues::run(
         client.clone(),
         own_namespace.clone(),
         transports.clone(),
@@ -484,35 +552,58 @@ pub async fn run(
     let ctx = Arc::new(Reconciler::new(cluster, config).with_gauges(gauges));
     info!("controller starting");
     controller
-        .shutdown_on_signal()
+        .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| futures::future::ready(()))
+        .for_each(|res| {
+            if let Err(e) = res {
+                log_run_error(&e);
+            }
+            futures::future::ready(())
+        })
         .await;
+    tasks.abort_all();
 }
 
-/// Drives a cache's watch in the background (its watcher retries with backoff on errors).
-fn drive<S, K>(stream: S)
+/// The controller's own errors, unseen before. A failed reconcile is logged by
+/// [`error_policy`] already; the trigger streams' errors are logged where [`relist::isolated`]
+/// drops them; what is left is a trigger for an actor its cache does not hold (deleted since,
+/// or a cache behind) and a scheduler failure.
+fn log_run_error<E: std::error::Error, Q: std::error::Error>(
+    e: &kube::runtime::controller::Error<E, Q>,
+) {
+    use kube::runtime::controller::Error as C;
+    match e {
+        C::ReconcilerFailed(..) => {}
+        C::ObjectNotFound(obj) => {
+            tracing::debug!(object = %obj, "triggered for an actor the cache does not hold")
+        }
+        other => warn!(error = %other, "controller error"),
+    }
+}
+
+/// Drives a cache's watch in `tasks` (its watcher retries with backoff on errors).
+fn drive<S, K>(tasks: &mut tokio::task::JoinSet<()>, name: &'static str, stream: S)
 where
     S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     K: Send + 'static,
 {
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let mut s = std::pin::pin!(stream);
         while let Some(ev) = s.next().await {
             if let Err(e) = ev {
-                warn!(error = %e, "cache watch failed; retrying");
+                warn!(watch = name, error = %e, "cache watch failed; retrying");
             }
         }
     });
 }
 
-/// Drives a reflector in the background; its watcher retries with backoff on errors.
-fn spawn_reflector<S, K>(unsynced: Unsynced, stream: S)
+/// Drives a reflector in `tasks`; its watcher retries with backoff on errors.
+fn spawn_reflector<S, K>(tasks: &mut tokio::task::JoinSet<()>, unsynced: Unsynced, stream: S)
 where
     S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     K: Send + 'static,
 {
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let mut unsynced = Some(unsynced);
         let mut s = std::pin::pin!(stream.default_backoff());
         while let Some(ev) = s.next().await {

@@ -1,12 +1,13 @@
 //! What `/readyz` and `/healthz` answer. The phase is set by `main` and the controller; the
 //! answer is a pure function of it.
 //!
-//! Liveness stays "the process answers": a leader that cannot renew its lease exits on its
-//! own (`leader`), and a wedged runtime cannot answer at all. Readiness says whether this
-//! replica does its job: a standby waiting for the lease is ready (otherwise a two-replica
-//! Deployment would never finish a rollout), a leader is ready once its caches have listed
-//! everything, so a restarted provisioner does not count as available while it still
-//! knows no AsyncActor.
+//! Liveness stays "the process answers" (a wedged runtime cannot answer at all); its text
+//! names the phase. A leader that loses its lease does not exit: it stands down (`leader`,
+//! `main`) and is a standby again. Readiness says whether this replica does its job: a
+//! standby campaigning for the lease is ready (otherwise a two-replica Deployment would never
+//! finish a rollout), a leader is ready once its caches have listed everything, so a
+//! provisioner that has just started or been elected again does not count as available
+//! while it still knows no AsyncActor.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -17,7 +18,8 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 pub enum Phase {
     /// Configuration loaded; leader election not begun.
     Starting = 0,
-    /// Waiting for the leader Lease, which another replica holds.
+    /// Campaigning for the leader Lease: another replica holds it, or this one lost it
+    /// (stood down) and waits to take it again.
     Standby = 1,
     /// Leader; the watches have not all listed yet.
     Syncing = 2,
@@ -60,12 +62,19 @@ impl Health {
 pub fn readiness(phase: Phase) -> (bool, &'static str) {
     match phase {
         Phase::Starting => (false, "starting\n"),
-        Phase::Standby => (
-            true,
-            "ok: standby, another replica holds the leader lease\n",
-        ),
+        Phase::Standby => (true, "ok: standby, campaigning for the leader lease\n"),
         Phase::Syncing => (false, "leader, caches not synced yet\n"),
         Phase::Running => (true, "ok\n"),
+    }
+}
+
+/// `/healthz`: always "ok" (the process answers), and the phase.
+pub fn liveness(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Starting => "ok: starting\n",
+        Phase::Standby => "ok: standby, campaigning for the leader lease\n",
+        Phase::Syncing => "ok: leader, caches syncing\n",
+        Phase::Running => "ok: leader, reconciling\n",
     }
 }
 
@@ -113,6 +122,19 @@ mod tests {
         .collect();
         assert_eq!(ready, [Phase::Standby, Phase::Running]);
         assert!(readiness(Phase::Syncing).1.contains("not synced"));
+    }
+
+    #[test]
+    fn liveness_is_always_ok_and_names_the_phase() {
+        for (p, says) in [
+            (Phase::Starting, "starting"),
+            (Phase::Standby, "standby"),
+            (Phase::Syncing, "syncing"),
+            (Phase::Running, "reconciling"),
+        ] {
+            assert!(liveness(p).starts_with("ok"), "{p:?}");
+            assert!(liveness(p).contains(says), "{p:?}");
+        }
     }
 
     #[test]

@@ -6,16 +6,17 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use asya_api::ClusterConfig;
-use asya_queue_provisioner::health::{Health, Phase, readiness};
+use asya_queue_provisioner::health::{Health, Phase, liveness, readiness};
 use asya_queue_provisioner::{controller, leader, metrics::Metrics};
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
 use clap::Parser;
+use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
-use tracing::info;
+use tracing::{info, warn};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -114,8 +115,14 @@ async fn main() -> anyhow::Result<()> {
                 async move { m.encode() }
             }),
         )
-        // Liveness: the process answers (see `health`).
-        .route("/healthz", get(|| async { "ok" }))
+        // Liveness: the process answers (see `health`), saying in what phase.
+        .route("/healthz", {
+            let health = health.clone();
+            get(move || {
+                let why = liveness(health.phase());
+                async move { why }
+            })
+        })
         .route("/readyz", {
             let health = health.clone();
             get(move || {
@@ -139,12 +146,6 @@ async fn main() -> anyhow::Result<()> {
         std::process::id()
     );
     let leases = Api::<Lease>::namespaced(client.clone(), &args.namespace);
-    if args.leader_elect {
-        health.set(Phase::Standby);
-        leader::acquire(leases.clone(), identity.clone()).await;
-        metrics.leader.set(1);
-    }
-    health.set(Phase::Syncing);
     let spans = Arc::new(
         asya_telemetry::Recorder::new(
             &asya_api::trace_context::TraceSettings::from_lookup(&|k| std::env::var(k).ok()),
@@ -152,24 +153,79 @@ async fn main() -> anyhow::Result<()> {
         )
         .context("tracing")?,
     );
-    // Returns on SIGTERM/SIGINT once in-flight reconciles finish.
-    controller::run(
-        client,
-        Arc::new(config),
-        args.namespace,
-        args.keda_namespace,
-        metrics,
-        health,
-        spans.clone(),
-    )
-    .await;
+    let shutdown = shutdown_signal()?;
+    let config = Arc::new(config);
+    // `Some(n)` while this replica leads (its n-th term), `None` while it campaigns.
+    let (term_tx, mut term) = tokio::sync::watch::channel(None);
+    let campaign = if args.leader_elect {
+        Some(leader::campaign(
+            leases.clone(),
+            identity.clone(),
+            term_tx.clone(),
+        ))
+    } else {
+        term_tx.send_replace(Some(1)); // one term, for the life of the process
+        None
+    };
+    // Campaign, lead until the lease is lost, stand down, campaign again: never an exit for
+    // a lost lease, so the API server away past the lease costs no container restart.
+    loop {
+        health.set(Phase::Standby);
+        metrics.leader.set(0);
+        let elected = tokio::select! {
+            t = term.wait_for(Option::is_some) => t.ok().and_then(|t| *t),
+            _ = shutdown.clone() => None,
+        };
+        let Some(n) = elected else { break };
+        metrics.leader.set(1);
+        health.set(Phase::Syncing);
+        let run = controller::run(
+            client.clone(),
+            config.clone(),
+            args.namespace.clone(),
+            args.keda_namespace.clone(),
+            metrics.clone(),
+            health.clone(),
+            spans.clone(),
+            shutdown.clone(),
+        );
+        // Returns on SIGTERM/SIGINT once in-flight reconciles finish.
+        tokio::select! {
+            _ = run => break,
+            _ = term.wait_for(|t| *t != Some(n)) => {
+                // Dropping `run` stopped the reconciles in flight, the watches and every
+                // leader-only task: another replica may lead from the lease's end on.
+                warn!(term = n, "stood down: not leading any more; campaigning again");
+                metrics.leader_stand_downs.inc();
+            }
+        }
+    }
     // The last reconciles' spans; the flush blocks, and its posts need this runtime.
     let _ = tokio::task::spawn_blocking(move || spans.shutdown(std::time::Duration::from_secs(5)))
         .await;
-    if args.leader_elect {
+    if let Some(campaign) = campaign {
+        // No renewal may land after the release.
+        campaign.abort();
+        let _ = campaign.await;
         leader::release(&leases, &identity).await;
     }
     Ok(())
+}
+
+/// Resolves at SIGTERM or SIGINT; every clone at once. SIGTERM's handler is installed now,
+/// so no moment of the process's life takes the default action (an exit without release).
+fn shutdown_signal() -> anyhow::Result<controller::Shutdown> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        info!("shutting down");
+    }
+    .boxed()
+    .shared())
 }
 
 #[cfg(test)]

@@ -62,6 +62,8 @@ pub struct Metrics {
     pub duration: Histogram,
     pub queue_ops: Family<QueueOpLabel, Counter>,
     pub leader: Gauge,
+    /// Times this replica stood down after losing the leader lease (and campaigned again).
+    pub leader_stand_downs: Counter,
     /// Requests sent to the Kubernetes API server (a watch counts once per connection).
     pub api_requests: Counter,
     /// End queues of deleted namespaces kept for their messages (endQueueRetention).
@@ -123,6 +125,7 @@ impl Default for Metrics {
         let duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
         let queue_ops = Family::<QueueOpLabel, Counter>::default();
         let leader = Gauge::default();
+        let leader_stand_downs = Counter::default();
         let api_requests = Counter::default();
         r.register(
             "api_requests",
@@ -153,6 +156,11 @@ impl Default for Metrics {
             leader.clone(),
         );
         r.register(
+            "leader_stand_downs",
+            "Times this replica stood down after losing the leader lease (then campaigned again)",
+            leader_stand_downs.clone(),
+        );
+        r.register(
             "end_queues_retained",
             "End queues of deleted namespaces kept because they hold messages (endQueueRetention)",
             end_queues_retained.clone(),
@@ -168,6 +176,7 @@ impl Default for Metrics {
             duration,
             queue_ops,
             leader,
+            leader_stand_downs,
             api_requests,
             end_queues_retained,
             end_queues_deleted,
