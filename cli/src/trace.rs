@@ -34,6 +34,24 @@ pub fn sources(gateway_url: Option<&str>, trace_backend: Option<&str>) -> Vec<So
     out
 }
 
+/// Whether a source that could not answer (out of reach, or refusing this caller) is passed
+/// over for the next, the reason noted: the gateway and the trace backend are. The
+/// configuration names them at their in-cluster addresses, which `asya` run outside the
+/// cluster does not reach, and reading the gateway takes a client token; the queues, asked
+/// last, answer or the command fails with their error.
+pub fn passed_over(source: &Source, could_not_answer: bool) -> bool {
+    could_not_answer && !matches!(source, Source::Queues)
+}
+
+/// How the output names a source.
+pub fn described(source: &Source) -> String {
+    match source {
+        Source::Gateway(url) => format!("the gateway's store at {url}"),
+        Source::TraceBackend(url) => format!("the trace backend at {url}"),
+        Source::Queues => "the namespace's queues (where each envelope is now)".to_string(),
+    }
+}
+
 /// One hop of one envelope.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Hop {
@@ -181,6 +199,21 @@ mod tests {
             vec![Source::TraceBackend("http://j".into()), Source::Queues]
         );
         assert_eq!(sources(Some(""), Some("")), vec![Source::Queues]);
+    }
+
+    #[test]
+    fn a_source_that_cannot_answer_is_passed_over_but_the_queues() {
+        let g = Source::Gateway("http://asya-gateway.asya-system.svc:8080".into());
+        let t = Source::TraceBackend("http://j".into());
+        assert!(passed_over(&g, true));
+        assert!(passed_over(&t, true));
+        assert!(!passed_over(&Source::Queues, true));
+        // A source that answered wrongly (not JSON, a bad URL) stops the command.
+        assert!(!passed_over(&g, false));
+        assert_eq!(
+            described(&g),
+            "the gateway's store at http://asya-gateway.asya-system.svc:8080"
+        );
     }
 
     #[test]

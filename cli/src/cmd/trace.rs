@@ -47,31 +47,36 @@ pub async fn run(
         gateway_url.or(configured_gateway),
         trace_backend.or(configured_backend),
     ) {
-        let found = match source {
-            Source::Gateway(url) => Found {
-                described: format!("the gateway's store at {url}"),
-                hops: from_gateway(&url, id, token).await?,
+        let asked = match &source {
+            Source::Gateway(url) => from_gateway(url, id, token).await.map(|hops| Found {
+                described: trace::described(&source),
+                hops,
                 trace: None,
-            },
-            Source::TraceBackend(url) => {
-                let trace = from_backend(&s, &url, id).await?;
-                Found {
-                    described: match &trace {
-                        Some((t, _)) => format!("the trace backend at {url} (trace {t})"),
-                        None => format!("the trace backend at {url}"),
-                    },
-                    hops: trace
-                        .as_ref()
-                        .map(|(_, spans)| trace_backend::hops(spans))
-                        .unwrap_or_default(),
-                    trace,
-                }
+            }),
+            Source::TraceBackend(url) => from_backend(&s, url, id).await.map(|trace| Found {
+                described: match &trace {
+                    Some((t, _)) => format!("the trace backend at {url} (trace {t})"),
+                    None => trace::described(&source),
+                },
+                hops: trace
+                    .as_ref()
+                    .map(|(_, spans)| trace_backend::hops(spans))
+                    .unwrap_or_default(),
+                trace,
+            }),
+            Source::Queues => from_queues(&s, id, g.max).await.map(|hops| Found {
+                described: trace::described(&source),
+                hops,
+                trace: None,
+            }),
+        };
+        let found = match asked {
+            Ok(found) => found,
+            Err(e) if trace::passed_over(&source, could_not_answer(&e)) => {
+                empty.push(format!("{} ({e})", trace::described(&source)));
+                continue;
             }
-            Source::Queues => Found {
-                described: "the namespace's queues (where each envelope is now)".to_string(),
-                hops: from_queues(&s, id, g.max).await?,
-                trace: None,
-            },
+            Err(e) => return Err(e),
         };
         if found.hops.is_empty() {
             empty.push(found.described);
@@ -83,6 +88,11 @@ pub async fn run(
         what: format!("envelope {id:?}"),
         why: format!("nothing about it in {}", empty.join(", nor in ")),
     })
+}
+
+/// A source out of reach or refusing this caller (not a wrong answer).
+fn could_not_answer(e: &CliError) -> bool {
+    matches!(e, CliError::Unavailable { .. } | CliError::Forbidden { .. })
 }
 
 fn render(format: Format, found: Found, empty: &[String]) -> String {
