@@ -578,6 +578,9 @@ def test_gateway_renders_deployment_service_and_tools_config_map(tmp_path):
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    # No ASYA_GATEWAY_PORT=tcp://... from its own Service (found on the e2e install: the
+    # gateway took it for its --port and crashed at start).
+    assert pod["enableServiceLinks"] is False
     # No database configured: no URL (the gateway keeps status in memory and says so).
     assert "ASYA_DATABASE_URL" not in env_by_name(c)
 
