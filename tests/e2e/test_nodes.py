@@ -475,7 +475,7 @@ def test_provisioner_leader_killed_mid_work_fails_over_within_the_lease(namespac
               + (f"; watch errors: {history.errors}" if history.errors else ""))
         assert takeover <= LEASE_SECONDS + 2 * LEASE_RETRY + 3, takeover
         assert not regressed, sorted(regressed)
-        assert not history.rewritten(), history.rewritten()
+        assert not history.rewritten(), (history.rewritten(), history.differences())
     finally:
         if history:
             history.stop()

@@ -19,15 +19,21 @@ def _deployment_content(obj: dict) -> dict:
     return spec
 
 
-def _spec(obj: dict) -> dict:
+def _scaled_object_content(obj: dict) -> dict:
     # Only the spec: KEDA adds its own label to a ScaledObject, and status is the controllers'.
-    return obj.get("spec", {})
+    # KEDA's operator also writes an empty `advanced.scalingModifiers` into the spec when it
+    # first reconciles one (seen on the node: null -> {}): its default, not our content.
+    spec = json.loads(json.dumps(obj.get("spec", {})))
+    advanced = spec.get("advanced")
+    if isinstance(advanced, dict) and advanced.get("scalingModifiers") == {}:
+        del advanced["scalingModifiers"]
+    return spec
 
 
 # (API path of the namespaced collection, what of an object is the content its writer owns)
 KINDS = {
     "Deployment": ("/apis/apps/v1/namespaces/{ns}/deployments", _deployment_content),
-    "ScaledObject": ("/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects", _spec),
+    "ScaledObject": ("/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects", _scaled_object_content),
 }
 
 
@@ -41,6 +47,8 @@ class ContentHistory:
         self._connect, self._headers = api_connection_factory()
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, str], list[str]] = {}
+        # The first two contents of each object, to say what differs.
+        self._contents: dict[tuple[str, str], list[dict]] = {}
         self._versions = 0
         self._stopped = threading.Event()
         self._conns: list = []
@@ -102,6 +110,9 @@ class ContentHistory:
                         seen = self._seen.setdefault(key, [])
                         if fingerprint not in seen:
                             seen.append(fingerprint)
+                            kept = self._contents.setdefault(key, [])
+                            if len(kept) < 2:
+                                kept.append(content(obj))
             except (OSError, ValueError) as e:
                 if not self._stopped.is_set():
                     self.errors.append(f"{kind} watch: {e}")
@@ -117,7 +128,31 @@ class ContentHistory:
         with self._lock:
             return len(self._seen)
 
+    def differences(self, limit: int = 3) -> list[str]:
+        """For up to `limit` rewritten objects, the paths where their first two contents differ."""
+        out = []
+        with self._lock:
+            for (k, n), kept in self._contents.items():
+                if len(kept) == 2 and len(out) < limit:
+                    out.append(f"{k}/{n}: " + "; ".join(_diff(kept[0], kept[1])))
+        return out
+
     def rewritten(self) -> dict[str, int]:
         """The objects seen with more than one content: `Kind/name` -> distinct contents."""
         with self._lock:
             return {f"{k}/{n}": len(v) for (k, n), v in self._seen.items() if len(v) > 1}
+
+
+def _diff(a, b, path: str = "") -> list[str]:
+    """Where two JSON values differ: `path: before -> after` at each differing leaf."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        out = []
+        for i, (x, y) in enumerate(zip(a, b)):
+            out += _diff(x, y, f"{path}[{i}]")
+        return out
+    return [] if a == b else [f"{path or '.'}: {json.dumps(a)[:120]} -> {json.dumps(b)[:120]}"]
