@@ -683,6 +683,15 @@ mod tests {
         tokio::spawn(async move { c.call(body, limit, limit).await })
     }
 
+    /// One answered call on `runtime`: the client knows this runtime is alive.
+    async fn alive(c: &RuntimeClient, runtime: &UnixListener) {
+        let w = spawn_call(c, b"\"w\"", Duration::from_secs(10));
+        let (mut s, _) = runtime.accept().await.unwrap();
+        let req = read_req(&mut s).await;
+        answer(&mut s, &req).await;
+        assert_eq!(w.await.unwrap().unwrap(), serde_json::json!("w"));
+    }
+
     #[tokio::test]
     async fn a_runtime_death_blames_only_the_call_it_served() {
         let dir = tempfile::tempdir().unwrap();
@@ -690,12 +699,7 @@ mod tests {
         let first = UnixListener::bind(&path).unwrap();
         let c = RuntimeClient::new(&path);
         let call = |body| spawn_call(&c, body, Duration::from_secs(10));
-        // One answered call first: the client knows this runtime is alive.
-        let w = call(b"\"w\"");
-        let (mut s, _) = first.accept().await.unwrap();
-        let req = read_req(&mut s).await;
-        answer(&mut s, &req).await;
-        assert_eq!(w.await.unwrap().unwrap(), serde_json::json!("w"));
+        alive(&c, &first).await;
         let a = call(b"\"a\"");
         connected(&c, 2).await;
         let b = call(b"\"b\"");
@@ -745,11 +749,7 @@ mod tests {
         let first = UnixListener::bind(&path).unwrap();
         let client = RuntimeClient::new(&path);
         let call = |body| spawn_call(&client, body, Duration::from_secs(10));
-        let w = call(b"\"w\"");
-        let (mut s, _) = first.accept().await.unwrap();
-        let req = read_req(&mut s).await;
-        answer(&mut s, &req).await;
-        assert_eq!(w.await.unwrap().unwrap(), serde_json::json!("w"));
+        alive(&client, &first).await;
         let a = call(b"\"a\"");
         connected(&client, 2).await;
         let b = call(b"\"b\"");
